@@ -1,0 +1,1 @@
+"""Kernels written against the public shmemx API (installed as ``shmemx.kernels``)."""

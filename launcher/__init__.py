@@ -1,0 +1,5 @@
+"""Process management for shmemx jobs: ``shmemx run`` and its Python form ``launch``."""
+
+from .job import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT, Job, launch
+
+__all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]

@@ -1,0 +1,433 @@
+"""Running a job: one OS process per PE, their output, their failures, and the job's shared memory.
+
+``launch(n, target, ...)`` is what ``shmemx run`` does, as a function: it creates the job's control segment,
+forks one process per PE (``multiprocess``'s fork context: the ranks inherit the imported numpy and shmemx, so 8
+ranks start in tens of milliseconds instead of ~0.5 s with spawn, machine_limits.md 4), forwards their output
+line by line with a ``[pe N]`` tag, and returns the job's exit status:
+
+* 0 when every rank exits 0; otherwise the first failing rank's code (a ``SystemExit`` code as it is; 1 for an
+  uncaught exception; 128 + n for a rank killed by signal n, reported by the signal's name);
+* 124 when ``timeout`` passed (after printing what every PE waits on); 130 on Ctrl-C, 143 on SIGTERM.
+
+When one rank fails, the others are stopped (SIGTERM, then SIGKILL after 2 s) and the launcher says which rank
+failed and why. The launcher owns the job's segments: whatever way the job ends, every ``shmemx_<job>_*`` file is
+removed before ``launch`` returns (only a SIGKILL of the launcher itself can leave them; ``shmemx clean``
+removes those). Ranks die with the launcher (PR_SET_PDEATHSIG) and ignore Ctrl-C, which the launcher handles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import runpy
+import secrets
+import selectors
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import multiprocess
+
+from shmemx.control import Control, JobState, PeStatus
+from shmemx.inspect import JobReader
+from shmemx.segment import remove_job_segments
+
+__all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
+
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+_KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks
+_WAIT_MARGIN = 2.0  # rank waits time out this long after the job timeout, so the launcher reports first
+_PR_SET_PDEATHSIG = 1
+
+
+def launch(
+    n: int,
+    target: str | Callable,
+    args: Sequence = (),
+    *,
+    module: bool = False,
+    heap_size=None,
+    timeout: float | None = None,
+    tag_output: bool = True,
+    env: dict | None = None,
+    stdout=None,
+    stderr=None,
+) -> int:
+    """Run ``target`` on ``n`` PEs and return the job's exit status.
+
+    Args:
+        n: number of PEs (processes).
+        target: a script path, a module name (with ``module=True``) or a function (called as
+            ``target(*args)`` in every rank; for fast tests, it is inherited by fork, never pickled).
+        args: the script's / module's command-line arguments, or the function's arguments.
+        heap_size: heap bytes per PE (int or "64M"); default 64 MiB.
+        timeout: stop the job after this many seconds (exit 124) and report what every PE waits on.
+        tag_output: prefix every output line with ``[pe N]``.
+        env: extra environment variables for the ranks.
+        stdout, stderr: text streams for the ranks' output and the launcher's messages (default sys's).
+    """
+    job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
+              env=env or {}, stdout=stdout, stderr=stderr)
+    return job.run()
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass
+class _Stream:
+    rank: int
+    kind: str  # "out" or "err"
+    fd: int
+    partial: bytes = b""
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: object
+    exitcode: int | None = None
+    streams: list = field(default_factory=list)
+
+
+class Job:
+    """One run of ``n`` ranks; see ``launch``."""
+
+    def __init__(self, n, target, args, *, module, heap_size, timeout, tag_output, env, stdout, stderr):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"number of PEs must be a positive integer, got {n!r}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.n = n
+        self.target = target
+        self.args = list(args)
+        self.module = module
+        self.heap_size = heap_size
+        self.timeout = timeout
+        self.tag_output = tag_output
+        self.env = env
+        self.out = stdout or sys.stdout
+        self.err = stderr or sys.stderr
+        self.job_id = f"{os.getpid():x}{secrets.token_hex(3)}"
+        self.ranks: list[_Rank] = []
+        self.ctl: Control | None = None
+        self.failure: tuple[int, int] | None = None  # (rank, exit status) of the first failure
+        self.stopping_since: float | None = None
+
+    # --- the whole run -------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from shmemx.runtime import parse_size
+
+        if self.heap_size is not None:
+            self.heap_size = parse_size(self.heap_size)
+        handlers = self._install_signal_handlers()
+        try:
+            self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
+                                      timeout=self.timeout or 0.0, script=self._target_name())
+            self._start_ranks()
+            self.ctl.header["state"] = JobState.RUNNING
+            return self._supervise()
+        except _Interrupted as exc:
+            self._message(f"interrupted by {signal.Signals(exc.signum).name}; stopping {self.n} PEs")
+            self._stop_all(grace=0.5)
+            return EXIT_INTERRUPTED if exc.signum == signal.SIGINT else EXIT_TERMINATED
+        finally:
+            self._reap_all()
+            self._drain_all()
+            if self.ctl is not None:
+                self.ctl.close()
+            remove_job_segments(self.job_id)
+            self._restore_signal_handlers(handlers)
+
+    def _target_name(self) -> str:
+        if callable(self.target):
+            return getattr(self.target, "__qualname__", repr(self.target))
+        return (f"-m {self.target}" if self.module else str(self.target)) + "".join(f" {a}" for a in self.args)
+
+    # --- starting ranks ------------------------------------------------------------------------------------
+
+    def _rank_env(self, rank: int) -> dict:
+        env = {"SHMEMX_JOB": self.job_id, "SHMEMX_RANK": str(rank), "SHMEMX_SIZE": str(self.n)}
+        if self.heap_size:
+            env["SHMEMX_HEAP_SIZE"] = str(self.heap_size)
+        if self.timeout:
+            env["SHMEMX_TIMEOUT"] = str(self.timeout + _WAIT_MARGIN)
+        env.update({k: str(v) for k, v in self.env.items()})
+        return env
+
+    def _start_ranks(self) -> None:
+        ctx = multiprocess.get_context("fork")
+        parent_fds: list[int] = []
+        for rank in range(self.n):
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            proc = ctx.Process(target=_rank_main, name=f"shmemx-pe{rank}", daemon=False,
+                               args=(rank, self, out_w, err_w, parent_fds + [out_r, err_r]))
+            proc.start()
+            os.close(out_w)
+            os.close(err_w)
+            parent_fds += [out_r, err_r]
+            self.ranks.append(_Rank(rank, proc, streams=[_Stream(rank, "out", out_r), _Stream(rank, "err", err_r)]))
+
+    # --- supervising ---------------------------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        sel = selectors.DefaultSelector()
+        for r in self.ranks:
+            for s in r.streams:
+                sel.register(s.fd, selectors.EVENT_READ, s)
+            sel.register(r.proc.sentinel, selectors.EVENT_READ, r)
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        timed_out = False
+        while sel.get_map():
+            wait = 0.25
+            if deadline is not None and not timed_out:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            for key, _ in sel.select(wait):
+                if isinstance(key.data, _Stream):
+                    self._read(sel, key.data)
+                else:
+                    sel.unregister(key.fileobj)
+                    self._exited(key.data)
+            now = time.monotonic()
+            if deadline is not None and not timed_out and now >= deadline and self._alive():
+                timed_out = True
+                self._report_timeout()
+                self._stop_all(grace=0.0)
+            if self.stopping_since is not None and now - self.stopping_since > _KILL_GRACE:
+                self._kill_alive(signal.SIGKILL)
+        if timed_out:
+            return EXIT_TIMEOUT
+        if self.failure is not None:
+            return _status(self.failure[1])
+        return 0
+
+    def _alive(self) -> list[_Rank]:
+        return [r for r in self.ranks if r.exitcode is None]
+
+    def _read(self, sel, stream: _Stream) -> None:
+        try:
+            data = os.read(stream.fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(stream.fd)
+            os.close(stream.fd)
+            stream.fd = -1
+            if stream.partial:
+                self._emit(stream, stream.partial + b"\n")
+                stream.partial = b""
+            return
+        data = stream.partial + data
+        cut = data.rfind(b"\n") + 1
+        stream.partial = data[cut:]
+        if cut:
+            self._emit(stream, data[:cut])
+
+    def _emit(self, stream: _Stream, data: bytes) -> None:
+        text = data.decode(errors="replace")
+        if self.tag_output:
+            tag = f"[pe {stream.rank}] "
+            text = "".join(tag + line for line in text.splitlines(keepends=True))
+        dest = self.out if stream.kind == "out" else self.err
+        dest.write(text)
+        dest.flush()
+
+    def _exited(self, r: _Rank) -> None:
+        r.proc.join()
+        r.exitcode = r.proc.exitcode
+        if r.exitcode == 0 or self.stopping_since is not None:
+            return
+        self.failure = (r.rank, r.exitcode)
+        if r.exitcode < 0:
+            why = f"was killed by signal {_signame(-r.exitcode)}"
+        else:
+            error = self.ctl.pes[r.rank]["error"].item().decode(errors="replace") if self.ctl else ""
+            why = f"failed with exit code {r.exitcode}" + (f": {error}" if error else "")
+        others = len(self._alive())
+        self._message(f"pe {r.rank} {why}" + (f"; stopping the other {others} PEs" if others else ""))
+        self.ctl.header["failed_pe"] = r.rank
+        self._stop_all(grace=_KILL_GRACE)
+
+    def _report_timeout(self) -> None:
+        self._message(f"job {self.job_id} timed out after {self.timeout:g} s; what each PE waits on:")
+        reader = JobReader(self.ctl)
+        try:
+            for line in reader.diagnosis():
+                self._message("  " + line)
+        finally:
+            reader.close()
+
+    def _message(self, text: str) -> None:
+        self.err.write(f"shmemx: {text}\n")
+        self.err.flush()
+
+    # --- stopping ------------------------------------------------------------------------------------------
+
+    def _stop_all(self, grace: float) -> None:
+        if self.stopping_since is None:
+            if self.ctl is not None:
+                self.ctl.header["state"] = JobState.ABORTING
+            self.stopping_since = time.monotonic() - (_KILL_GRACE - grace)
+            self._kill_alive(signal.SIGTERM)
+
+    def _kill_alive(self, sig: int) -> None:
+        for r in self._alive():
+            try:
+                os.kill(r.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _reap_all(self) -> None:
+        """Make sure no rank outlives the launcher (used on every way out of ``run``)."""
+        if self._alive():
+            self._kill_alive(signal.SIGTERM)
+            end = time.monotonic() + _KILL_GRACE
+            for r in self._alive():
+                r.proc.join(max(0.0, end - time.monotonic()))
+            self._kill_alive(signal.SIGKILL)
+        for r in self.ranks:
+            r.proc.join()
+            if r.exitcode is None:
+                r.exitcode = r.proc.exitcode
+
+    def _drain_all(self) -> None:
+        for r in self.ranks:
+            for s in r.streams:
+                if s.fd >= 0:
+                    try:
+                        while data := os.read(s.fd, 65536):
+                            s.partial += data
+                    except OSError:
+                        pass
+                    os.close(s.fd)
+                    s.fd = -1
+                if s.partial:
+                    self._emit(s, s.partial if s.partial.endswith(b"\n") else s.partial + b"\n")
+                    s.partial = b""
+
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            raise _Interrupted(signum)
+
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signal_handlers(handlers) -> None:
+        for sig, old in (handlers or {}).items():
+            signal.signal(sig, old)
+
+
+def _status(exitcode: int) -> int:
+    return 128 - exitcode if exitcode < 0 else exitcode
+
+
+def _signame(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+# --- inside a rank -----------------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]) -> None:
+    """The body of a rank process (after fork): set up, run the target, report, and exit."""
+    for fd in inherited:
+        os.close(fd)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    os.environ.update(job._rank_env(rank))
+    ctl = Control.attach(job.job_id)
+    ctl.pes[rank]["pid"] = os.getpid()
+    ctl.pes[rank]["status"] = PeStatus.STARTED
+    code = _run_target(rank, job, ctl)
+    if ctl.pes[rank]["status"] != PeStatus.FAILED:
+        ctl.pes[rank]["status"] = PeStatus.EXITED if code == 0 else PeStatus.FAILED
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _run_target(rank: int, job: Job, ctl: Control) -> int:
+    from shmemx import runtime as rt_module
+
+    try:
+        if callable(job.target):
+            job.target(*job.args)
+        elif job.module:
+            sys.argv = [job.target, *map(str, job.args)]
+            runpy.run_module(job.target, run_name="__main__", alter_sys=True)
+        else:
+            path = os.path.abspath(job.target)
+            sys.argv = [job.target, *map(str, job.args)]
+            sys.path.insert(0, os.path.dirname(path))
+            runpy.run_path(path, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:
+        _print_user_traceback(exc)
+        summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        ctl.pes[rank]["error"] = summary.encode(errors="replace")[:511]
+        ctl.pes[rank]["status"] = PeStatus.FAILED
+        rt_module.abandon()
+        return 1
+    try:
+        if code == 0:
+            rt_module.finalize()
+        else:
+            rt_module.abandon()
+    except BaseException as exc:
+        traceback.print_exc()
+        ctl.pes[rank]["error"] = f"finalize: {type(exc).__name__}: {exc}".encode(errors="replace")[:511]
+        rt_module.abandon()
+        return 1
+    return code
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback from the user's first frame on (not the launcher's and runpy's frames)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and (
+        tb.tb_frame.f_code.co_filename == __file__ or "runpy" in tb.tb_frame.f_code.co_filename
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1

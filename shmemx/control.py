@@ -1,0 +1,256 @@
+"""The job's control segment: who is in the job, what each PE is doing, and the words everyone waits on.
+
+The launcher creates one control segment per job (``shmemx_<job>_ctl``) before it starts the ranks; every rank
+and every inspection tool maps it. It holds no payload, only small fixed-layout records:
+
+* the job header: size, launcher pid, job state, the barrier counter and generation word;
+* one block per PE: its status and pid, its wake word (a futex that every writer into this PE's memory bumps),
+  its URMA identity (EID, heap tokenId and token value), its collective-call log (the symmetry check of malloc
+  and free), the wait slot of each of its threads (what it waits on, so that a hang can be diagnosed from
+  outside), its live heap allocations with their names, and its failure summary.
+
+Who writes what: a PE writes only its own block, except the wake word (every writer bumps it atomically) and the
+header's barrier words (changed atomically by every PE). The launcher writes the header.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+
+import numpy as np
+
+from .atomics import fetch_add_u32
+from .segment import Segment, segment_name
+
+__all__ = [
+    "JobState",
+    "PeStatus",
+    "WaitCall",
+    "HEADER_DTYPE",
+    "PE_DTYPE",
+    "WAIT_DTYPE",
+    "ALLOC_DTYPE",
+    "COLL_DTYPE",
+    "MAX_WAIT_SLOTS",
+    "MAX_ALLOCS",
+    "Control",
+]
+
+MAGIC = 0x31305F584D454D48  # "HMEMX_01"
+VERSION = 1
+MAX_WAIT_SLOTS = 130  # AIV blocks 0..127, the main thread outside a launch (slot 0), the engine (last slot)
+MAX_ALLOCS = 512
+COLL_LOG = 4
+
+
+class JobState(enum.IntEnum):
+    STARTING = 0
+    RUNNING = 1
+    ABORTING = 2
+    DONE = 3
+
+
+class PeStatus(enum.IntEnum):
+    NOT_STARTED = 0
+    STARTED = 1  # process runs, shmemx not initialised
+    READY = 2  # initialised
+    FINALIZED = 3
+    FAILED = 4
+    EXITED = 5
+
+
+class WaitCall(enum.IntEnum):
+    """What a thread waits in; recorded in its wait slot while it waits."""
+
+    NONE = 0
+    WAIT_UNTIL = 1
+    SIGNAL_WAIT_UNTIL = 2
+    WAIT_UNTIL_ALL = 3
+    WAIT_UNTIL_ANY = 4
+    WAIT_UNTIL_SOME = 5
+    BARRIER_ALL = 6
+    SYNC_ALL = 7
+    INIT = 8
+    FINALIZE = 9
+    MALLOC = 10
+    FREE = 11
+    QUIET = 12
+    QP_QUIET = 13
+    SYNC_VEC_ALL = 14
+    BLOCK_SYNC = 15
+    SQ_CREDIT = 16
+
+
+def _line(name):  # a u32 alone on its own 64-byte cache line
+    return [(name, "<u4"), (f"_{name}_pad", "V60")]
+
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<u4"),
+        ("n_pes", "<u4"),
+        ("launcher_pid", "<u4"),
+        ("state", "<u4"),
+        ("failed_pe", "<i4"),
+        ("n_ready", "<u4"),
+        ("start_time", "<f8"),
+        ("heap_size", "<u8"),
+        ("timeout", "<f8"),
+        ("job_id", "S32"),
+        ("script", "S256"),
+        ("_pad0", "V120"),
+        *_line("barrier_count"),
+        *_line("barrier_gen"),
+    ]
+)
+
+WAIT_DTYPE = np.dtype(
+    [
+        ("call", "<u4"),  # WaitCall; 0 = not waiting
+        ("cmp", "<i4"),  # ACLSHMEM_CMP_*, -1 when not a comparison
+        ("pe", "<i4"),  # whose memory (a heap word's PE, a quiet's peer); -1 when none
+        ("qp", "<i4"),
+        ("offset", "<u8"),  # heap offset of the (first) word waited on
+        ("value", "<u8"),  # the comparison value, raw bits
+        ("dtype", "S8"),  # numpy dtype string of the word, e.g. b"<i4"
+        ("count", "<u4"),  # number of words (wait_until_all/any/some), else 1
+        ("target", "<u4"),  # quiet: the CQE count waited for; barrier: the barrier number
+        ("since", "<f8"),  # time.time() when the wait started
+        ("_pad", "V8"),
+    ]
+)
+assert WAIT_DTYPE.itemsize == 64
+
+ALLOC_DTYPE = np.dtype(
+    [("offset", "<u8"), ("size", "<u8"), ("live", "<u4"), ("seq", "<u4"), ("name", "S40")]
+)
+assert ALLOC_DTYPE.itemsize == 64
+
+COLL_DTYPE = np.dtype(
+    [
+        ("seq", "<u4"),
+        ("op", "<u4"),  # WaitCall.MALLOC / FREE / INIT ...
+        ("size", "<u8"),
+        ("align", "<u8"),
+        ("offset", "<i8"),  # the offset this PE computed (-1: did not fit)
+        ("name", "S32"),
+    ]
+)
+
+_PE_HEAD = [
+    ("pid", "<u4"),
+    ("status", "<u4"),
+    ("qp_num", "<u4"),
+    ("sq_depth", "<u4"),
+    ("cq_depth", "<u4"),
+    ("heap_tid", "<u4"),
+    ("heap_token", "<u4"),
+    ("coll_seq", "<u4"),
+    ("heap_size", "<u8"),
+    ("barriers", "<u8"),  # number of barriers this PE has entered
+    ("eid", "<u8", (2,)),
+    ("start_time", "<f8"),
+    ("heap_used", "<u8"),
+]
+_PE_HEAD.append(("_pad0", "V%d" % (128 - np.dtype(_PE_HEAD).itemsize)))
+_PE_WORDS = [*_line("wake_seq"), *_line("n_sleepers"), ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,))]
+_PE_WORDS.append(("_pad1", "V%d" % (4096 - 128 - np.dtype(_PE_WORDS).itemsize)))
+PE_DTYPE = np.dtype(
+    _PE_HEAD + _PE_WORDS + [("waits", WAIT_DTYPE, (MAX_WAIT_SLOTS,)), ("allocs", ALLOC_DTYPE, (MAX_ALLOCS,))]
+)
+assert PE_DTYPE.fields["waits"][1] == 4096
+PE_STRIDE = -(-PE_DTYPE.itemsize // 4096) * 4096
+HEADER_SIZE = 4096
+
+
+def control_size(n_pes: int) -> int:
+    return HEADER_SIZE + n_pes * PE_STRIDE
+
+
+class Control:
+    """Typed access to a job's control segment.
+
+    ``header`` is a 0-d structured array over the job header; ``pes[p]`` a 0-d structured array over PE p's
+    block. Fields read and written through them are plain loads and stores; words that several processes change
+    are changed through ``atomics`` at the addresses ``*_addr`` give.
+    """
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        self.header = segment.view(HEADER_DTYPE, 0, (1,))[0:1].reshape(())
+        n = int(self.header["n_pes"])
+        if int(self.header["magic"]) != MAGIC:
+            raise ValueError(f"{segment.name}: not a shmemx control segment (bad magic)")
+        self.n_pes = n
+        self.job_id = self.header["job_id"].item().decode()
+        self.pes = [segment.view(PE_DTYPE, HEADER_SIZE + p * PE_STRIDE, (1,)).reshape(()) for p in range(n)]
+
+    # --- creation / attachment -----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, job_id: str, n_pes: int, *, heap_size: int, timeout: float, script: str = "") -> "Control":
+        seg = Segment(segment_name(job_id, "ctl"), control_size(n_pes), create=True)
+        hdr = seg.view(HEADER_DTYPE, 0, (1,)).reshape(())
+        hdr["n_pes"] = n_pes
+        hdr["version"] = VERSION
+        hdr["launcher_pid"] = os.getpid()
+        hdr["state"] = JobState.STARTING
+        hdr["failed_pe"] = -1
+        hdr["start_time"] = time.time()
+        hdr["heap_size"] = heap_size
+        hdr["timeout"] = timeout
+        hdr["job_id"] = job_id.encode()
+        hdr["script"] = script.encode()[:255]
+        hdr["magic"] = MAGIC  # last: a reader that sees the magic sees a complete header
+        return cls(seg)
+
+    @classmethod
+    def attach(cls, job_id: str, *, readonly: bool = False) -> "Control":
+        return cls(Segment(segment_name(job_id, "ctl"), readonly=readonly))
+
+    def close(self) -> None:
+        self.header = None
+        self.pes = []
+        self.segment.close()
+
+    # --- addresses of shared words -------------------------------------------------------------------------
+
+    def header_addr(self, field: str) -> int:
+        return self.segment.addr + HEADER_DTYPE.fields[field][1]
+
+    def pe_addr(self, pe: int, field: str) -> int:
+        return self.segment.addr + HEADER_SIZE + pe * PE_STRIDE + PE_DTYPE.fields[field][1]
+
+    # --- helpers -------------------------------------------------------------------------------------------
+
+    def wake(self, pe: int) -> None:
+        """Tell PE ``pe`` that its memory changed: bump its wake word, wake its sleepers if it has any."""
+        from .atomics import futex_wake  # local: keeps the hot names below bound once
+
+        addr = self.pe_addr(pe, "wake_seq")
+        fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first
+        if self.pes[pe]["n_sleepers"]:
+            futex_wake(addr)
+
+    def live_allocations(self, pe: int) -> np.ndarray:
+        allocs = self.pes[pe]["allocs"]
+        return allocs[allocs["live"] != 0]
+
+    def allocation_at(self, pe: int, offset: int):
+        """(name, start offset, size) of PE ``pe``'s live allocation holding heap ``offset``, or None."""
+        for a in self.live_allocations(pe):
+            start, size = int(a["offset"]), int(a["size"])
+            if start <= offset < start + max(size, 1):
+                return a["name"].decode(errors="replace"), start, size
+        return None
+
+    def describe_offset(self, pe: int, offset: int) -> str:
+        """``'recv_x'+0x200`` for a heap offset inside a named allocation, else ``heap+0x1200``."""
+        found = self.allocation_at(pe, offset)
+        if found is None:
+            return f"heap+{offset:#x}"
+        name, start, _ = found
+        return f"'{name}'+{offset - start:#x}"

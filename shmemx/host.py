@@ -1,0 +1,83 @@
+"""The host API: init and finalize, who am I, QP count, barriers.
+
+CANN returns negative error codes; shmemx raises (see ``errors``) and returns 0 where CANN returns a status,
+so that ported host code that checks ``== 0`` keeps working.
+"""
+
+from __future__ import annotations
+
+from . import runtime as _runtime
+from .control import WaitCall
+from .runtime import InitAttr, runtime
+from .sync import barrier
+
+__all__ = [
+    "init",
+    "finalize",
+    "my_pe",
+    "n_pes",
+    "aclshmemx_init_attr",
+    "aclshmem_finalize",
+    "aclshmem_my_pe",
+    "aclshmem_n_pes",
+    "aclshmemx_set_qp_num",
+    "aclshmem_barrier_all",
+    "aclshmem_sync_all",
+]
+
+
+def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None) -> None:
+    """Attach to the job (collective). ``heap_size`` (bytes or "64M") and ``timeout`` (s) override the launcher."""
+    _runtime.init(attr, heap_size=heap_size, timeout=timeout)
+
+
+def aclshmemx_init_attr(flags: int, attr: InitAttr) -> int:
+    """CANN's init (collective). ``flags`` selects the bootstrap (ignored: the launcher bootstraps); returns 0."""
+    if not isinstance(attr, InitAttr):
+        raise TypeError(f"aclshmemx_init_attr: attr must be a shmemx.InitAttr, got {type(attr).__name__}")
+    _runtime.init(attr)
+    return 0
+
+
+def finalize() -> int:
+    """Detach from the job (collective, idempotent; also runs at interpreter exit)."""
+    return _runtime.finalize()
+
+
+aclshmem_finalize = finalize
+
+
+def my_pe() -> int:
+    """This process's PE number."""
+    return runtime().my_pe
+
+
+def n_pes() -> int:
+    """Number of PEs in the job."""
+    return runtime().n_pes
+
+
+aclshmem_my_pe = my_pe
+aclshmem_n_pes = n_pes
+
+
+def aclshmemx_set_qp_num(engine: int, qp_num: int) -> int:
+    """QPs per peer for ``engine`` (ACLSHMEM_DATA_OP_UDMA). Before init only, 1..32, the same on every PE."""
+    return _runtime.set_qp_num(engine, qp_num)
+
+
+def aclshmem_barrier_all() -> None:
+    """Block until every PE arrived (collective). Raises a pending data-plane error first.
+
+    Does not complete UDMA work (as in CANN SHMEM): call ``aclshmemx_udma_quiet`` / ``_qp_quiet`` before it.
+    """
+    rt = runtime()
+    rt.check_errors()
+    barrier(rt, WaitCall.BARRIER_ALL)
+
+
+def aclshmem_sync_all() -> None:
+    """Same as ``aclshmem_barrier_all`` here: direct stores are complete on return, UDMA work is not."""
+    rt = runtime()
+    rt.check_errors()
+    barrier(rt, WaitCall.SYNC_ALL)

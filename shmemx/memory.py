@@ -1,0 +1,212 @@
+"""Collective allocation on the symmetric heap: aclshmem_malloc / calloc / align / free and numpy helpers.
+
+Every call is collective (every PE calls it, in the same order, with the same size) and checked: each PE logs
+the request and the offset its allocator would give in its control block, all PEs meet in one barrier, and each
+compares its entry with every peer's before committing anything. A mismatch raises ``SymmetryError`` on every PE,
+and exhaustion raises ``HeapExhaustedError`` on every PE, both with the heap unchanged.
+
+Initial contents (zeros, full, array) are written into the new block before that barrier, so when any PE
+returns, every PE's copy is initialised and a peer's first put cannot be overwritten by a late memset.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .control import ALLOC_DTYPE, COLL_LOG, WaitCall
+from .errors import HeapExhaustedError, SymmetryError
+from .heap import DEFAULT_ALIGN
+from .runtime import runtime
+from .sync import barrier
+
+__all__ = [
+    "aclshmem_malloc",
+    "aclshmem_calloc",
+    "aclshmem_align",
+    "aclshmem_free",
+    "aclshmem_ptr",
+    "empty",
+    "zeros",
+    "full",
+    "array",
+    "free",
+]
+
+
+def _op_name(op: WaitCall) -> str:
+    return {WaitCall.MALLOC: "aclshmem_malloc", WaitCall.FREE: "aclshmem_free"}[op]
+
+
+def _agree(rt, op: WaitCall, size: int, align: int, offset: int, name: str) -> int:
+    """Log this PE's request, meet every PE, and check that all logged the same; returns the call's number."""
+    me = rt.ctl.pes[rt.my_pe]
+    seq = int(me["coll_seq"]) + 1
+    entry = me["coll"][seq % COLL_LOG]
+    entry["seq"], entry["op"], entry["size"], entry["align"], entry["offset"] = seq, op, size, align, offset
+    entry["name"] = name.encode()[:31]
+    me["coll_seq"] = seq
+    barrier(rt, call=op)
+    mine = (seq, int(op), size, align, offset)
+    for p in range(rt.n_pes):
+        e = rt.ctl.pes[p]["coll"][seq % COLL_LOG]
+        theirs = (int(e["seq"]), int(e["op"]), int(e["size"]), int(e["align"]), int(e["offset"]))
+        if theirs != mine:
+            raise SymmetryError(f"pe {rt.my_pe}: {_op_name(op)} call #{seq}: PEs disagree: "
+                                f"pe {rt.my_pe} has {_describe(mine)}, pe {p} has {_describe(theirs)}; "
+                                f"the heap is unchanged")
+    return seq
+
+
+def _describe(entry: tuple) -> str:
+    seq, op, size, align, offset = entry
+    if op == WaitCall.FREE:
+        return f"free(heap+{offset:#x}) as call #{seq}"
+    if op == WaitCall.MALLOC:
+        return f"malloc({size} B, align {align}) -> heap+{offset:#x} as call #{seq}"
+    return f"call #{seq} {WaitCall(op).name.lower()}"
+
+
+def _record(rt, offset: int, size: int, name: str) -> None:
+    allocs = rt.ctl.pes[rt.my_pe]["allocs"]
+    free_slots = np.flatnonzero(allocs["live"] == 0)
+    if len(free_slots):  # the table only serves dumps: a full table loses names, not memory
+        slot = allocs[int(free_slots[0])]
+        slot["offset"], slot["size"], slot["name"] = offset, size, name.encode()[:39]
+        slot["live"] = 1
+    rt.ctl.pes[rt.my_pe]["heap_used"] = rt.heap.used
+
+
+def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], None] | None,
+              prefault: bool) -> np.ndarray:
+    rt = runtime()
+    heap = rt.heap
+    offset = heap.plan(size, align)
+    if offset >= 0:
+        block = heap.view(rt.my_pe, offset, (size,), np.uint8)
+        if prefault:
+            heap.segments[rt.my_pe].prefault(offset, size)
+        if fill is not None:
+            fill(block)
+    seq = _agree(rt, WaitCall.MALLOC, size, align, offset, name)
+    if offset < 0:
+        raise HeapExhaustedError(
+            f"pe {rt.my_pe}: aclshmem_malloc call #{seq} of {size} B (align {align}, '{name}'): heap exhausted: "
+            f"{heap.used} of {heap.size} B in use, largest free block {heap.largest_hole()} B; "
+            f"start the job with a larger --heap-size")
+    heap.commit(offset, size, name)
+    _record(rt, offset, size, name)
+    return heap.view(rt.my_pe, offset, (size,), np.uint8)
+
+
+def _check_size(what: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what}: size must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def aclshmem_malloc(size: int, *, name: str = "", prefault: bool = True) -> np.ndarray | None:
+    """Allocate ``size`` bytes on every PE's heap (collective). Returns a uint8 array, or None for size 0.
+
+    Args:
+        size: bytes; the same on every PE (checked).
+        name: a label shown by dumps and diagnoses ("allocation 'recv_x' +0x200").
+        prefault: map the pages now (default); pass False for large windows that may stay mostly untouched.
+    """
+    size = _check_size("aclshmem_malloc", size)
+    if size == 0:
+        return None
+    return _allocate(size, DEFAULT_ALIGN, name or "malloc", None, prefault)
+
+
+def aclshmem_calloc(nmemb: int, size: int, *, name: str = "", prefault: bool = True) -> np.ndarray | None:
+    """Allocate ``nmemb * size`` zeroed bytes on every PE (collective)."""
+    total = _check_size("aclshmem_calloc", nmemb) * _check_size("aclshmem_calloc", size)
+    if total == 0:
+        return None
+    return _allocate(total, DEFAULT_ALIGN, name or "calloc", lambda b: b.fill(0), prefault)
+
+
+def aclshmem_align(alignment: int, size: int, *, name: str = "", prefault: bool = True) -> np.ndarray | None:
+    """Allocate ``size`` bytes aligned to ``alignment`` (a power of two) on every PE (collective)."""
+    alignment = _check_size("aclshmem_align", alignment)
+    if alignment == 0 or alignment & (alignment - 1):
+        raise ValueError(f"aclshmem_align: alignment must be a power of two, got {alignment}")
+    size = _check_size("aclshmem_align", size)
+    if size == 0:
+        return None
+    return _allocate(size, max(alignment, 1), name or "align", None, prefault)
+
+
+def aclshmem_free(arr: np.ndarray | None) -> None:
+    """Free a heap allocation on every PE (collective); ``arr`` is what the allocation call returned.
+
+    None is a no-op, as NULL is. Freeing a view that does not start an allocation raises ValueError.
+    """
+    if arr is None:
+        return
+    rt = runtime()
+    pe, offset = rt.heap.locate(arr, "aclshmem_free argument")
+    if pe != rt.my_pe or offset not in rt.heap.allocations:
+        raise ValueError(f"pe {rt.my_pe}: aclshmem_free: pe {pe} heap+{offset:#x} is not the start of a live "
+                         f"allocation of this PE")
+    size, _ = rt.heap.allocations[offset]
+    _agree(rt, WaitCall.FREE, size, 0, offset, "")
+    rt.heap.release(offset)
+    allocs = rt.ctl.pes[rt.my_pe]["allocs"]
+    hits = np.flatnonzero((allocs["live"] != 0) & (allocs["offset"] == offset))
+    for i in hits:
+        allocs[int(i)]["live"] = 0
+    rt.ctl.pes[rt.my_pe]["heap_used"] = rt.heap.used
+
+
+free = aclshmem_free
+
+
+def aclshmem_ptr(arr: np.ndarray, pe: int) -> np.ndarray:
+    """The same-shaped view of ``arr`` (any view of a heap array) in PE ``pe``'s copy of the heap.
+
+    Loads and stores through it are direct accesses to the peer's memory (as MTE on the device); a store does
+    not wake the peer's waiters, use ``aclshmemx_signal_op`` or the UDMA API for anything a peer waits on.
+    """
+    rt = runtime()
+    _check_pe(rt, pe, "aclshmem_ptr")
+    return rt.heap.peer_view(arr, pe, "aclshmem_ptr argument")
+
+
+def _check_pe(rt, pe, what: str) -> int:
+    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
+        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
+    return int(pe)
+
+
+def _shaped(shape, dtype, name, fill, prefault) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    block = _allocate(max(nbytes, 1), max(DEFAULT_ALIGN, dtype.alignment), name or "array",
+                      None if fill is None else lambda b: fill(b[:nbytes].view(dtype).reshape(shape)), prefault)
+    return block[:nbytes].view(dtype).reshape(shape)
+
+
+def empty(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> np.ndarray:
+    """An uninitialised heap array on every PE (collective). Any numpy dtype, including ml_dtypes ones."""
+    return _shaped(shape, dtype, name, None, prefault)
+
+
+def zeros(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> np.ndarray:
+    """A zeroed heap array on every PE (collective)."""
+    return _shaped(shape, dtype, name, lambda a: a.fill(0), prefault)
+
+
+def full(shape, fill_value, dtype=None, *, name: str = "", prefault: bool = True) -> np.ndarray:
+    """A heap array filled with ``fill_value`` on every PE (collective)."""
+    dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+    return _shaped(shape, dtype, name, lambda a: a.fill(fill_value), prefault)
+
+
+def array(obj, dtype=None, *, name: str = "", prefault: bool = True) -> np.ndarray:
+    """A heap array holding a copy of ``obj`` (collective; ``obj`` may differ per PE, its shape may not)."""
+    src = np.asarray(obj, dtype=dtype)
+    return _shaped(src.shape, src.dtype, name, lambda a: np.copyto(a, src), prefault)

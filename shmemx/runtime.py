@@ -1,0 +1,302 @@
+"""Attaching a process to its job: init, finalize, and the per-process runtime state.
+
+A rank learns who it is from the environment the launcher sets (``SHMEMX_JOB``, ``SHMEMX_RANK``,
+``SHMEMX_SIZE``, ``SHMEMX_HEAP_SIZE``, ``SHMEMX_TIMEOUT``). ``init`` maps the job's control segment, creates
+this PE's heap (and, with the data plane, its queues), publishes its identity, meets every other PE in a
+barrier, then maps the peers' heaps and checks that all PEs agree on the heap size and the QP count.
+
+A script started without the launcher (``python script.py``) runs as a job of one PE that owns, and at
+finalize removes, its own segments.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import atomics
+from .control import Control, JobState, PeStatus, WaitCall
+from .errors import ClosedError, NotInitializedError, SymmetryError
+from .heap import Heap
+from .segment import remove_job_segments
+
+__all__ = [
+    "InitAttr",
+    "OptionalAttr",
+    "Runtime",
+    "runtime",
+    "init",
+    "finalize",
+    "is_initialized",
+    "set_qp_num",
+    "ACLSHMEM_DATA_OP_MTE",
+    "ACLSHMEM_DATA_OP_SDMA",
+    "ACLSHMEM_DATA_OP_ROCE",
+    "ACLSHMEM_DATA_OP_UDMA",
+    "ACLSHMEMX_INIT_WITH_DEFAULT",
+    "DEFAULT_HEAP_SIZE",
+    "parse_size",
+]
+
+ACLSHMEM_DATA_OP_MTE = 0x01
+ACLSHMEM_DATA_OP_SDMA = 0x02
+ACLSHMEM_DATA_OP_ROCE = 0x04
+ACLSHMEM_DATA_OP_UDMA = 0x08
+ACLSHMEMX_INIT_WITH_DEFAULT = 1 << 0
+ACLSHMEM_MAX_QP_NUM = 32
+DEFAULT_HEAP_SIZE = 64 << 20
+DEFAULT_TIMEOUT = 120.0
+
+_ENGINES = {ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_UDMA}
+
+
+def parse_size(text) -> int:
+    """``"64M"`` / ``"1G"`` / ``"4096"`` / ``"512K"`` -> bytes (binary multiples)."""
+    if isinstance(text, (int, np.integer)):
+        return int(text)
+    s = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(s[-1:], 1)
+    digits = s[:-1] if s[-1:] in "KMGT" else s
+    try:
+        value = float(digits)
+    except ValueError:
+        raise ValueError(f"size {text!r}: expected a number with an optional K/M/G suffix") from None
+    return int(value * mult)
+
+
+@dataclass
+class OptionalAttr:
+    """``aclshmem_init_optional_attr_t``: the engine type and the timeouts (seconds)."""
+
+    data_op_engine_type: int = ACLSHMEM_DATA_OP_UDMA
+    shm_init_timeout: float = DEFAULT_TIMEOUT
+    shm_create_timeout: float = DEFAULT_TIMEOUT
+    control_operation_timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass
+class InitAttr:
+    """``aclshmemx_init_attr_t``. Fields left at -1 / 0 come from the launcher's environment.
+
+    Attributes:
+        my_pe, n_pes: checked against the launcher's when given.
+        local_mem_size: heap bytes per PE (``--heap-size``); must be the same on every PE.
+        option_attr: engine type and timeouts; ``control_operation_timeout`` is the deadline of every wait.
+    """
+
+    my_pe: int = -1
+    n_pes: int = -1
+    local_mem_size: int = 0
+    ip_port: str = ""
+    option_attr: OptionalAttr = field(default_factory=OptionalAttr)
+
+
+class Runtime:
+    """Everything one process knows about its job once initialised. One per process."""
+
+    def __init__(self, ctl: Control, my_pe: int, heap: Heap, *, timeout: float, owner: bool, engine_type: int):
+        self.ctl = ctl
+        self.job_id = ctl.job_id
+        self.my_pe = my_pe
+        self.n_pes = ctl.n_pes
+        self.heap = heap
+        self.timeout = timeout
+        self.owner = owner  # a launcher-less job of one PE: remove the segments at finalize
+        self.engine_type = engine_type
+        self.qp_num = 1
+        self.udma = None  # the data plane (queues + engine), attached by udma.attach
+        self.finalized = False
+        spin_us = os.environ.get("SHMEMX_SPIN_US")
+        cores = len(os.sched_getaffinity(0))
+        self.spin = float(spin_us) * 1e-6 if spin_us else (50e-6 if self.n_pes <= cores else 0.0)
+        self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
+        self.sleepers_addr = ctl.pe_addr(my_pe, "n_sleepers")
+        self._words: dict[int, np.ndarray] = {}
+        self.lock = threading.Lock()
+
+    def word_view(self, addr: int) -> np.ndarray:
+        """A 1-element u32 view of a word of the control segment, by address."""
+        view = self._words.get(addr)
+        if view is None:
+            seg = self.ctl.segment
+            view = self._words[addr] = seg.view("<u4", addr - seg.addr, (1,))
+        return view
+
+    def check_errors(self) -> None:
+        """Raise a pending data-plane error (an error CQE nobody quieted yet, a dead engine)."""
+        if self.udma is not None:
+            self.udma.check_errors()
+
+
+_rt: Runtime | None = None
+_pending_qp_num = 1
+_qp_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """The initialised runtime of this process; NotInitializedError before init, ClosedError after finalize."""
+    rt = _rt
+    if rt is None:
+        raise NotInitializedError("shmemx is not initialised: call shmemx.init() (or aclshmemx_init_attr) first")
+    if rt.finalized:
+        raise ClosedError(f"pe {rt.my_pe}: shmemx was finalized")
+    return rt
+
+
+def is_initialized() -> bool:
+    return _rt is not None and not _rt.finalized
+
+
+def set_qp_num(engine: int, qp_num: int) -> int:
+    """``aclshmemx_set_qp_num``: QPs per peer for the UDMA engine. Before init only; 1..32; same on every PE."""
+    global _pending_qp_num
+    if engine != ACLSHMEM_DATA_OP_UDMA:
+        raise ValueError(f"aclshmemx_set_qp_num: engine {engine!r} not supported (only ACLSHMEM_DATA_OP_UDMA=8)")
+    if isinstance(qp_num, bool) or not isinstance(qp_num, (int, np.integer)) or not 1 <= qp_num <= ACLSHMEM_MAX_QP_NUM:
+        raise ValueError(f"aclshmemx_set_qp_num: qp_num {qp_num!r} out of range 1..{ACLSHMEM_MAX_QP_NUM}")
+    with _qp_lock:
+        if is_initialized():
+            raise ValueError(f"pe {_rt.my_pe}: aclshmemx_set_qp_num must be called before init "
+                             f"(qp_num is {_rt.qp_num})")
+        _pending_qp_num = int(qp_num)
+    return 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None) -> Runtime:
+    """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
+
+    Args:
+        attr: CANN-style attributes; see ``InitAttr``.
+        heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
+        timeout: deadline of every wait in seconds; overrides the launcher's ``--timeout``.
+    """
+    global _rt
+    if _rt is not None and not _rt.finalized:
+        return _rt
+    attr = attr or InitAttr()
+    engine = attr.option_attr.data_op_engine_type
+    if engine not in _ENGINES:
+        raise ValueError(f"aclshmemx_init_attr: data_op_engine_type {engine!r} is not one of "
+                         f"MTE=1, SDMA=2, ROCE=4, UDMA=8")
+    job_id = os.environ.get("SHMEMX_JOB")
+    owner = job_id is None
+    if owner:
+        job_id = f"{os.getpid():x}{secrets.token_hex(2)}"
+        my_pe, n_pes = 0, 1
+    else:
+        my_pe, n_pes = _env_int("SHMEMX_RANK", 0), _env_int("SHMEMX_SIZE", 1)
+    for name, given, actual in (("my_pe", attr.my_pe, my_pe), ("n_pes", attr.n_pes, n_pes)):
+        if given >= 0 and given != actual:
+            raise ValueError(f"aclshmemx_init_attr: attr.{name}={given} but the launcher started this "
+                             f"process as {name}={actual}")
+    size = parse_size(heap_size if heap_size is not None else
+                      attr.local_mem_size or os.environ.get("SHMEMX_HEAP_SIZE") or DEFAULT_HEAP_SIZE)
+    if size <= 0:
+        raise ValueError(f"pe {my_pe}: heap size must be positive, got {size}")
+    if timeout is None:
+        env_timeout = os.environ.get("SHMEMX_TIMEOUT")
+        timeout = float(env_timeout) if env_timeout else attr.option_attr.control_operation_timeout
+    if owner:
+        ctl = Control.create(job_id, 1, heap_size=size, timeout=timeout, script="")
+        ctl.header["state"] = JobState.RUNNING
+    else:
+        ctl = Control.attach(job_id)
+    heap = Heap(job_id, my_pe, n_pes, size)
+    rt = Runtime(ctl, my_pe, heap, timeout=timeout, owner=owner, engine_type=engine)
+    rt.qp_num = _pending_qp_num
+    me = ctl.pes[my_pe]
+    me["pid"] = os.getpid()
+    me["heap_size"] = size
+    me["qp_num"] = rt.qp_num
+    me["start_time"] = time.time()
+    _rt = rt
+    try:
+        from . import udma  # the data plane; creates this PE's queues and URMA identity
+
+        udma.create(rt)
+        me["status"] = PeStatus.READY
+        atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
+        from .sync import barrier
+
+        barrier(rt, call=WaitCall.INIT, timeout=attr.option_attr.shm_init_timeout)
+        heap.attach_peers()
+        _check_agreement(rt)
+        udma.start(rt)
+    except BaseException:
+        _rt = None
+        raise
+    atexit.register(_finalize_at_exit)
+    return rt
+
+
+def _check_agreement(rt: Runtime) -> None:
+    pes = rt.ctl.pes
+    for what in ("heap_size", "qp_num"):
+        values = [int(pes[p][what]) for p in range(rt.n_pes)]
+        if len(set(values)) > 1:
+            listing = ", ".join(f"pe {p}: {v}" for p, v in enumerate(values))
+            raise SymmetryError(f"pe {rt.my_pe}: init: PEs disagree on {what} ({listing})")
+
+
+def finalize() -> int:
+    """``aclshmem_finalize`` (collective, idempotent; also runs at exit). Raises a pending data-plane error."""
+    global _rt
+    rt = _rt
+    if rt is None or rt.finalized:
+        return 0
+    try:
+        rt.check_errors()
+        from .sync import barrier
+
+        barrier(rt, call=WaitCall.FINALIZE)
+    finally:
+        _teardown(rt)
+    return 0
+
+
+def _teardown(rt: Runtime) -> None:
+    global _rt, _pending_qp_num
+    rt.finalized = True
+    from . import udma
+
+    udma.stop(rt)
+    ctl = rt.ctl
+    ctl.pes[rt.my_pe]["status"] = PeStatus.FINALIZED
+    rt.heap.close()
+    if rt.owner:
+        ctl.header["state"] = JobState.DONE
+        ctl.close()
+        remove_job_segments(rt.job_id)
+    _pending_qp_num = 1
+
+
+def abandon() -> None:
+    """Tear down without the collective barrier (used when this rank is failing)."""
+    rt = _rt
+    if rt is not None and not rt.finalized:
+        try:
+            rt.ctl.pes[rt.my_pe]["status"] = PeStatus.FAILED
+        finally:
+            _teardown(rt)
+
+
+def _finalize_at_exit() -> None:
+    rt = _rt
+    if rt is not None and not rt.finalized:
+        try:
+            finalize()
+        except Exception as exc:  # at exit there is nobody left to raise to: say it, don't hide it
+            import sys
+
+            print(f"shmemx: pe {rt.my_pe}: finalize at exit failed: {exc}", file=sys.stderr)

@@ -1,0 +1,274 @@
+"""Signals and point-to-point waits: signal_op, signal_wait_until, wait_until, test and the all/any/some family.
+
+A signal or wait word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; the view's
+dtype decides the word size and the comparison. ``aclshmemx_signal_op`` stores into the target PE's heap
+directly (as MTE does on the device): SET is an atomic exchange, ADD an atomic add, then the target's wake word is
+bumped so that its waiters re-check. A wait sleeps on the wake word of the PE whose memory holds the word (the
+calling PE's own, or a peer's when the view came from ``aclshmem_ptr``), see ``waits.block_until``.
+
+Semantics follow OpenSHMEM 1.5: ``signal_wait_until`` returns the value that met the condition; ``status``
+entries that are nonzero exclude that word; an empty set makes ``*_all`` return at once, ``*_any`` return None
+(SIZE_MAX in C) and ``*_some`` return an empty list.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import atomics
+from .control import WaitCall
+from .heap import data_address
+from .runtime import runtime
+from .waits import block_until
+
+__all__ = [
+    "ACLSHMEM_CMP_EQ",
+    "ACLSHMEM_CMP_NE",
+    "ACLSHMEM_CMP_GT",
+    "ACLSHMEM_CMP_GE",
+    "ACLSHMEM_CMP_LT",
+    "ACLSHMEM_CMP_LE",
+    "ACLSHMEM_SIGNAL_SET",
+    "ACLSHMEM_SIGNAL_ADD",
+    "CMP_NAMES",
+    "aclshmemx_signal_op",
+    "aclshmem_signal_wait_until",
+    "aclshmem_wait_until",
+    "aclshmem_test",
+    "aclshmem_wait_until_all",
+    "aclshmem_wait_until_any",
+    "aclshmem_wait_until_some",
+    "aclshmem_test_all",
+    "aclshmem_test_any",
+    "aclshmem_test_some",
+    "word_view",
+]
+
+ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_LT, ACLSHMEM_CMP_LE = range(6)
+ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
+
+_OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
+CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
+_WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
+
+
+def _check_cmp(cmp) -> int:
+    if isinstance(cmp, bool) or not isinstance(cmp, (int, np.integer)) or not 0 <= cmp <= 5:
+        raise ValueError(f"comparison {cmp!r} is not one of ACLSHMEM_CMP_EQ..ACLSHMEM_CMP_LE (0..5)")
+    return int(cmp)
+
+
+def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
+    """(pe, heap offset, 0-d view of the first element) of a signal/wait word given as a heap view."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"pe {rt.my_pe}: {what} must be a heap array view, got {type(arr).__name__}")
+    if arr.dtype not in _WORD_DTYPES:
+        raise TypeError(f"pe {rt.my_pe}: {what} has dtype {arr.dtype}; signal and wait words are int32, uint32, "
+                        f"int64 or uint64")
+    if arr.size == 0:
+        raise ValueError(f"pe {rt.my_pe}: {what} is empty")
+    pe, offset = rt.heap.locate(arr, what)
+    if offset % arr.itemsize:
+        raise ValueError(f"pe {rt.my_pe}: {what} at heap+{offset:#x} is not {arr.itemsize}-byte aligned")
+    return pe, offset, rt.heap.view(pe, offset, (), arr.dtype)
+
+
+def _as_word(rt, value, dtype: np.dtype, what: str):
+    """``value`` as a numpy scalar of the word's dtype; ValueError quoting it when it does not fit."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} is not an integer") from None
+    info = np.iinfo(dtype)
+    if not info.min <= v <= info.max:
+        raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} does not fit the word's dtype {dtype}")
+    return dtype.type(v)
+
+
+def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int) -> None:
+    """Update the signal word ``sig_addr`` on PE ``pe``: SET stores ``signal``, ADD adds it atomically.
+
+    Args:
+        sig_addr: heap view whose first element is the word (int32/uint32/int64/uint64), e.g. ``flags[3:4]``.
+        signal: the value to store or add.
+        sig_op: ACLSHMEM_SIGNAL_SET (0) or ACLSHMEM_SIGNAL_ADD (1).
+        pe: target PE; may be this PE.
+
+    The update is visible, and PE ``pe``'s waiters are woken, when the call returns.
+    """
+    rt = runtime()
+    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: pe {pe!r} out of range 0..{rt.n_pes - 1}")
+    if sig_op not in (ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD):
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
+                         f"or ACLSHMEM_SIGNAL_ADD (1)")
+    _, offset, _ = word_view(rt, sig_addr, "aclshmemx_signal_op sig_addr")
+    target = rt.heap.view(int(pe), offset, (), sig_addr.dtype)
+    value = int(_as_word(rt, signal, sig_addr.dtype, "aclshmemx_signal_op"))
+    addr = data_address(target)
+    if sig_op == ACLSHMEM_SIGNAL_SET:
+        atomics.exchange(addr, value, sig_addr.itemsize)
+    else:
+        atomics.fetch_op("add", addr, value, sig_addr.itemsize)
+    rt.ctl.wake(int(pe))
+
+
+def _describe_word(rt, call: str, pe: int, offset: int, cond: str, word) -> str:
+    where = rt.ctl.describe_offset(pe, offset)
+    owner = "" if pe == rt.my_pe else f" of pe {pe}"
+    return f"pe {rt.my_pe}: {call} on {where}{owner} {cond}: current value {word[()]}"
+
+
+def _wait_word(call: WaitCall, name: str, ivar, cmp, value):
+    rt = runtime()
+    cmp = _check_cmp(cmp)
+    pe, offset, word = word_view(rt, ivar, f"{name} ivar")
+    target = _as_word(rt, value, ivar.dtype, name)
+    op = _OPS[cmp]
+    seen = [None]
+
+    def ready() -> bool:
+        v = word[()]
+        if op(v, target):
+            seen[0] = v
+            return True
+        return False
+
+    cond = f"{CMP_NAMES[cmp]} {int(target)}"
+    block_until(rt, ready, call=call, pe=pe, offset=offset, cmp=cmp, value=int(target) & (2**64 - 1),
+                dtype=ivar.dtype.str.encode(), word_pe=pe,
+                describe=lambda: _describe_word(rt, name, pe, offset, cond, word))
+    return seen[0]
+
+
+def aclshmem_signal_wait_until(sig_addr: np.ndarray, cmp: int, value: int) -> int:
+    """Block until ``sig_addr[0] <cmp> value``; return the value that met the condition."""
+    return int(_wait_word(WaitCall.SIGNAL_WAIT_UNTIL, "signal_wait_until", sig_addr, cmp, value))
+
+
+def aclshmem_wait_until(ivar: np.ndarray, cmp: int, value: int) -> None:
+    """Block until ``ivar[0] <cmp> value``."""
+    _wait_word(WaitCall.WAIT_UNTIL, "wait_until", ivar, cmp, value)
+
+
+def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
+    """True when ``ivar[0] <cmp> value`` holds now; never blocks."""
+    rt = runtime()
+    cmp = _check_cmp(cmp)
+    _, _, word = word_view(rt, ivar, "test ivar")
+    return bool(_OPS[cmp](word[()], _as_word(rt, value, ivar.dtype, "test")))
+
+
+# --- arrays of words -----------------------------------------------------------------------------------------
+
+
+class _Words:
+    """A 1-D heap array of words, the status mask and the comparison of the all/any/some family."""
+
+    def __init__(self, rt, name: str, ivars, cmp, value, status):
+        self.name = name
+        if not isinstance(ivars, np.ndarray) or ivars.ndim != 1:
+            raise TypeError(f"pe {rt.my_pe}: {name}: ivars must be a 1-D heap array, got "
+                            f"{getattr(ivars, 'shape', type(ivars).__name__)}")
+        self.cmp = _check_cmp(cmp)
+        if ivars.size:
+            self.pe, self.offset, _ = word_view(rt, ivars, f"{name} ivars")
+            self.ivars = rt.heap.view(self.pe, self.offset, ivars.shape, ivars.dtype, ivars.strides)
+        else:
+            self.pe, self.offset, self.ivars = rt.my_pe, 0, ivars
+        values = np.asarray(value)
+        if values.ndim == 0:
+            self.values = _as_word(rt, value, ivars.dtype, name)
+        else:  # the *_vector forms: one comparison value per word
+            if values.shape != ivars.shape:
+                raise ValueError(f"pe {rt.my_pe}: {name}: {values.shape[0]} values for {ivars.shape[0]} ivars")
+            self.values = values.astype(ivars.dtype)
+        if status is None:
+            self.active = np.ones(ivars.shape, bool)
+        else:
+            status = np.asarray(status)
+            if status.shape != ivars.shape:
+                raise ValueError(f"pe {rt.my_pe}: {name}: status has shape {status.shape}, ivars {ivars.shape}")
+            self.active = status == 0
+        self.op = _OPS[self.cmp]
+
+    def matches(self) -> np.ndarray:
+        return self.op(self.ivars, self.values) & self.active
+
+    def describe(self, rt) -> str:
+        where = rt.ctl.describe_offset(self.pe, self.offset)
+        n_active = int(self.active.sum())
+        met = int(self.matches().sum())
+        return (f"pe {rt.my_pe}: {self.name} on {n_active} words at {where} (pe {self.pe}) "
+                f"{CMP_NAMES[self.cmp]} {self.values if np.ndim(self.values) == 0 else list(self.values)}: "
+                f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
+
+    def block(self, rt, call: WaitCall, ready) -> None:
+        value = int(self.values) if np.ndim(self.values) == 0 else 0
+        block_until(rt, ready, call=call, pe=self.pe, offset=self.offset, cmp=self.cmp,
+                    value=value & (2**64 - 1), dtype=self.ivars.dtype.str.encode(), count=len(self.ivars),
+                    word_pe=self.pe, describe=lambda: self.describe(rt))
+
+
+def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
+    """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
+    rt = runtime()
+    w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
+    w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
+
+
+def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
+    """Block until some active word satisfies the comparison; return its index (None if none is active)."""
+    rt = runtime()
+    w = _Words(rt, "wait_until_any", ivars, cmp, value, status)
+    if not w.active.any():
+        return None
+    found = []
+
+    def ready() -> bool:
+        hits = np.flatnonzero(w.matches())
+        if len(hits):
+            found.append(int(hits[0]))
+            return True
+        return False
+
+    w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
+    return found[0]
+
+
+def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
+    """Block until at least one active word satisfies the comparison; return the indices of all that do."""
+    rt = runtime()
+    w = _Words(rt, "wait_until_some", ivars, cmp, value, status)
+    if not w.active.any():
+        return []
+    found: list[int] = []
+
+    def ready() -> bool:
+        hits = np.flatnonzero(w.matches())
+        if len(hits):
+            found.extend(int(i) for i in hits)
+            return True
+        return False
+
+    w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
+    return found
+
+
+def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
+    rt = runtime()
+    w = _Words(rt, "test_all", ivars, cmp, value, status)
+    return bool(np.all(w.matches() | ~w.active))
+
+
+def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
+    rt = runtime()
+    hits = np.flatnonzero(_Words(rt, "test_any", ivars, cmp, value, status).matches())
+    return int(hits[0]) if len(hits) else None
+
+
+def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
+    rt = runtime()
+    return [int(i) for i in np.flatnonzero(_Words(rt, "test_some", ivars, cmp, value, status).matches())]

@@ -1,0 +1,125 @@
+"""The one place where a thread of a PE waits for another PE.
+
+Every blocking call (wait_until and friends, barriers, init/finalize, collective allocation) waits through
+``block_until``. It does three things the callers must not do themselves:
+
+1. **It records the wait** in the thread's wait slot of the control segment (which call, which PE and heap
+   offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
+   waits on what while the job hangs. Later check and replay modes hook in here too.
+2. **It never burns a core.** With 8-16 ranks on 2 cores a busy poll costs milliseconds per hop and starves the
+   DMA engines (machine_limits.md section 3). A wait spins only while there are no more ranks than cores, then
+   sleeps on a futex word: the PE's wake word, which every writer into this PE's memory bumps after its stores
+   (``Control.wake``), or a word of its own (the barrier generation).
+3. **It has a deadline.** Past it, ``WaitTimeoutError`` carries the caller's description of the wait and the
+   value seen last.
+
+No lost wake-ups: the waiter announces itself (``n_sleepers += 1``, a locked instruction) before its last check
+of the condition, and a writer bumps the wake word (also locked) before it reads ``n_sleepers``. Either the
+waiter sees the new data, or the writer sees the sleeper and wakes it; and a wake between the waiter's read of
+the word and its futex call makes the futex return at once. The backstop timeout only bounds how long a dead
+peer or an abort goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from . import atomics
+from .control import MAX_WAIT_SLOTS, JobState, WaitCall
+from .errors import PeerFailedError, WaitTimeoutError
+
+__all__ = ["block_until", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
+
+ENGINE_SLOT = MAX_WAIT_SLOTS - 1
+_BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
+
+_tls = threading.local()
+
+
+def thread_slot() -> int:
+    """The wait slot of the calling thread: its AIV block index in a launch, 0 for the main thread."""
+    return getattr(_tls, "slot", 0)
+
+
+def set_thread_slot(slot: int) -> None:
+    _tls.slot = slot
+
+
+def block_until(
+    rt,
+    pred: Callable[[], bool],
+    *,
+    call: WaitCall,
+    describe: Callable[[], str],
+    pe: int = -1,
+    offset: int = 0,
+    cmp: int = -1,
+    value: int = 0,
+    dtype: bytes = b"",
+    count: int = 1,
+    target: int = 0,
+    qp: int = -1,
+    word_pe: int | None = None,
+    word_addr: int | None = None,
+    sleepers: bool = True,
+    timeout: float | None = None,
+) -> None:
+    """Return once ``pred()`` is true; record the wait while blocked.
+
+    Args:
+        rt: the runtime (its control segment, PE and spin/timeout settings).
+        pred: the condition; cheap and side-effect free, called many times.
+        call, pe, offset, cmp, value, dtype, count, target, qp: what to record in the wait slot.
+        describe: builds the wait's description for the timeout error ("pe 3: signal_wait_until on ...").
+        word_pe: sleep on this PE's wake word (the PE whose memory holds the words waited on); default mine.
+        word_addr, sleepers: sleep on another futex word instead, one whose writers always wake (no sleeper
+            count), like the barrier generation.
+        timeout: seconds; default the runtime's wait timeout.
+
+    Raises:
+        WaitTimeoutError: the deadline passed; the message is ``describe()`` plus the elapsed time.
+        PeerFailedError: the launcher aborted the job while this thread waited.
+    """
+    if pred():
+        return
+    if rt.spin > 0:
+        spin_end = time.perf_counter() + rt.spin
+        while time.perf_counter() < spin_end:
+            if pred():
+                return
+    ctl = rt.ctl
+    me = ctl.pes[rt.my_pe]
+    slot = me["waits"][thread_slot()]
+    slot["pe"], slot["qp"], slot["offset"], slot["cmp"] = pe, qp, offset, cmp
+    slot["value"], slot["dtype"], slot["count"], slot["target"] = value, dtype, count, target
+    slot["since"] = time.time()
+    slot["call"] = call
+    sleepers_addr = None
+    if word_addr is None:
+        word_pe = rt.my_pe if word_pe is None else word_pe
+        word_addr = ctl.pe_addr(word_pe, "wake_seq")
+        sleepers_addr = ctl.pe_addr(word_pe, "n_sleepers") if sleepers else None
+    word = rt.word_view(word_addr)
+    timeout = rt.timeout if timeout is None else timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    if sleepers_addr is not None:
+        atomics.fetch_add_u32(sleepers_addr, 1)
+    try:
+        while True:
+            seen = int(word[0])
+            if pred():
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+            if ctl.header["state"] == JobState.ABORTING:
+                failed = int(ctl.header["failed_pe"])
+                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
+            atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
+    finally:
+        if sleepers_addr is not None:
+            atomics.fetch_add_u32(sleepers_addr, -1)
+        slot["call"] = WaitCall.NONE
