@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 import multiprocess
 
 from shmemx.control import Control, JobState, PeStatus
+from shmemx.errors import PeerFailedError
 from shmemx.inspect import JobReader
 from shmemx.segment import remove_job_segments
 
@@ -394,6 +395,9 @@ def _run_target(rank: int, job: Job, ctl: Control) -> int:
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)
+    except PeerFailedError:  # the launcher is stopping the job and has said why: leave quietly
+        rt_module.abandon()
+        return 1
     except BaseException as exc:
         _print_user_traceback(exc)
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
