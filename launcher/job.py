@@ -124,6 +124,8 @@ class Job:
         self.ctl: Control | None = None
         self.failure: tuple[int, int] | None = None  # (rank, exit status) of the first failure
         self.stopping_since: float | None = None
+        self.interrupted: int | None = None  # the first SIGINT / SIGTERM the launcher received
+        self._defer_signals = False  # inside a section that a signal must not cut short
 
     # --- the whole run -------------------------------------------------------------------------------------
 
@@ -144,6 +146,7 @@ class Job:
             self._stop_all(grace=0.5)
             return EXIT_INTERRUPTED if exc.signum == signal.SIGINT else EXIT_TERMINATED
         finally:
+            self._defer_signals = True  # a second Ctrl-C must not cut the cleanup short (leaked segments)
             self._reap_all()
             self._drain_all()
             if self.ctl is not None:
@@ -168,6 +171,16 @@ class Job:
         return env
 
     def _start_ranks(self) -> None:
+        # A signal between a fork and the rank's registration would orphan that rank: hold it until all started.
+        self._defer_signals = True
+        try:
+            self._fork_ranks()
+        finally:
+            self._defer_signals = False
+        if self.interrupted is not None:
+            raise _Interrupted(self.interrupted)
+
+    def _fork_ranks(self) -> None:
         ctx = multiprocess.get_context("fork")
         parent_fds: list[int] = []
         for rank in range(self.n):
@@ -323,7 +336,11 @@ class Job:
             return None
 
         def handler(signum, frame):
-            raise _Interrupted(signum)
+            if self.interrupted is not None:
+                return  # already stopping; the first signal decided the exit status
+            self.interrupted = signum
+            if not self._defer_signals:
+                raise _Interrupted(signum)
 
         return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
