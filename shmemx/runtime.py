@@ -204,9 +204,11 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
                       attr.local_mem_size or os.environ.get("SHMEMX_HEAP_SIZE") or DEFAULT_HEAP_SIZE)
     if size <= 0:
         raise ValueError(f"pe {my_pe}: heap size must be positive, got {size}")
-    if timeout is None:
+    if timeout is None:  # as for the heap size: a timeout set in attr beats the launcher's, which beats ours
         env_timeout = os.environ.get("SHMEMX_TIMEOUT")
-        timeout = float(env_timeout) if env_timeout else attr.option_attr.control_operation_timeout
+        timeout = attr.option_attr.control_operation_timeout
+        if env_timeout and timeout == DEFAULT_TIMEOUT:
+            timeout = float(env_timeout)
     if owner:
         ctl = Control.create(job_id, 1, heap_size=size, timeout=timeout, script="")
         ctl.header["state"] = JobState.RUNNING
