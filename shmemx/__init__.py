@@ -15,6 +15,22 @@ from .signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHME
                       aclshmem_test, aclshmem_test_all, aclshmem_test_any, aclshmem_test_some, aclshmem_wait_until,
                       aclshmem_wait_until_all, aclshmem_wait_until_any, aclshmem_wait_until_some,
                       aclshmemx_signal_op)
+from .layout import (ACLSHMEMX_UDMA_ODR_NO, ACLSHMEMX_UDMA_ODR_RO, ACLSHMEMX_UDMA_ODR_SO,
+                     ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, ACLSHMEMX_UDMA_OP_CONFIG_SO,
+                     CqeStatus, Odr, Opcode, OpConfig)
+from .rma import (aclshmem_fence, aclshmem_quiet, aclshmemx_defer_t, aclshmemx_mte_get_nbi, aclshmemx_mte_put_nbi,
+                  aclshmemx_mte_quiet, aclshmemx_submit_state_t, aclshmemx_submit_t, aclshmemx_udma_get_nbi,
+                  aclshmemx_udma_put_nbi, aclshmemx_udma_put_signal_nbi, aclshmemx_udma_qp_get_nbi,
+                  aclshmemx_udma_qp_put_nbi, aclshmemx_udma_qp_put_signal_nbi, aclshmemx_udma_qp_quiet,
+                  aclshmemx_udma_quiet)
+from .amo import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_and, aclshmemx_udma_atomic_compare_swap,
+                  aclshmemx_udma_atomic_fetch, aclshmemx_udma_atomic_fetch_add, aclshmemx_udma_atomic_fetch_and,
+                  aclshmemx_udma_atomic_fetch_inc, aclshmemx_udma_atomic_fetch_or, aclshmemx_udma_atomic_fetch_xor,
+                  aclshmemx_udma_atomic_inc, aclshmemx_udma_atomic_or, aclshmemx_udma_atomic_set,
+                  aclshmemx_udma_atomic_swap, aclshmemx_udma_atomic_xor)
+from .kernel import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub, launch,
+                     sync_all)
+from .raw import RawQueue, aclshmemx_udma_raw_queue
 from .host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
                    aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes)
 
@@ -39,4 +55,24 @@ __all__ = [
     "aclshmemx_signal_op", "aclshmem_signal_wait_until", "aclshmem_wait_until", "aclshmem_test",
     "aclshmem_wait_until_all", "aclshmem_wait_until_any", "aclshmem_wait_until_some",
     "aclshmem_test_all", "aclshmem_test_any", "aclshmem_test_some",
+    # UDMA layouts and configs
+    "Opcode", "Odr", "CqeStatus", "OpConfig", "ACLSHMEMX_UDMA_ODR_NO", "ACLSHMEMX_UDMA_ODR_RO",
+    "ACLSHMEMX_UDMA_ODR_SO", "ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT", "ACLSHMEMX_UDMA_OP_CONFIG_SO",
+    "ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE",
+    # UDMA RMA, quiet, batching, MTE
+    "aclshmemx_udma_put_nbi", "aclshmemx_udma_get_nbi", "aclshmemx_udma_qp_put_nbi", "aclshmemx_udma_qp_get_nbi",
+    "aclshmemx_udma_put_signal_nbi", "aclshmemx_udma_qp_put_signal_nbi", "aclshmemx_udma_quiet",
+    "aclshmemx_udma_qp_quiet", "aclshmemx_submit_state_t", "aclshmemx_defer_t", "aclshmemx_submit_t",
+    "aclshmem_quiet", "aclshmem_fence", "aclshmemx_mte_put_nbi", "aclshmemx_mte_get_nbi", "aclshmemx_mte_quiet",
+    # UDMA atomics
+    "aclshmemx_udma_atomic_add", "aclshmemx_udma_atomic_fetch_add", "aclshmemx_udma_atomic_compare_swap",
+    "aclshmemx_udma_atomic_fetch", "aclshmemx_udma_atomic_inc", "aclshmemx_udma_atomic_fetch_inc",
+    "aclshmemx_udma_atomic_set", "aclshmemx_udma_atomic_swap", "aclshmemx_udma_atomic_and",
+    "aclshmemx_udma_atomic_or", "aclshmemx_udma_atomic_xor", "aclshmemx_udma_atomic_fetch_and",
+    "aclshmemx_udma_atomic_fetch_or", "aclshmemx_udma_atomic_fetch_xor",
+    # kernels
+    "launch", "get_block_idx", "get_block_num", "sync_all", "get_ub", "aclshmemx_sync_vec_all",
+    "aclshmemx_barrier_all_vec",
+    # raw WQE path
+    "RawQueue", "aclshmemx_udma_raw_queue",
 ]

@@ -18,6 +18,7 @@ job-wide VA map that WQEs carry.
 from __future__ import annotations
 
 import bisect
+import ctypes
 
 import numpy as np
 
@@ -31,9 +32,20 @@ HEAP_VA_STRIDE = 1 << 36  # 64 GiB of VA per PE
 DEFAULT_ALIGN = 64
 
 
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
+
+
 def data_address(arr: np.ndarray) -> int:
-    """Address of ``arr``'s first element in this process."""
-    return arr.__array_interface__["data"][0]
+    """Address of ``arr``'s first element in this process.
+
+    Through ctypes' buffer import for writable contiguous arrays (0.3 us), else ``__array_interface__`` (1.1 us):
+    this runs twice per posted WQE.
+    """
+    try:
+        return _addressof(_from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.__array_interface__["data"][0]
 
 
 def _extent(arr: np.ndarray) -> tuple[int, int]:
@@ -64,8 +76,11 @@ class Heap:
         self.size = size
         self.segments: list[Segment | None] = [None] * n_pes
         self.segments[my_pe] = Segment(segment_name(job_id, f"heap{my_pe}"), size, create=True)
+        self.base_addr = self.segments[my_pe].addr  # this process's address of its own heap
         self._free: list[tuple[int, int]] = [(0, size)]  # sorted (offset, length) holes
         self.allocations: dict[int, tuple[int, str]] = {}  # offset -> (size, name)
+        self._alloc_starts: list[int] = []  # sorted keys of allocations
+        self._last_hit = (0, 0)  # [start, end) of the allocation ``allocated`` found last
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
@@ -122,9 +137,22 @@ class Heap:
         self.check_allocated(off + lo, hi - lo, what, pe)
         return pe, off
 
+    def allocated(self, offset: int, nbytes: int) -> bool:
+        """True when ``[offset, offset+nbytes)`` lies inside one live allocation (runs twice per posted WQE:
+        the last allocation hit is checked first)."""
+        lo, hi = self._last_hit
+        if lo <= offset and offset + nbytes <= hi:
+            return True
+        starts = self._alloc_starts
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset + nbytes <= starts[i] + self.allocations[starts[i]][0]:
+            self._last_hit = (starts[i], starts[i] + self.allocations[starts[i]][0])
+            return True
+        return False
+
     def check_allocated(self, offset: int, nbytes: int, what: str, pe: int) -> None:
         """Raise ValueError unless ``[offset, offset+nbytes)`` lies inside one live allocation."""
-        starts = sorted(self.allocations)
+        starts = self._alloc_starts
         i = bisect.bisect_right(starts, offset) - 1
         if i >= 0:
             start = starts[i]
@@ -168,11 +196,14 @@ class Heap:
                     pieces.append((offset + size, hole_off + hole_len - offset - size))
                 self._free[i:i + 1] = pieces
                 self.allocations[offset] = (size, name)
+                bisect.insort(self._alloc_starts, offset)
                 return
         raise HeapExhaustedError(f"pe {self.my_pe}: internal: no hole holds {offset:#x}+{size:#x}")
 
     def release(self, offset: int) -> None:
         size, _ = self.allocations.pop(offset)
+        self._alloc_starts.remove(offset)
+        self._last_hit = (0, 0)
         if size == 0:
             return
         bisect.insort(self._free, (offset, size))

@@ -26,9 +26,17 @@ __all__ = [
 ]
 
 
-def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None) -> None:
-    """Attach to the job (collective). ``heap_size`` (bytes or "64M") and ``timeout`` (s) override the launcher."""
-    _runtime.init(attr, heap_size=heap_size, timeout=timeout)
+def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
+         cq_depth: int | None = None) -> None:
+    """Attach to the job (collective).
+
+    Args:
+        attr: CANN-style attributes (``InitAttr``); optional.
+        heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
+        timeout: deadline of every wait, quiet and barrier in seconds; overrides ``--timeout``.
+        sq_depth, cq_depth: ring depths (power of two, default 32768); small ones make wrap-around testable.
+    """
+    _runtime.init(attr, heap_size=heap_size, timeout=timeout, sq_depth=sq_depth, cq_depth=cq_depth)
 
 
 def aclshmemx_init_attr(flags: int, attr: InitAttr) -> int:

@@ -110,7 +110,9 @@ class Runtime:
         self.owner = owner  # a launcher-less job of one PE: remove the segments at finalize
         self.engine_type = engine_type
         self.qp_num = 1
-        self.udma = None  # the data plane (queues + engine), attached by udma.attach
+        self.udma = None  # the data plane (queues + engine), see udma.py
+        self.sq_depth: int | None = None
+        self.cq_depth: int | None = None
         self.finalized = False
         spin_us = os.environ.get("SHMEMX_SPIN_US")
         cores = len(os.sched_getaffinity(0))
@@ -173,13 +175,15 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None) -> Runtime:
+def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
+         cq_depth: int | None = None) -> Runtime:
     """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
 
     Args:
         attr: CANN-style attributes; see ``InitAttr``.
         heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
         timeout: deadline of every wait in seconds; overrides the launcher's ``--timeout``.
+        sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two, default 32768; tests use small ones).
     """
     global _rt
     if _rt is not None and not _rt.finalized:
@@ -217,6 +221,7 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     heap = Heap(job_id, my_pe, n_pes, size)
     rt = Runtime(ctl, my_pe, heap, timeout=timeout, owner=owner, engine_type=engine)
     rt.qp_num = _pending_qp_num
+    rt.sq_depth, rt.cq_depth = sq_depth, cq_depth
     me = ctl.pes[my_pe]
     me["pid"] = os.getpid()
     me["heap_size"] = size
@@ -237,9 +242,32 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         udma.start(rt)
     except BaseException:
         _rt = None
+        _undo_failed_init(rt)
         raise
     atexit.register(_finalize_at_exit)
     return rt
+
+
+def _undo_failed_init(rt: Runtime) -> None:
+    """Remove what a failed init created, so that a corrected init can run in the same process."""
+    import os as _os
+
+    from . import udma
+    from .segment import SHM_DIR
+
+    try:
+        udma.stop(rt)
+    finally:
+        rt.ctl.pes[rt.my_pe]["status"] = PeStatus.STARTED
+        for name in (f"heap{rt.my_pe}", f"udma{rt.my_pe}"):
+            try:
+                _os.unlink(f"{SHM_DIR}/shmemx_{rt.job_id}_{name}")
+            except FileNotFoundError:
+                pass
+        rt.heap.close()
+        if rt.owner:
+            rt.ctl.close()
+            remove_job_segments(rt.job_id)
 
 
 def _check_agreement(rt: Runtime) -> None:

@@ -1,16 +1,149 @@
-"""The UDMA data plane: this PE's URMA identity, its send/completion queues and its DMA engine.
+"""The UDMA data plane of one PE: its URMA identity, its queue pairs, its local registry and its DMA engine.
 
-(Filled in by the data-plane work; the runtime calls these four hooks.)
+``create`` (before init's barrier) makes the identity and the UDMA segment and publishes the identity in the
+control segment; ``start`` (after the barrier) reads every peer's identity, fills the tables, makes the queue
+pairs and starts the engine; ``stop`` stops the engine. The runtime calls these; kernels use ``rma`` / ``amo``.
 """
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from .errors import CompletionError, InternalError
+from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE
+from .queues import QueuePair
+from .resources import DEFAULT_DEPTH, LOCAL_VA_BASE, UDMA_VA_BASE, LocalRegistry, UdmaSegment, make_identity
+
+__all__ = ["Udma", "create", "start", "stop"]
+
+
+def _depth(name: str, value) -> int:
+    depth = int(value)
+    if depth < 16 or depth > 65536 or depth & (depth - 1):
+        raise ValueError(f"{name} must be a power of two in 16..65536, got {value!r}")
+    return depth
+
+
+class Udma:
+    """This PE's data plane (one per process)."""
+
+    def __init__(self, rt, sq_depth: int, cq_depth: int):
+        self.rt = rt
+        self.my_pe = rt.my_pe
+        self.qp_num = rt.qp_num
+        self.identity = make_identity(rt.my_pe)
+        self.seg = UdmaSegment.create(rt.job_id, rt.my_pe, rt.n_pes, rt.qp_num, sq_depth, cq_depth,
+                                      self.identity, rt.heap.size)
+        self.tp_base = self.identity["tp_base"]
+        self.hw64 = self.seg.hw32.view(np.uint64)
+        self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
+        self.qps: dict[int, QueuePair] = {}
+        self.peers: list[dict] = []
+        self.registry: LocalRegistry | None = None
+        self.engine = None
+        self.errors: set[int] = set()  # queue indices whose failure nobody has reported yet
+        self.dead = None  # (exception, traceback text) if the engine thread died
+        self._threads: dict[int, threading.Thread] = {}
+        me = rt.ctl.pes[rt.my_pe]
+        me["eid"] = (self.identity["eid_lo"], self.identity["eid_hi"])
+        me["heap_tid"], me["heap_token"] = self.identity["heap_tid"], self.identity["heap_token"]
+        me["sq_depth"], me["cq_depth"] = sq_depth, cq_depth
+
+    def start(self) -> None:
+        from .engine import Engine
+
+        rt = self.rt
+        for p in range(rt.n_pes):
+            e = rt.ctl.pes[p]
+            lo, hi = (int(x) for x in e["eid"])
+            self.peers.append({"eid_lo": lo, "eid_hi": hi, "heap_tid": int(e["heap_tid"]),
+                               "heap_token": int(e["heap_token"])})
+        self.seg.fill_tables(rt.my_pe, self.peers, rt.heap.size)
+        self.registry = LocalRegistry(rt.my_pe, rt.heap, self.seg, int(self.seg.header["amo_tid"]))
+        for peer in range(rt.n_pes):
+            if peer != rt.my_pe:
+                for qp in range(self.qp_num):
+                    q = QueuePair(self, peer, qp)
+                    self.qps[q.index] = q
+        self.engine = Engine(self)
+        self.engine.start()
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+    # --- lookups -------------------------------------------------------------------------------------------
+
+    def qp(self, pe: int, qp_idx: int) -> QueuePair:
+        return self.qps[pe * self.qp_num + qp_idx]
+
+    def thread_alive(self, ident: int) -> bool:
+        for t in threading.enumerate():
+            if t.ident == ident:
+                return True
+        return False
+
+    def describe_va(self, va: int) -> str:
+        """``pe 3 heap +0x1200 ('recv_x'+0x200)`` for any emulated VA."""
+        if HEAP_VA_BASE <= va < HEAP_VA_BASE + self.rt.n_pes * HEAP_VA_STRIDE:
+            pe, off = divmod(va - HEAP_VA_BASE, HEAP_VA_STRIDE)
+            name = self.rt.ctl.describe_offset(pe, off)
+            return f"pe {pe} heap +{off:#x}" + (f" ({name})" if not name.startswith("heap") else "")
+        if UDMA_VA_BASE <= va < UDMA_VA_BASE + self.rt.n_pes * (1 << 36):
+            pe, off = divmod(va - UDMA_VA_BASE, 1 << 36)
+            if off >= self.seg.amo_offset and pe == self.my_pe:
+                return f"pe {pe} amo scratch +{off - self.seg.amo_offset:#x}"
+            return f"pe {pe} udma +{off:#x}"
+        if LOCAL_VA_BASE <= va < UDMA_VA_BASE:
+            return f"pe {self.my_pe} local {va:#x}"
+        return f"{va:#x} (unmapped)"
+
+    # --- completion bookkeeping ----------------------------------------------------------------------------
+
+    def retired(self, qp: QueuePair) -> None:
+        """A poller advanced ``qp``'s tail: registrations only it used may go."""
+        if self.registry is not None and len(self.registry):
+            self.registry.collect({i: q.tail for i, q in self.qps.items()})
+
+    def raise_dead(self) -> None:
+        exc, text = self.dead
+        raise InternalError(f"pe {self.my_pe}: the DMA engine thread died ({type(exc).__name__}: {exc}); "
+                            f"this is a shmemx bug:\n{text}")
+
+    def check_errors(self) -> None:
+        """Raise a failure nobody has quieted yet (called by barriers and finalize)."""
+        if self.dead is not None:
+            self.raise_dead()
+        for index in sorted(self.errors):
+            qp = self.qps[index]
+            if qp.error is None:
+                self.errors.discard(index)
+                continue
+            self.errors.discard(index)
+            try:
+                qp.poll(qp.cq_pi, "barrier", report=False)  # drain what the engine completed
+            except CompletionError:
+                pass
+            if qp.error is not None:
+                qp._raise(None, "barrier")
 
 
 def create(rt) -> None:
-    """Create this PE's queues and URMA identity (before the init barrier)."""
+    sq = _depth("sq_depth", os.environ.get("SHMEMX_SQ_DEPTH", rt.sq_depth or DEFAULT_DEPTH))
+    cq = _depth("cq_depth", os.environ.get("SHMEMX_CQ_DEPTH", rt.cq_depth or sq))
+    if cq < sq:
+        raise ValueError(f"cq_depth {cq} must be at least sq_depth {sq}")
+    rt.udma = Udma(rt, sq, cq)
 
 
 def start(rt) -> None:
-    """Resolve peers and start the engine (after the init barrier)."""
+    rt.udma.start()
 
 
 def stop(rt) -> None:
-    """Stop the engine and unmap the queues."""
+    if rt.udma is not None:
+        rt.udma.stop()

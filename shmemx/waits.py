@@ -65,6 +65,7 @@ def block_until(
     word_addr: int | None = None,
     sleepers: bool = True,
     timeout: float | None = None,
+    spin: float | None = None,
 ) -> None:
     """Return once ``pred()`` is true; record the wait while blocked.
 
@@ -77,6 +78,8 @@ def block_until(
         word_addr, sleepers: sleep on another futex word instead, one whose writers always wake (no sleeper
             count), like the barrier generation.
         timeout: seconds; default the runtime's wait timeout.
+        spin: seconds to poll before sleeping; default the runtime's (0 when ranks outnumber cores). Waits for
+            this PE's own engine pass 0: a spinning thread holds the GIL the engine needs.
 
     Raises:
         WaitTimeoutError: the deadline passed; the message is ``describe()`` plus the elapsed time.
@@ -84,8 +87,9 @@ def block_until(
     """
     if pred():
         return
-    if rt.spin > 0:
-        spin_end = time.perf_counter() + rt.spin
+    spin = rt.spin if spin is None else spin
+    if spin > 0:
+        spin_end = time.perf_counter() + spin
         while time.perf_counter() < spin_end:
             if pred():
                 return

@@ -1,0 +1,157 @@
+"""Kernel launch: running a function on ``block_dim`` AIV blocks (threads) of this PE.
+
+``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread, and
+returns when all blocks returned. Inside, ``get_block_idx()`` / ``get_block_num()`` say which block runs,
+``sync_all()`` meets all blocks of this PE (AscendC ``SyncAll``), ``get_ub()`` is the block's UB scratch, and
+``aclshmemx_barrier_all_vec()`` / ``aclshmemx_sync_vec_all()`` meet all blocks of all PEs.
+
+If a block raises, the others are released from ``sync_all`` (they get ``BrokenBarrierError``) and ``launch``
+re-raises the first failing block's exception. When the launch ends, each block's claim on the send queues it
+posted to is released: the next launch may use them from other blocks.
+
+Threads share one interpreter lock: blocks interleave rather than run in parallel, except inside numpy copies
+and waits. That is enough to exercise ordering and one-submitter rules; for speed, vectorise inside a block.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .control import WaitCall
+from .runtime import runtime
+from .sync import barrier
+from .waits import set_thread_slot
+
+__all__ = [
+    "launch",
+    "get_block_idx",
+    "get_block_num",
+    "sync_all",
+    "get_ub",
+    "aclshmemx_sync_vec_all",
+    "aclshmemx_barrier_all_vec",
+    "UB_SIZE",
+    "MAX_BLOCKS",
+]
+
+UB_SIZE = 192 * 1024  # bytes of UB scratch per block (Ascend 950 AIV: 192 KiB of the 256 KiB UB are usable)
+MAX_BLOCKS = 128
+
+
+class _Launch:
+    def __init__(self, block_dim: int):
+        self.block_dim = block_dim
+        self.barrier = threading.Barrier(block_dim)
+        self.errors: list[tuple[int, BaseException]] = []
+        self.ub = [None] * block_dim
+
+
+_tls = threading.local()
+
+
+def _current() -> _Launch | None:
+    return getattr(_tls, "launch", None)
+
+
+def launch(kernel, block_dim: int, *args, **kwargs) -> None:
+    """Run ``kernel(*args, **kwargs)`` on ``block_dim`` AIV blocks of this PE; re-raise the first block error."""
+    rt = runtime()
+    if isinstance(block_dim, bool) or not isinstance(block_dim, (int, np.integer)) or not 1 <= block_dim <= MAX_BLOCKS:
+        raise ValueError(f"pe {rt.my_pe}: launch: block_dim {block_dim!r} out of range 1..{MAX_BLOCKS}")
+    if _current() is not None:
+        raise RuntimeError(f"pe {rt.my_pe}: launch inside a kernel: kernels cannot launch kernels")
+    state = _Launch(int(block_dim))
+
+    def body(idx: int) -> None:
+        _tls.launch = state
+        _tls.block_idx = idx
+        set_thread_slot(idx)
+        try:
+            kernel(*args, **kwargs)
+        except BaseException as exc:
+            state.errors.append((idx, exc))
+            state.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
+               for b in range(block_dim)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    idents = {t.ident for t in threads}
+    if rt.udma is not None:
+        for qp in rt.udma.qps.values():
+            if qp.owner in idents:
+                qp.release()
+    if state.errors:
+        real = [(b, e) for b, e in state.errors if not isinstance(e, threading.BrokenBarrierError)]
+        block, exc = min(real or state.errors, key=lambda be: be[0])
+        try:
+            exc.add_note(f"(raised in AIV block {block} of {block_dim} on pe {rt.my_pe})")
+        except AttributeError:
+            pass
+        raise exc
+
+
+def get_block_idx() -> int:
+    """This block's index in the launch (0 outside a launch)."""
+    return getattr(_tls, "block_idx", 0) if _current() is not None else 0
+
+
+def get_block_num() -> int:
+    """Number of blocks of the current launch (1 outside a launch)."""
+    state = _current()
+    return state.block_dim if state is not None else 1
+
+
+def sync_all() -> None:
+    """Meet every block of this PE's launch (``SyncAll``); a no-op outside a launch."""
+    state = _current()
+    if state is None or state.block_dim == 1:
+        return
+    rt = runtime()
+    try:
+        state.barrier.wait(timeout=rt.timeout)
+    except threading.BrokenBarrierError:
+        if state.errors:
+            raise
+        from .errors import WaitTimeoutError
+
+        raise WaitTimeoutError(f"pe {rt.my_pe}: sync_all in block {get_block_idx()}: not every one of the "
+                               f"{state.block_dim} blocks arrived within {rt.timeout:g} s") from None
+
+
+def get_ub(nbytes: int | None = None) -> np.ndarray:
+    """This block's UB scratch: a ``[UB_SIZE] uint8`` array (or its first ``nbytes``), the same on every call."""
+    state = _current()
+    idx = get_block_idx()
+    if state is None:
+        ub = getattr(_tls, "ub", None)
+        if ub is None:
+            ub = _tls.ub = np.zeros(UB_SIZE, np.uint8)
+    else:
+        ub = state.ub[idx]
+        if ub is None:
+            ub = state.ub[idx] = np.zeros(UB_SIZE, np.uint8)
+    if nbytes is not None and nbytes > UB_SIZE:
+        raise ValueError(f"UB scratch is {UB_SIZE} B, asked for {nbytes}")
+    return ub if nbytes is None else ub[:nbytes]
+
+
+def aclshmemx_sync_vec_all() -> None:
+    """Meet every block of every PE (collective across the job; call it from every block of a launch).
+
+    Does not complete UDMA work: quiet first. Raises a pending data-plane error.
+    """
+    rt = runtime()
+    sync_all()
+    if get_block_idx() == 0:
+        rt.check_errors()
+        barrier(rt, WaitCall.SYNC_VEC_ALL)
+    sync_all()
+
+
+aclshmemx_barrier_all_vec = aclshmemx_sync_vec_all
+

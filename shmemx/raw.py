@@ -1,0 +1,114 @@
+"""The raw WQE path: direct access to a queue pair's contexts and rings, for kernels that build WQEs themselves.
+
+DeepEP's elastic dispatch does not call put per token: it reserves N slots in an SQ, writes N WQEs with vector
+stores and rings the doorbell once. ``aclshmemx_udma_raw_queue(pe, qp_idx)`` gives the same access:
+
+    q = shmemx.aclshmemx_udma_raw_queue(peer, 0)
+    head = q.reserve(n)                                   # drains the CQ first if the ring is short of room
+    q.write(head, q.build_writes(rmt_va=q.remote_va(dst) + offsets, sge_len=nbytes,
+                                 sge_va=q.local_va(src) + src_offsets, flag=flags))
+    q.ring_doorbell(head + n, cqes=int((flags & 0x20 != 0).sum()))
+    q.poll()                                              # = aclshmemx_udma_qp_quiet
+
+``wq_ctx``, ``cq_ctx`` and ``remote_mem_info`` are structured views of the live records in shared memory;
+``sq`` / ``cq`` are ``[depth, 64] uint8`` views of the rings (``sq_words``: ``[depth, 8] uint64``). What is
+written there is exactly what the engine executes: the engine validates every field (EID, TP, tokenId, token,
+ranges) and reports a malformed WQE with an error CQE, as the hardware would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import Opcode, build_write_batch
+from .queues import Api, M32, QueuePair
+from .rma import _check_target
+from .runtime import runtime
+
+__all__ = ["RawQueue", "aclshmemx_udma_raw_queue"]
+
+
+class RawQueue:
+    """Raw access to the SQ/CQ of (pe, qp_idx) of the calling PE (see the module docstring)."""
+
+    def __init__(self, qp: QueuePair):
+        self._qp = qp
+        seg = qp.udma.seg
+        self.peer = qp.peer
+        self.qp_idx = qp.qp_idx
+        self.depth = qp.depth
+        self.wq_ctx = seg.wq_ctx[qp.index:qp.index + 1].reshape(())
+        self.cq_ctx = seg.cq_ctx[qp.index:qp.index + 1].reshape(())
+        self.remote_mem_info = seg.remote_mem_info[qp.index:qp.index + 1].reshape(())
+        self.sq = qp.sq
+        self.sq_words = qp.sq.view(np.uint64)
+        self.cq = qp.cq
+
+    def __repr__(self) -> str:
+        return f"RawQueue(pe {self._qp.my_pe} -> pe {self.peer} qp {self.qp_idx}, head {self.head})"
+
+    @property
+    def head(self) -> int:
+        """The posted head (monotonic BB counter)."""
+        return self._qp.head
+
+    @property
+    def cqe_cnt(self) -> int:
+        return self._qp.cqe_cnt
+
+    def remote_va(self, arr: np.ndarray) -> int:
+        """Device VA on this queue's peer of the symmetric address ``arr`` (a heap view)."""
+        rt = self._qp.udma.rt
+        _, off = rt.heap.locate(arr, "raw remote_va argument")
+        return self._qp.remote_base + off
+
+    def local_va(self, arr: np.ndarray, *, writable: bool = False) -> int:
+        """Local VA of ``arr`` (this PE's heap, or a local array registered while this queue uses it)."""
+        va, reg = self._qp.udma.registry.va_of(arr, writable, "raw local_va argument")
+        if reg is not None:
+            reg.uses[self._qp.index] = (self._qp.head + self.depth) & M32  # until the ring turned over once
+        return va
+
+    def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
+        """One WQE (64 or 128 bytes) with this queue's TP, tokenId, EID and token (see ``layout.pack_wqe``)."""
+        return self._qp.build(opcode, flag, rmt_va, **fields)
+
+    def build_writes(self, *, rmt_va, sge_len, sge_va, flag=0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
+        """``[n, 8] uint64`` one-BB WQEs for this queue's peer in one numpy operation."""
+        n = int(np.broadcast(np.asarray(rmt_va), np.asarray(sge_len), np.asarray(sge_va), np.asarray(flag)).size)
+        q = self._qp
+        return build_write_batch(n, tp_id=q.tpn, rmt_seg_id=q.tid, rmt_eid=q.eid, rmt_token_value=q.token,
+                                 rmt_va=rmt_va, sge_len=sge_len, sge_va=sge_va, flag=flag, opcode=opcode)
+
+    def reserve(self, bbs: int) -> int:
+        """Make room for ``bbs`` BBs and return the head to write them at."""
+        return self._qp.reserve(int(bbs))
+
+    def write(self, head: int, wqes) -> int:
+        """Copy WQEs (``[n, 8] uint64``, ``[n, 64] uint8`` or bytes) into the ring from ``head``; returns the new
+        head. Wraps at the ring end. Does not ring the doorbell."""
+        data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
+        rows = data.reshape(-1).view(np.uint8).reshape(-1, 64)
+        n = len(rows)
+        start = head & self._qp.mask
+        first = min(n, self.depth - start)
+        self.sq[start:start + first] = rows[:first]
+        if first < n:
+            self.sq[:n - first] = rows[first:]
+        return (head + n) & M32
+
+    def ring_doorbell(self, head: int, *, cqes: int = 0) -> None:
+        """Store the doorbell: WQEs up to ``head`` may run; ``cqes`` of them produce a CQE (added to cqe_cnt)."""
+        self._qp.ring_doorbell(head & M32, cqes=cqes, api=Api.RAW)
+
+    def poll(self, target: int | None = None) -> None:
+        """Consume CQEs up to ``target`` (default cqe_cnt): the quiet of this queue."""
+        q = self._qp
+        q.poll(q.cqe_cnt if target is None else target, "raw poll")
+
+
+def aclshmemx_udma_raw_queue(pe: int, qp_idx: int = 0) -> RawQueue:
+    """Raw access to this PE's queue pair to ``pe`` / ``qp_idx``."""
+    rt = runtime()
+    _check_target(rt, "aclshmemx_udma_raw_queue", pe, qp_idx)
+    return RawQueue(rt.udma.qp(int(pe), int(qp_idx)))
