@@ -69,6 +69,10 @@ class RawQueue:
             reg.uses[self._qp.index] = (self._qp.head + self.depth) & M32  # until the ring turned over once
         return va
 
+    def describe_va(self, va: int) -> str:
+        """An emulated VA in words: ``pe 3 heap +0x1200 ('recv_x'+0x200)``, ``pe 0 amo scratch +0x40``, ..."""
+        return self._qp.udma.describe_va(va)
+
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
         """One WQE (64 or 128 bytes) with this queue's TP, tokenId, EID and token (see ``layout.pack_wqe``)."""
         return self._qp.build(opcode, flag, rmt_va, **fields)
