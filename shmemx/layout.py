@@ -461,7 +461,8 @@ def format_wqe(w: Wqe, describe_va=None) -> str:
             f"eid={w.rmt_eid:#034x} token={w.rmt_token_value:#010x} remote={dva(w.rmt_va)} len={w.sge_len} "
             f"local={dva(w.sge_va)}")
     if w.opcode == Opcode.WRITE_WITH_NOTIFY:
-        text += f" signal={dva(w.notify_va)} value={w.notify_value:#x} notify_tokenId={w.notify_tid:#x}"
+        text += (f" signal={dva(w.notify_va)} value={w.notify_value:#x} notify_tokenId={w.notify_tid:#x} "
+                 f"notify_token={w.notify_token:#010x}")
     elif w.opcode == Opcode.FAA:
         text += f" add={w.operand:#x}"
     elif w.opcode == Opcode.CAS:
@@ -470,12 +471,16 @@ def format_wqe(w: Wqe, describe_va=None) -> str:
         text += f" reduce_dtype={w.reduce_dtype:#x} reduce_op={w.reduce_op:#x}"
     if w.sge_num != 1 or w.rmt_jetty_type != REMOTE_JETTY_TYPE or not w.token_en:
         text += f" sge_num={w.sge_num} jetty_type={w.rmt_jetty_type} token_en={w.token_en}"
+    rare = {"sqe_bb_idx": w.sqe_bb_idx, "owner": w.owner, "target_hint": w.target_hint,
+            "inline_msg_len": w.inline_msg_len, "sge_token_id": w.sge_token_id}
+    text += "".join(f" {name}={value:#x}" for name, value in rare.items() if value)  # shown when not the usual 0
     return text
 
 
 def format_cqe(c: Cqe) -> str:
-    return (f"{c.status_name} substatus={c.substatus} entry_idx={c.entry_idx:#06x} tpn={c.tpn:#x} "
-            f"bytes={c.byte_cnt} wqe_pos={c.user_data} owner={c.owner}" + (f" data={c.data:#x}" if c.data else ""))
+    return (f"{c.status_name} substatus={c.substatus} opcode={c.opcode} entry_idx={c.entry_idx:#06x} tpn={c.tpn:#x} "
+            f"bytes={c.byte_cnt} wqe_pos={c.user_data} owner={c.owner} eid={c.rmt_eid:#034x}"
+            + (f" data={c.data:#x}" if c.data else ""))
 
 
 # --- queue context tables -------------------------------------------------------------------------------------
