@@ -237,8 +237,10 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         from .sync import barrier
 
         barrier(rt, call=WaitCall.INIT, timeout=attr.option_attr.shm_init_timeout)
-        heap.attach_peers()
+        # Before anyone maps a peer: when PEs disagree, every PE fails here and may remove its own segments
+        # (_undo_failed_init) without pulling them from under a peer that is still attaching.
         _check_agreement(rt)
+        heap.attach_peers()
         udma.start(rt)
     except BaseException:
         _rt = None
@@ -271,11 +273,17 @@ def _undo_failed_init(rt: Runtime) -> None:
 
 
 def _check_agreement(rt: Runtime) -> None:
+    """Raise SymmetryError on every PE when the PEs' heap sizes or QP counts differ (after the init barrier)."""
     pes = rt.ctl.pes
     for what in ("heap_size", "qp_num"):
         values = [int(pes[p][what]) for p in range(rt.n_pes)]
         if len(set(values)) > 1:
             listing = ", ".join(f"pe {p}: {v}" for p, v in enumerate(values))
+            # Every PE reads the same values and fails here; meet once more so that no PE retries init (and
+            # overwrites its values) before every PE has read them.
+            from .sync import barrier
+
+            barrier(rt, call=WaitCall.INIT)
             raise SymmetryError(f"pe {rt.my_pe}: init: PEs disagree on {what} ({listing})")
 
 
