@@ -112,6 +112,14 @@ def _disagree_at_init(what):
         shmemx.init(**kwargs)
     assert str(info.value) == f"pe {me}: init: PEs disagree on {what} ({listing})"
     assert not shmemx.is_initialized()
+    # a corrected init in the same processes works
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 1)
+    shmemx.init(heap_size=1 << 20)
+    assert runtime().heap.size == 1 << 20 and runtime().qp_num == 1
+    a = shmemx.full(4, me, np.int32)
+    shmemx.aclshmem_barrier_all()
+    assert (shmemx.aclshmem_ptr(a, (me + 1) % n) == (me + 1) % n).all()
+    shmemx.aclshmem_barrier_all()
 
 
 @pytest.mark.parametrize("what", ["qp_num", "heap_size"])
@@ -173,8 +181,11 @@ SINGLE = textwrap.dedent("""
     shmemx.aclshmemx_signal_op(sig[1:], 1, shmemx.ACLSHMEM_SIGNAL_ADD, 0)
     assert shmemx.aclshmem_signal_wait_until(sig[1:], shmemx.ACLSHMEM_CMP_EQ, 42) == 42
     shmemx.aclshmem_barrier_all()
-    mine = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"shmemx_{os.getpid():x}"))
-    print("segments", len(mine), "pe", shmemx.my_pe(), "of", shmemx.n_pes())
+    job = shmemx.runtime.runtime().job_id
+    assert job.startswith(f"{os.getpid():x}")
+    mine = {n for n in os.listdir("/dev/shm") if n.startswith(f"shmemx_{job}_")}
+    print("has its segments", {f"shmemx_{job}_ctl", f"shmemx_{job}_heap0"} <= mine, "pe", shmemx.my_pe(),
+          "of", shmemx.n_pes())
     if sys.argv[1] == "finalize":
         shmemx.finalize()
     elif sys.argv[1] == "raise":
@@ -192,7 +203,7 @@ def test_single_process_mode_without_launcher(tmp_path, ending):
                             stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == (1 if ending == "raise" else 0), err
-    assert out.splitlines() == ["segments 2 pe 0 of 1"], (out, err)  # its control segment and its heap
+    assert out.splitlines() == ["has its segments True pe 0 of 1"], (out, err)
     if ending == "raise":
         assert "RuntimeError: script fails after init" in err
     assert "finalize at exit failed" not in err
