@@ -31,6 +31,7 @@ import collections
 import queue
 import struct
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -81,6 +82,9 @@ class Engine:
         self.touched: set[int] = set()
         self.thread = threading.Thread(target=self._main, name=f"shmemx-engine-pe{self.my_pe}", daemon=True)
         self.running = False
+        self.trace: list | None = None  # (start ns, end ns, queue index, first BB, BBs) per turn (trace.py)
+        self._gate = threading.Event()  # cleared by pause(): a debugging hook that stalls every queue
+        self._gate.set()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -91,8 +95,17 @@ class Engine:
     def stop(self) -> None:
         if self.running:
             self.running = False
+            self._gate.set()
             self.q.put(None)
             self.thread.join(timeout=10)
+
+    def pause(self) -> None:
+        """Execute nothing until ``resume()``; doorbells still ring and queue up. For tests and debugging: it makes
+        posted WQEs stay in their SQs deterministically (``shmemx dump`` shows them; a quiet waits)."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        self._gate.set()
 
     def notify(self, qp) -> None:
         """A doorbell rang on ``qp`` (called by the posting thread after it stored the doorbell)."""
@@ -133,6 +146,8 @@ class Engine:
                     stopping = True
                 else:
                     active.append(item)
+            if not self._gate.is_set():
+                self._gate.wait()
             qp = active.popleft()
             qp.queued = False
             if self._service(qp) and not qp.queued:
@@ -171,6 +186,7 @@ class Engine:
             return False
         n = min(n, BATCH_BBS)
         ci = qp.ci
+        start = time.perf_counter_ns() if self.trace is not None else 0
         hdr = qp.sq32[(ci + np.arange(n)) & qp.mask]
         ops = (hdr[:, 1] >> 8) & 0xFF
         reduce = (hdr[:, 0] >> 23) & 1
@@ -193,6 +209,8 @@ class Engine:
             i += bbs
         qp.ci = (ci + i) & M32
         qp.hw32[HW_CI] = qp.ci
+        if start:
+            self.trace.append((start, time.perf_counter_ns(), qp.index, ci, i))
         return qp.ci != (int(qp.hw32[HW_SQ_DB]) & M32)
 
     def _flush(self, qp, pos: int, n: int) -> int:
@@ -228,16 +246,18 @@ class Engine:
             self._cqe(qp, pos, w.bbs, w.opcode, 0, 0, byte_cnt, w.rmt_eid, data)
 
     def _fail(self, qp, pos: int, status: CqeStatus, detail: str, substatus: int = 0, w: Wqe | None = None) -> None:
-        if qp.error is None:
+        first = qp.error is None
+        if first:
             qp.error = {"pos": pos, "status": int(status), "substatus": substatus, "detail": detail}
             qp.hw32[HW_STATE] = 1
             hw = qp.udma.seg.hw[qp.index]
             hw["err_status"], hw["err_substatus"], hw["err_pos"] = int(status), substatus, pos
-            self.udma.errors.add(qp.index)
         if w is None:
             w = decode_wqe(qp.wqe_at(pos))
         if w.flag >> 5 & 1:
             self._cqe(qp, pos, w.bbs, w.opcode, int(status), substatus, 0, w.rmt_eid)
+        if first:  # published after the CQE, so a barrier that sees the failure also finds its CQE
+            self.udma.errors.add(qp.index)
         self.touched.add(self.my_pe)
 
     def _check(self, qp, w: Wqe) -> dict:

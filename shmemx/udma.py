@@ -120,16 +120,9 @@ class Udma:
             self.raise_dead()
         for index in sorted(self.errors):
             qp = self.qps[index]
-            if qp.error is None:
-                self.errors.discard(index)
-                continue
             self.errors.discard(index)
-            try:
-                qp.poll(qp.cq_pi, "barrier", report=False)  # drain what the engine completed
-            except CompletionError:
-                pass
             if qp.error is not None:
-                qp._raise(None, "barrier")
+                qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
 
 
 def create(rt) -> None:
