@@ -294,9 +294,11 @@ def finalize() -> int:
     if rt is None or rt.finalized:
         return 0
     try:
-        rt.check_errors()
+        from . import udma
         from .sync import barrier
 
+        udma.stop(rt)  # the engine first executes everything rung, so that a failure among it is raised here
+        rt.check_errors()
         barrier(rt, call=WaitCall.FINALIZE)
     finally:
         _teardown(rt)
