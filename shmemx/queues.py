@@ -26,18 +26,22 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 
 import numpy as np
 
 from .control import WaitCall
 from .errors import CompletionError, ShmemError, SubmitterError
-from .layout import _WRITE, CqeStatus, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
+from .layout import _WRITE, CqeStatus, Opcode, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
 from .resources import (CQ_TAIL, CREDIT_GUARD, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
+from .stats import T_QUIET
+from .trace import batch_rows
 from .waits import block_until, thread_slot
 
 __all__ = ["QueuePair", "Api", "M32"]
 
 M32 = 0xFFFF_FFFF
+_now = time.perf_counter_ns
 _JETTY_TOKEN = 1 << 28 | 1 << 29  # token_en | rmt_jetty_type = 1
 
 
@@ -104,6 +108,9 @@ class QueuePair:
         self.head = self.tail = self.cqe_cnt = self.cq_tail = 0
         self.owner: int | None = None
         self.owner_block = -1
+        # inspection: WQEs and bytes posted since the owner last published them (stats.py), and the trace list
+        self.n_posted = self.b_posted = 0
+        self.trace: list | None = None
         # engine side
         self.ci = 0
         self.cq_pi = 0
@@ -131,12 +138,22 @@ class QueuePair:
                 f"{self.owner_block}, which has {(self.head - self.tail) & M32} BBs posted and not yet quieted; "
                 f"block {mine} may not post to it concurrently (one submitter per (peer, qp), as on the hardware: "
                 f"quiet it in block {self.owner_block} first, or give each block its own qp)")
+        self.publish()
         self.owner = me
         self.owner_block = thread_slot()
 
     def release(self) -> None:
+        self.publish()
         self.owner = None
         self.owner_block = -1
+
+    def publish(self) -> None:
+        """Add the WQEs and bytes posted since the last call to the owner's stats slot (by the owning thread)."""
+        n = self.n_posted
+        if n:
+            b = self.b_posted
+            self.n_posted = self.b_posted = 0
+            self.udma.rt.stats.add_posted(max(self.owner_block, 0), self.index, n, b)
 
     # --- posting -----------------------------------------------------------------------------------------
 
@@ -186,6 +203,10 @@ class QueuePair:
         if not self.queued:
             self.queued = True
             self.udma.engine.q.put(self)
+        self.n_posted += 1
+        self.b_posted += length
+        if self.trace is not None:
+            self.trace.append((_now(), self.owner_block, head, length, opcode))
         return head
 
     def post_bytes(self, wqe: bytes, flag: int, api: int, what: str) -> int:
@@ -203,6 +224,11 @@ class QueuePair:
         if first < len(wqe):
             flat[:len(wqe) - first] = data[first:]
         self._rang(head + bbs, flag, api, bbs)
+        length = int.from_bytes(wqe[80:84] if wqe[5] == Opcode.WRITE_WITH_NOTIFY else wqe[48:52], "little")
+        self.n_posted += 1
+        self.b_posted += length
+        if self.trace is not None:
+            self.trace.append((_now(), self.owner_block, head, length, wqe[5]))
         return head
 
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
@@ -232,6 +258,11 @@ class QueuePair:
         if n:
             slots = (self.head + np.arange(n)) & self.mask
             self.sidecar[slots] = api | thread_slot() << 8
+            positions, lengths, ops = batch_rows(self.sq32, self.mask, self.head, n)
+            self.n_posted += len(positions)
+            self.b_posted += int(lengths.sum())
+            if self.trace is not None:
+                self.trace.append((_now(), self.owner_block, positions, lengths, ops))
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:
@@ -254,9 +285,25 @@ class QueuePair:
              report: bool = True, release: bool = True) -> None:
         """Consume CQEs up to ``target`` (a cqe_cnt value); raise the first error CQE after consuming them all.
 
+        Counted in the calling block's quiet time (stats) and traced as a quiet span; the owning block publishes
+        its posted counts here.
+
         Raises:
             CompletionError: an error CQE (carrying the decoded CQE and WQE), or the queue failed without one.
         """
+        start = _now()
+        try:
+            self._poll(target, what, call, report, release)
+        finally:
+            rt = self.udma.rt
+            slot = thread_slot()
+            if self.n_posted and self.owner == threading.get_ident():
+                self.publish()
+            rt.stats.add_time(slot, T_QUIET, _now() - start)
+            if rt.tracer is not None:
+                rt.tracer.span(start, slot, "quiet", call.name.lower(), (self.peer, self.qp_idx, target))
+
+    def _poll(self, target: int, what: str, call: WaitCall, report: bool, release: bool) -> None:
         rt = self.udma.rt
         t = self.cq_tail
         first_error = None

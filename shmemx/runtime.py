@@ -111,6 +111,8 @@ class Runtime:
         self.engine_type = engine_type
         self.qp_num = 1
         self.udma = None  # the data plane (queues + engine), see udma.py
+        self.stats = None  # this PE's counters (stats.StatsSegment)
+        self.tracer = None  # the WQE/wait recorder when the job is traced (trace.Tracer), else None
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -230,7 +232,11 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     _rt = rt
     try:
         from . import udma  # the data plane; creates this PE's queues and URMA identity
+        from .stats import StatsSegment
+        from .trace import Tracer
 
+        rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
+        rt.tracer = Tracer.from_env()
         udma.create(rt)
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
@@ -261,7 +267,9 @@ def _undo_failed_init(rt: Runtime) -> None:
         udma.stop(rt)
     finally:
         rt.ctl.pes[rt.my_pe]["status"] = PeStatus.STARTED
-        for name in (f"heap{rt.my_pe}", f"udma{rt.my_pe}"):
+        if rt.stats is not None:
+            rt.stats.close()
+        for name in (f"heap{rt.my_pe}", f"udma{rt.my_pe}", f"stats{rt.my_pe}"):
             try:
                 _os.unlink(f"{SHM_DIR}/shmemx_{rt.job_id}_{name}")
             except FileNotFoundError:
@@ -311,6 +319,7 @@ def _teardown(rt: Runtime) -> None:
     from . import udma
 
     udma.stop(rt)
+    _close_inspection(rt)
     ctl = rt.ctl
     ctl.pes[rt.my_pe]["status"] = PeStatus.FINALIZED
     rt.heap.close()
@@ -319,6 +328,23 @@ def _teardown(rt: Runtime) -> None:
         ctl.close()
         remove_job_segments(rt.job_id)
     _pending_qp_num = 1
+
+
+def _close_inspection(rt: Runtime) -> None:
+    """Publish the posted counts, write this PE's part of the trace, unmap the stats (the launcher reads them)."""
+    import sys
+
+    if rt.udma is not None and rt.udma.qps:
+        rt.udma.publish_counts()
+    if rt.tracer is not None:
+        try:
+            rt.tracer.write(rt.my_pe, rt.qp_num, rt.ctl.describe_offset)
+        except OSError as exc:  # the job's result stands; the trace is lost, and we say so
+            print(f"shmemx: pe {rt.my_pe}: could not write the trace part: {exc}", file=sys.stderr)
+        rt.tracer = None
+    if rt.stats is not None:
+        rt.stats.close()
+        rt.stats = None
 
 
 def abandon() -> None:

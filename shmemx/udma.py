@@ -69,6 +69,10 @@ class Udma:
                     q = QueuePair(self, peer, qp)
                     self.qps[q.index] = q
         self.engine = Engine(self)
+        if rt.tracer is not None:
+            for q in self.qps.values():
+                q.trace = rt.tracer.queue(q.index)
+            self.engine.trace = rt.tracer.engine
         self.engine.start()
 
     def stop(self) -> None:
@@ -108,6 +112,13 @@ class Udma:
         """A poller advanced ``qp``'s tail: registrations only it used may go."""
         if self.registry is not None and len(self.registry):
             self.registry.collect({i: q.tail for i, q in self.qps.items()})
+
+    def publish_counts(self, mine_only: bool = False) -> None:
+        """Publish every queue's posted counts into the stats (``mine_only``: the queues this thread owns)."""
+        me = threading.get_ident()
+        for q in self.qps.values():
+            if q.n_posted and (not mine_only or q.owner == me):
+                q.publish()
 
     def raise_dead(self) -> None:
         exc, text = self.dead

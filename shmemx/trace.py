@@ -1,0 +1,328 @@
+"""WQE traces: record cheaply while the job runs, export Chrome trace-event JSON (Perfetto) at the end.
+
+``shmemx run --trace out.json`` sets ``SHMEMX_TRACE_DIR`` for the ranks; each rank then makes a ``Tracer`` at
+init and hands plain Python lists to the places that record:
+
+* every posting path (``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell``) appends one tuple per WQE
+  (time, block, BB position, bytes, opcode) to its queue's list: one ``None`` check when tracing is off;
+* the DMA engine appends one tuple per turn on a queue (start, end, queue, first BB position, BBs covered);
+  a turn executes a whole run of WQEs in one vectorised copy, so times inside a turn are not observable: at
+  export each WQE gets an equal share of its turn, and its arguments carry the turn's real interval;
+* waits, quiets, barriers and user regions (``with shmemx.region("notify"):``) append one span each.
+
+At finalize (or when a failing rank tears down) each rank expands its records into events and writes them to
+``<dir>/pe<N>.json``; the launcher concatenates the parts into one JSON document. Times are nanoseconds of the
+monotonic clock (``time.perf_counter_ns``, the same in every process), relative to the launcher's start.
+
+The document: one process per PE (``pid`` = pe + 1, named "pe N"), one thread track per AIV block (``tid`` =
+(pe + 1) * 100000 + block, named "block B") carrying posts (instant events "post OPCODE", category ``wqe``),
+waits, quiets, barriers and regions (complete events), and one thread track per (peer, qp) queue (``tid`` =
+(pe + 1) * 100000 + 1000 + index, named "-> pe P qp Q") carrying one complete event per executed WQE (named by
+opcode, category ``wqe``, ending at its completion). Arguments keep what a replay needs: BB positions, bytes,
+the posting block, and for waits the PE, heap offset, comparison and value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from .control import WaitCall
+from .layout import Opcode, wqe_bbs
+
+__all__ = ["Tracer", "region", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
+
+TRACE_DIR_ENV = "SHMEMX_TRACE_DIR"
+TRACE_T0_ENV = "SHMEMX_TRACE_T0"
+M32 = 0xFFFF_FFFF
+_TID_STRIDE = 100_000
+_QUEUE_TID = 1000
+_CMP = ("==", "!=", ">", ">=", "<", "<=")
+_now = time.perf_counter_ns
+
+
+def _op_name(op: int) -> str:
+    try:
+        return Opcode(op).name
+    except ValueError:
+        return f"op{op:#x}"
+
+
+def _us(ns: int) -> str:
+    """Nanoseconds as exact decimal microseconds (the unit of trace-event timestamps)."""
+    ns = max(0, int(ns))
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+class Tracer:
+    """The records of one PE (see the module docstring).
+
+    Attributes:
+        queues: ``{queue index: list}``: post records of each queue, appended by its submitter.
+        engine: the engine's turn records.
+        spans: waits, quiets, barriers and regions of every thread of this PE.
+    """
+
+    def __init__(self, out_dir: str, t0: int):
+        self.out_dir = out_dir
+        self.t0 = t0
+        self.queues: dict[int, list] = {}
+        self.engine: list = []
+        self.spans: list = []
+        self.written: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "Tracer | None":
+        out_dir = os.environ.get(TRACE_DIR_ENV)
+        if not out_dir:
+            return None
+        t0 = os.environ.get(TRACE_T0_ENV)
+        return cls(out_dir, int(t0) if t0 else _now())
+
+    def queue(self, index: int) -> list:
+        return self.queues.setdefault(index, [])
+
+    # --- recording (each costs an append) -------------------------------------------------------------------
+
+    def span(self, start: int, slot: int, kind: str, name: str, args: tuple = ()) -> None:
+        self.spans.append((start, _now(), slot, kind, name, args))
+
+    def wait(self, start: int, slot: int, call: int, args: tuple) -> None:
+        """A wait_until-family call: args = (pe, offset, cmp, value, dtype, count)."""
+        self.spans.append((start, _now(), slot, "wait", WaitCall(call).name.lower(), args))
+
+    # --- export ---------------------------------------------------------------------------------------------
+
+    def write(self, pe: int, qp_num: int, describe_offset=None) -> str:
+        """Write this PE's events to ``<out_dir>/pe<pe>.json`` (comma-separated event objects); returns the path."""
+        lines = _Export(self, pe, qp_num, describe_offset).events()
+        path = os.path.join(self.out_dir, f"pe{pe}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(",\n".join(lines))
+        os.replace(tmp, path)  # the launcher never sees half a part
+        self.written = path
+        return path
+
+
+class _Export:
+    """Expands one PE's records into trace-event JSON lines."""
+
+    def __init__(self, tracer: Tracer, pe: int, qp_num: int, describe_offset):
+        self.tr = tracer
+        self.pe = pe
+        self.pid = pe + 1
+        self.qp_num = qp_num
+        self.describe_offset = describe_offset
+        self.lines: list[str] = []
+        self.blocks: set[int] = set()
+
+    def tid_block(self, slot: int) -> int:
+        self.blocks.add(slot)
+        return self.pid * _TID_STRIDE + slot
+
+    def tid_queue(self, index: int) -> int:
+        return self.pid * _TID_STRIDE + _QUEUE_TID + index
+
+    def events(self) -> list[str]:
+        batches = self._batches()
+        queues = sorted({i for i, posts in self.tr.queues.items() if posts} | set(batches))
+        for index in queues:
+            self._queue(index, self.tr.queues.get(index, []), batches.get(index))
+        for rec in self.tr.spans:
+            self._span(*rec)
+        return self._metadata(queues) + self.lines
+
+    def _metadata(self, queues: list[int]) -> list[str]:
+        pid = self.pid
+        out = [f'{{"ph":"M","pid":{pid},"name":"process_name","args":{{"name":"pe {self.pe}"}}}}',
+               f'{{"ph":"M","pid":{pid},"name":"process_sort_index","args":{{"sort_index":{self.pe}}}}}']
+        for slot in sorted(self.blocks):
+            tid = pid * _TID_STRIDE + slot
+            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name","args":{{"name":"block {slot}"}}}}')
+            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index","args":{{"sort_index":{slot}}}}}')
+        for index in queues:
+            tid = self.tid_queue(index)
+            peer, qp = divmod(index, self.qp_num)
+            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name",'
+                       f'"args":{{"name":"-> pe {peer} qp {qp}"}}}}')
+            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index",'
+                       f'"args":{{"sort_index":{_QUEUE_TID + index}}}}}')
+        return out
+
+    def _batches(self) -> dict[int, np.ndarray]:
+        """Engine turns per queue: ``[k, 4] int64`` rows (start ns, end ns, first BB position unwrapped, BBs)."""
+        per: dict[int, list] = {}
+        for t0, t1, index, ci, n in self.tr.engine:
+            if n:
+                per.setdefault(index, []).append((t0, t1, ci, n))
+        out = {}
+        for index, rows in per.items():
+            arr = np.array(rows, np.int64)
+            arr[:, 2] = _unwrap(arr[:, 2])
+            out[index] = arr
+        return out
+
+    def _queue(self, index: int, posts: list, batches: np.ndarray | None) -> None:
+        peer, qp = divmod(index, self.qp_num)
+        rows = _expand_posts(posts)
+        if not rows:
+            return
+        t_post, block, pos, nbytes, ops = (np.array(c, np.int64) for c in zip(*rows))
+        pos = _unwrap(pos)
+        bbs = np.where(np.isin(ops, (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS)), 2, 1)
+        if batches is not None and len(batches):
+            k = np.searchsorted(batches[:, 2], pos, side="right") - 1
+            kc = np.maximum(k, 0)
+            b = batches[kc]
+            done = (k >= 0) & (pos < b[:, 2] + b[:, 3])
+            span = b[:, 1] - b[:, 0]
+            start = b[:, 0] + span * (pos - b[:, 2]) // np.maximum(b[:, 3], 1)
+            end = b[:, 0] + span * (pos - b[:, 2] + bbs) // np.maximum(b[:, 3], 1)
+        else:
+            done = np.zeros(len(pos), bool)
+            b = start = end = np.zeros((len(pos), 4), np.int64)
+        t0 = self.tr.t0
+        pid, qtid = self.pid, self.tid_queue(index)
+        lines = self.lines
+        for i in range(len(pos)):
+            name = _op_name(int(ops[i]))
+            posted = _us(t_post[i] - t0)
+            lines.append(f'{{"ph":"i","s":"t","pid":{pid},"tid":{self.tid_block(int(block[i]))},"ts":{posted},'
+                         f'"name":"post {name}","cat":"wqe","args":{{"peer":{peer},"qp":{qp},"pos":{int(pos[i])},'
+                         f'"bytes":{int(nbytes[i])}}}}}')
+            if done[i]:
+                s, e = int(start[i]), int(end[i])
+                dur = max(0, e - s - 1)  # 1 ns apart, so that rounding never makes neighbours overlap
+                lines.append(f'{{"ph":"X","pid":{pid},"tid":{qtid},"ts":{_us(s - t0)},"dur":{_us(dur)},'
+                             f'"name":"{name}","cat":"wqe","args":{{"pos":{int(pos[i])},"bytes":{int(nbytes[i])},'
+                             f'"block":{int(block[i])},"posted_us":{posted},'
+                             f'"turn_us":[{_us(b[i, 0] - t0)},{_us(b[i, 1] - t0)}]}}}}')
+
+    def _span(self, start: int, end: int, slot: int, kind: str, name: str, args: tuple) -> None:
+        detail: dict = {}
+        if kind == "wait":
+            pe, offset, cmp, value, dtype, count = args
+            where = self.describe_offset(pe, offset) if self.describe_offset else f"heap+{offset:#x}"
+            detail = {"pe": pe, "offset": offset, "where": where, "cmp": _CMP[cmp] if 0 <= cmp < 6 else cmp,
+                      "value": value, "dtype": dtype, "count": count}
+        elif kind == "quiet":
+            peer, qp, target = args
+            detail = {"peer": peer, "qp": qp, "cqe_cnt": target}
+        elif kind == "barrier":
+            detail = {"number": args[0]}
+        self.lines.append(f'{{"ph":"X","pid":{self.pid},"tid":{self.tid_block(slot)},"ts":{_us(start - self.tr.t0)},'
+                          f'"dur":{_us(end - start)},"name":{json.dumps(name)},"cat":"{kind}",'
+                          f'"args":{json.dumps(detail)}}}')
+
+
+def _expand_posts(posts: list) -> list[tuple]:
+    """Per-WQE rows (t, block, pos, bytes, opcode) from post records; doorbell batches carry arrays."""
+    if all(len(p) == 5 for p in posts):
+        return posts
+    rows = []
+    for p in posts:
+        if len(p) == 5:
+            rows.append(p)
+        else:
+            t, block, positions, lengths, ops = p
+            rows.extend((t, block, int(a), int(b), int(c)) for a, b, c in zip(positions, lengths, ops))
+    return rows
+
+
+def _unwrap(x: np.ndarray) -> np.ndarray:
+    """Monotonic 32-bit BB positions as int64, unwrapped across 2**32."""
+    x = np.asarray(x, np.int64)
+    if len(x) < 2:
+        return x
+    return np.concatenate([x[:1], x[0] + np.cumsum(np.diff(x) & M32)])
+
+
+def batch_rows(sq32: np.ndarray, mask: int, head: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions, lengths, opcodes) of the WQEs in ``n`` BBs of an SQ ring from BB position ``head``."""
+    slots = (head + np.arange(n)) & mask
+    ops = (sq32[slots, 1] >> 8) & 0xFF
+    two = np.isin(ops, (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS))
+    if not two.any():
+        return (head + np.arange(n)) & M32, sq32[slots, 12].astype(np.int64), ops.astype(np.int64)
+    positions, lengths, opcodes = [], [], []
+    i = 0
+    while i < n:
+        op = int(ops[i])
+        if op == Opcode.WRITE_WITH_NOTIFY:  # the SGE is at bytes 80-95: word 4 of the second BB
+            length = int(sq32[(int(slots[i]) + 1) & mask, 4])
+        else:
+            length = int(sq32[slots[i], 12])
+        positions.append((head + i) & M32)
+        lengths.append(length)
+        opcodes.append(op)
+        i += wqe_bbs(op)
+    return np.array(positions, np.int64), np.array(lengths, np.int64), np.array(opcodes, np.int64)
+
+
+# --- the public API ------------------------------------------------------------------------------------------
+
+
+class _Region:
+    __slots__ = ("tracer", "rt", "name", "start", "slot")
+
+    def __init__(self, rt, name: str):
+        self.rt = rt
+        self.tracer = rt.tracer
+        self.name = name
+
+    def __enter__(self):
+        from .waits import thread_slot
+
+        self.slot = thread_slot()
+        self.start = _now()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from .stats import T_REGION
+
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.span(self.start, self.slot, "region", self.name)
+        self.rt.stats.add_time(self.slot, T_REGION, _now() - self.start)
+
+
+def region(name: str) -> _Region:
+    """``with shmemx.region("notify"):`` marks a span of a kernel: a slice on its block's track in the trace, and
+    time and count in the block's ``region_ns`` / ``regions`` counters.
+
+    Cheap when tracing is off (two clock reads and two stores).
+    """
+    from .runtime import runtime
+
+    rt = runtime()
+    if not isinstance(name, str):
+        raise TypeError(f"pe {rt.my_pe}: shmemx.region(name): name must be a string, got {name!r}")
+    return _Region(rt, name)
+
+
+def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:
+    """Concatenate ``pe<N>.json`` parts of ``part_dir`` into one trace-event document; returns the PEs missing."""
+    missing = []
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as out:
+        out.write('{"traceEvents":[\n')
+        first = True
+        for pe in range(n_pes):
+            path = os.path.join(part_dir, f"pe{pe}.json")
+            if not os.path.exists(path) or os.path.getsize(path) == 0:
+                missing.append(pe)
+                continue
+            if not first:
+                out.write(",\n")
+            first = False
+            with open(path) as part:
+                while chunk := part.read(1 << 20):
+                    out.write(chunk)
+        other = dict(meta or {}, missing_pes=missing, clock="perf_counter_ns relative to the launcher start")
+        out.write(f'\n],"displayTimeUnit":"ns","otherData":{json.dumps(other)}}}\n')
+    os.replace(tmp, out_path)
+    return missing
