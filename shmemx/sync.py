@@ -17,15 +17,34 @@ blocks of a PE meet first, then one of them joins the PE barrier.
 
 from __future__ import annotations
 
+import time
+
 from . import atomics
 from .control import WaitCall
-from .waits import block_until
+from .stats import BARRIER_CALLS, T_BARRIER
+from .waits import block_until, thread_slot
 
 __all__ = ["barrier"]
 
 
 def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = None) -> None:
-    """Block until every PE of the job has called ``barrier`` as many times as this PE has."""
+    """Block until every PE of the job has called ``barrier`` as many times as this PE has.
+
+    Counted in the calling block's barrier time (user barriers only, not init/finalize/malloc/free) and traced
+    as a span named by the call.
+    """
+    start = time.perf_counter_ns()
+    try:
+        _barrier(rt, call, timeout)
+    finally:
+        if call in BARRIER_CALLS and rt.stats is not None:
+            rt.stats.add_time(thread_slot(), T_BARRIER, time.perf_counter_ns() - start)
+        if rt.tracer is not None:
+            number = int(rt.ctl.pes[rt.my_pe]["barriers"])
+            rt.tracer.span(start, thread_slot(), "barrier", call.name.lower(), (number,))
+
+
+def _barrier(rt, call: WaitCall, timeout: float | None) -> None:
     ctl = rt.ctl
     gen_addr = ctl.header_addr("barrier_gen")
     gen_word = rt.word_view(gen_addr)

@@ -29,6 +29,7 @@ from typing import Callable
 from . import atomics
 from .control import MAX_WAIT_SLOTS, JobState, WaitCall
 from .errors import PeerFailedError, WaitTimeoutError
+from .stats import T_WAIT, WAIT_CALLS
 
 __all__ = ["block_until", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
 
@@ -86,16 +87,22 @@ def block_until(
         PeerFailedError: the launcher aborted the job while this thread waited.
     """
     if pred():
+        if rt.tracer is not None and call in WAIT_CALLS:  # a wait that did not block: an instant in the trace
+            rt.tracer.wait(time.perf_counter_ns(), thread_slot(), call, (pe, offset, cmp, value, dtype.decode(),
+                                                                           count))
         return
+    started = time.perf_counter_ns()
     spin = rt.spin if spin is None else spin
     if spin > 0:
         spin_end = time.perf_counter() + spin
         while time.perf_counter() < spin_end:
             if pred():
+                _account(rt, call, started, thread_slot(), (pe, offset, cmp, value, dtype.decode(), count))
                 return
     ctl = rt.ctl
     me = ctl.pes[rt.my_pe]
-    slot = me["waits"][thread_slot()]
+    slot_idx = thread_slot()
+    slot = me["waits"][slot_idx]
     slot["pe"], slot["qp"], slot["offset"], slot["cmp"] = pe, qp, offset, cmp
     slot["value"], slot["dtype"], slot["count"], slot["target"] = value, dtype, count, target
     slot["since"] = time.time()
@@ -127,3 +134,15 @@ def block_until(
         if sleepers_addr is not None:
             atomics.fetch_add_u32(sleepers_addr, -1)
         slot["call"] = WaitCall.NONE
+        _account(rt, call, started, slot_idx, (pe, offset, cmp, value, dtype.decode(), count))
+
+
+def _account(rt, call: WaitCall, started: int, slot: int, args: tuple) -> None:
+    """A wait_until-family call that blocked: its time in the thread's stats slot, and a span in the trace.
+
+    (Quiets and barriers account for themselves, around the whole call.)"""
+    if call in WAIT_CALLS:
+        if rt.stats is not None:
+            rt.stats.add_time(slot, T_WAIT, time.perf_counter_ns() - started)
+        if rt.tracer is not None:
+            rt.tracer.wait(started, slot, call, args)
