@@ -1,0 +1,716 @@
+"""The emulated UDMA data plane, end to end: put/get/put_signal, ordering, atomics, ring wrap, errors, batching,
+kernel launch, the one-submitter rule and the raw WQE path.
+
+Every body is a module-level function run in every rank through ``launch`` (conftest's ``run_ok``) and works for
+any rank count. Payloads encode their origin (``_stamp(src_pe, dst_pe, i)``), so a misrouted, lost or overwritten
+element names the put it came from. Tests that must see the engine *not* having run something pause it
+(``_EngineGate``) instead of racing it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmemx
+from shmemx import CqeStatus, Opcode
+from shmemx.layout import decode_wqe
+from shmemx.runtime import runtime
+
+MULTI_PES = [2, 4, 8]
+EQ = shmemx.ACLSHMEM_CMP_EQ
+
+
+def _stamp(src: int, dst: int, i) -> np.ndarray:
+    """Origin-encoded int64 payload: element i of the put from ``src`` to ``dst``."""
+    return (np.int64(src + 1) << 40) | (np.int64(dst + 1) << 32) | np.asarray(i, np.int64)
+
+
+def _others(me: int, n: int) -> list[int]:
+    return [(me + k) % n for k in range(1, n)]
+
+
+class _EngineGate:
+    """Hold this PE's DMA engine before it executes anything, until ``open()`` (tests that must observe the state
+    *before* execution: what quiet/fence do not wait for, what sits in the ring)."""
+
+    def __init__(self):
+        self.engine = runtime().udma.engine
+        self.event = threading.Event()
+        self._service = self.engine._service
+
+        def gated(qp):
+            self.event.wait(20)
+            return self._service(qp)
+
+        self.engine._service = gated
+
+    def open(self) -> None:
+        self.engine._service = self._service
+        self.event.set()
+
+
+def _wait_for(pred, what: str, timeout: float = 10.0) -> None:
+    """Poll a completion the test cannot block on through the API (e.g. an error CQE nobody may quiet yet)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+# --- put / get then quiet -------------------------------------------------------------------------------------
+
+
+def _put_get_quiet():
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    m = 1000
+    inbox = shmemx.zeros((n, m), np.int64, name="inbox")  # row p: what pe p put here
+    qpbox = shmemx.zeros((n, m), np.int64, name="qpbox")
+    mine = shmemx.zeros((n, m), np.int64, name="mine")  # row p: what I put to pe p (a heap source)
+    for p in range(n):
+        mine[p] = _stamp(me, p, np.arange(m))
+    shmemx.aclshmem_barrier_all()
+    for p in _others(me, n):
+        local = _stamp(me, p, np.arange(m))  # a local (non-heap) source: registered for the put's life
+        shmemx.aclshmemx_udma_put_nbi(inbox[me], local, m, p)
+        del local  # the registration keeps it alive until the put completed
+        shmemx.aclshmemx_udma_qp_put_nbi(qpbox[me], mine[p], m, p, 0)
+    for p in _others(me, n):
+        shmemx.aclshmemx_udma_quiet(p)
+    shmemx.aclshmem_barrier_all()
+    for p in _others(me, n):
+        np.testing.assert_array_equal(inbox[p], _stamp(p, me, np.arange(m)), err_msg=f"put from pe {p}")
+        np.testing.assert_array_equal(qpbox[p], _stamp(p, me, np.arange(m)), err_msg=f"qp put from pe {p}")
+    # gets: into a local array and into a heap array, a slice at an odd offset, of several dtypes
+    got = np.zeros((n, m), np.int64)
+    for p in _others(me, n):
+        shmemx.aclshmemx_udma_get_nbi(got[p], mine[me], m, p)  # pe p's `mine[me]` = what p put to me
+        shmemx.aclshmemx_udma_qp_get_nbi(qpbox[p, 3:10], mine[me, 3:10], 7, p, 0)
+    for p in _others(me, n):
+        shmemx.aclshmemx_udma_quiet(p)
+        np.testing.assert_array_equal(got[p], _stamp(p, me, np.arange(m)), err_msg=f"get from pe {p}")
+    shmemx.aclshmem_barrier_all()
+    small = shmemx.full(37, me, np.uint8, name="small")
+    halves = shmemx.full(5, me + 0.5, np.float16, name="halves")
+    shmemx.aclshmem_barrier_all()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    b = np.zeros(37, np.uint8)
+    h = np.zeros(5, np.float16)
+    shmemx.aclshmemx_udma_get_nbi(b[1:], small[1:], 36, nxt)
+    shmemx.aclshmemx_udma_get_nbi(h, halves, 5, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    assert b[0] == 0 and (b[1:] == nxt).all() and (h == nxt + 0.5).all()
+    shmemx.aclshmem_barrier_all()
+    shmemx.aclshmemx_udma_put_nbi(small[:10], np.full(10, 200 + me, np.uint8), 10, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert (small[:10] == 200 + prev).all() and (small[10:] == me).all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", MULTI_PES)
+def test_put_and_get_then_quiet(run_ok, n):
+    run_ok(n, _put_get_quiet)
+
+
+# --- put_signal ------------------------------------------------------------------------------------------------
+
+
+def _put_signal_visibility(rounds: int, m: int):
+    """Each PE sends ``rounds`` payloads to every other PE with put_signal and never quiets before the receiver
+    looked: a receiver that sees signal r must see payload r whole, in its first read."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    box = shmemx.zeros((n, rounds, m), np.int64, name="box")
+    sig = shmemx.zeros((n, rounds), np.uint64, name="sig")
+    shmemx.aclshmem_barrier_all()
+    payload = [[_stamp(me, p, np.arange(m)) + (r << 20) for r in range(rounds)] for p in range(n)]
+    for r in range(rounds):
+        for p in _others(me, n):
+            shmemx.aclshmemx_udma_put_signal_nbi(box[me, r], payload[p][r], m, sig[me, r:r + 1], 1000 + r, p)
+        for p in _others(me, n):
+            got = shmemx.aclshmem_signal_wait_until(sig[p, r:r + 1], EQ, 1000 + r)
+            assert got == 1000 + r
+            np.testing.assert_array_equal(box[p, r], _stamp(p, me, np.arange(m)) + (r << 20),
+                                          err_msg=f"round {r}: signal from pe {p} seen before its payload")
+    for p in _others(me, n):
+        shmemx.aclshmemx_udma_quiet(p)
+    shmemx.aclshmem_barrier_all()
+    assert (sig[np.arange(n) != me] == 1000 + np.arange(rounds)).all()  # signals from every PE
+    assert not sig[me].any()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", MULTI_PES)
+def test_put_signal_receiver_sees_payload_without_quiet(run_ok, n):
+    run_ok(n, _put_signal_visibility, 4, 64 * 1024)
+
+
+def _put_signal_api():
+    """qp variant, a 64-bit value with the top bit set, int64 words, zero-length payloads and bad signal words."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    data = shmemx.zeros(8, np.float32, name="data")
+    sig = shmemx.zeros(4, np.uint64, name="sig")
+    isig = shmemx.zeros(2, np.int64, name="isig")
+    shmemx.aclshmem_barrier_all()
+    value = (1 << 63) | (me << 8) | 1
+    shmemx.aclshmemx_udma_qp_put_signal_nbi(data, np.full(8, me, np.float32), 8, sig[1:2], value, nxt, 1)
+    shmemx.aclshmemx_udma_put_signal_nbi(data, np.zeros(0, np.float32), 0, isig[1:], -5, nxt)
+    assert shmemx.aclshmem_signal_wait_until(sig[1:2], EQ, (1 << 63) | (prev << 8) | 1) == (1 << 63) | (prev << 8) | 1
+    assert (data == prev).all()
+    assert shmemx.aclshmem_signal_wait_until(isig[1:], EQ, -5) == -5
+    for bad, kind in ((sig[1:2].view(np.float64), TypeError), (data[:2].view(np.int32), TypeError),
+                      (np.zeros(1, np.uint64), ValueError)):
+        with pytest.raises(kind, match=f"pe {me}: aclshmemx_udma_put_signal_nbi to pe {nxt} qp 0: sig"):
+            shmemx.aclshmemx_udma_put_signal_nbi(data, data, 1, bad, 1, nxt)
+    with pytest.raises(ValueError, match="signal 18446744073709551616 is not a 64-bit integer"):
+        shmemx.aclshmemx_udma_put_signal_nbi(data, data, 1, sig[:1], 1 << 64, nxt)
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 1)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_put_signal_variants(run_ok):
+    run_ok(3, _put_signal_api)
+
+
+# --- ordering within one QP ------------------------------------------------------------------------------------
+
+
+def _ordering(rounds: int, m: int):
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    word = shmemx.zeros(4, np.int64, name="word")
+    payload = shmemx.zeros((rounds, m), np.int64, name="payload")
+    flag = shmemx.zeros(rounds, np.int64, name="flag")
+    shmemx.aclshmem_barrier_all()
+    # a later put to the same address wins (500 puts, no quiet in between)
+    for k in range(500):
+        shmemx.aclshmemx_udma_put_nbi(word[:1], np.array([_stamp(me, nxt, k)]), 1, nxt)
+    # a flag put (a plain WRITE, not put_signal) after the payload puts on the same QP is never seen first
+    for r in range(rounds):
+        for c in range(0, m, m // 8):  # the payload in 8 puts, then the flag
+            shmemx.aclshmemx_udma_put_nbi(payload[r, c:c + m // 8], _stamp(me, nxt, np.arange(c, c + m // 8)) + r,
+                                          m // 8, nxt)
+        shmemx.aclshmemx_udma_put_nbi(flag[r:r + 1], np.array([r + 1], np.int64), 1, nxt)
+    for r in range(rounds):
+        shmemx.aclshmem_wait_until(flag[r:r + 1], EQ, r + 1)
+        np.testing.assert_array_equal(payload[r], _stamp(prev, me, np.arange(m)) + r,
+                                      err_msg=f"round {r}: flag from pe {prev} seen before its payload")
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert word[0] == _stamp(prev, me, 499)
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ordering_within_one_qp(run_ok, n):
+    run_ok(n, _ordering, 20, 8192)
+
+
+# --- atomics ---------------------------------------------------------------------------------------------------
+
+
+def _tickets(per_peer: int):
+    """Every PE takes ``per_peer`` fetch_add tickets on every other PE's counter; the values each counter handed
+    out are exactly 0..total-1, each once."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    counter = shmemx.zeros(2, np.int64, name="counter")
+    taken = shmemx.full((n, per_peer), -1, np.int64, name="taken")  # row p: tickets I took on pe p
+    shmemx.aclshmem_barrier_all()
+    for k in range(per_peer):
+        for p in _others(me, n):
+            taken[p, k] = shmemx.aclshmemx_udma_atomic_fetch_add(counter[:1], 1, p)
+    shmemx.aclshmem_barrier_all()
+    total = per_peer * (n - 1)
+    assert counter[0] == total and counter[1] == 0
+    handed = np.concatenate([shmemx.aclshmem_ptr(taken, q)[me] for q in _others(me, n)])
+    np.testing.assert_array_equal(np.sort(handed), np.arange(total), err_msg="tickets lost or duplicated")
+    for q in _others(me, n):  # each PE saw its own tickets increase
+        assert (np.diff(shmemx.aclshmem_ptr(taken, q)[me]) > 0).all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", MULTI_PES)
+def test_fetch_add_tickets_unique_and_complete(run_ok, n):
+    run_ok(n, _tickets, 40 if n < 8 else 15)
+
+
+def _cas_race(rounds: int):
+    """Round r: every PE but the target CASes the target's word r from 0 to its own id; exactly one wins."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    words = shmemx.zeros(rounds, np.int32, name="words")
+    won = shmemx.zeros(rounds, np.int32, name="won")
+    shmemx.aclshmem_barrier_all()
+    for r in range(rounds):
+        target = r % n
+        if target != me:
+            old = shmemx.aclshmemx_udma_atomic_compare_swap(words[r:r + 1], 0, me + 100, target)
+            won[r] = old == 0
+            assert old == 0 or old - 100 in range(n), old
+    shmemx.aclshmem_barrier_all()
+    winners = sum(shmemx.aclshmem_ptr(won, q) for q in range(n))
+    assert (winners == 1).all(), winners
+    for r in range(rounds):
+        if r % n == me:
+            winner = [q for q in range(n) if shmemx.aclshmem_ptr(won, q)[r]]
+            assert words[r] == winner[0] + 100
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_cas_race_has_exactly_one_winner(run_ok, n):
+    run_ok(n, _cas_race, 24)
+
+
+ATOMIC_DTYPES = [np.int32, np.uint32, np.int64, np.uint64]
+
+
+def _atomic_variants():
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    for dtype in ATOMIC_DTYPES:
+        info = np.iinfo(dtype)
+        w = shmemx.zeros(2, dtype, name=f"w_{np.dtype(dtype).name}")
+        w[1] = info.max  # the neighbour word must never change
+        hi = int(info.max) - 7  # values near the top of the range: sign and width bugs show
+        shmemx.aclshmem_barrier_all()
+        f = lambda name, *args: getattr(shmemx, f"aclshmemx_udma_atomic_{name}")(w[:1], *args, nxt)  # noqa: E731
+        f("set", hi)
+        assert f("fetch") == hi
+        assert f("swap", 5) == hi
+        assert f("compare_swap", 4, 9) == 5  # fails: 5 != 4
+        assert f("compare_swap", 5, 12) == 5  # wins
+        assert f("fetch_inc") == 12
+        f("inc")
+        f("add", 3)
+        assert f("fetch_add", 0) == 17
+        assert f("fetch_and", 0b10101) == 17 and f("fetch") == 0b10001
+        assert f("fetch_or", 0b01100) == 0b10001 and f("fetch") == 0b11101
+        assert f("fetch_xor", 0b00111) == 0b11101 and f("fetch") == 0b11010
+        f("and", 0b01011)
+        f("or", 0b100000)
+        f("xor", 0b1)
+        assert f("fetch") == 0b101011
+        v = f("fetch_add", 1)
+        assert type(v) is int
+        if info.min < 0:
+            f("set", -3)
+            assert f("fetch_add", -4) == -3 and f("fetch") == -7
+            assert f("swap", info.min) == -7 and f("fetch") == info.min
+        else:
+            f("set", info.max)
+            assert f("fetch_inc") == info.max and f("fetch") == 0  # wraps like the hardware
+        shmemx.aclshmemx_udma_quiet(nxt)
+        shmemx.aclshmem_barrier_all()
+        assert w[1] == info.max, f"{np.dtype(dtype).name}: the word after the target changed"
+        with pytest.raises(ValueError, match=f"value {int(info.max) + 1} does not fit dst dtype"):
+            shmemx.aclshmemx_udma_atomic_add(w[:1], int(info.max) + 1, nxt)
+    with pytest.raises(TypeError, match="dst dtype float64 not supported"):
+        shmemx.aclshmemx_udma_atomic_add(shmemx.zeros(1, np.float64, name="f64"), 1.0, nxt)
+    with pytest.raises(TypeError, match="dst dtype float32 not supported"):
+        shmemx.aclshmemx_udma_atomic_fetch_add(shmemx.zeros(1, np.float32, name="f32"), 1.0, nxt)
+    with pytest.raises(ValueError, match=f"pe {me}: aclshmemx_udma_atomic_fetch_add to itself"):
+        shmemx.aclshmemx_udma_atomic_fetch_add(shmemx.zeros(1, np.int64, name="i64"), 1, me)
+    del prev
+    shmemx.finalize()
+
+
+def test_atomic_variants_every_dtype(run_ok):
+    run_ok(2, _atomic_variants)
+
+
+def _concurrent_bitwise_and_float_add(adds: int):
+    """Every PE ORs its bit into, XORs a pattern into and adds floats to every other PE's words at once: the CAS
+    loops and the fp32 reduce must be atomic under contention."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    bits = shmemx.zeros(1, np.uint64, name="bits")
+    flips = shmemx.zeros(1, np.uint32, name="flips")
+    total = shmemx.zeros(2, np.float32, name="total")
+    shmemx.aclshmem_barrier_all()
+    for p in _others(me, n):
+        shmemx.aclshmemx_udma_atomic_or(bits, 1 << (me + 50), p)
+        assert shmemx.aclshmemx_udma_atomic_fetch_xor(flips, 0xF0F0 << me, p) is not None
+        for k in range(adds):
+            shmemx.aclshmemx_udma_atomic_add(total[:1], 0.25 * (me + 1), p)
+    shmemx.aclshmem_barrier_all()
+    expect_bits = sum(1 << (q + 50) for q in _others(me, n))
+    expect_flips = 0
+    for q in _others(me, n):
+        expect_flips ^= 0xF0F0 << q
+    assert int(bits[0]) == expect_bits and int(flips[0]) == expect_flips & 0xFFFF_FFFF
+    assert total[0] == np.float32(sum(0.25 * (q + 1) * adds for q in _others(me, n))) and total[1] == 0
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [4])
+def test_atomics_under_contention(run_ok, n):
+    run_ok(n, _concurrent_bitwise_and_float_add, 20)
+
+
+# --- rings: wrap-around and credits ------------------------------------------------------------------------------
+
+
+def _two_block_wrap():
+    """A WRITE_WITH_NOTIFY posted at the last slot of a 16-deep SQ: its first BB is ring slot 15, its second BB
+    ring slot 0 (byte k >= 64 of the WQE at ring byte k - 64), and it executes like any other."""
+    shmemx.init(sq_depth=16)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    src = shmemx.full(32, me + 1, np.int32, name="src")
+    dst = shmemx.zeros((20, 32), np.int32, name="dst")
+    sig = shmemx.zeros(2, np.uint64, name="sig")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    assert q.depth == 16 and q.wq_ctx["depth"] == 16
+    for k in range(15):  # head 0 -> 15 (posting drains the CQ whenever the credit guard would be hit)
+        shmemx.aclshmemx_udma_put_nbi(dst[k], src, 32, nxt)
+    assert q.head == 15
+    shmemx.aclshmemx_udma_put_signal_nbi(dst[15], src, 32, sig[1:], 0xABCD_0000 + me, nxt)
+    assert q.head == 17 and q.wq_ctx["head"] == 17
+    expected = q.build(Opcode.WRITE_WITH_NOTIFY, 0x20, q.remote_va(dst[15]), sge_len=128, sge_va=q.local_va(src),
+                       notify_tid=int(q.remote_mem_info["tid"]), notify_token=int(q.remote_mem_info["rmt_token_value"]),
+                       notify_va=q.remote_va(sig[1:]), notify_value=0xABCD_0000 + me)
+    assert bytes(q.sq[15]) == expected[:64] and bytes(q.sq[0]) == expected[64:]
+    w = decode_wqe(bytes(q.sq[15]) + bytes(q.sq[0]))
+    assert (w.opcode, w.notify_value, w.sge_len, w.rmt_va) == (Opcode.WRITE_WITH_NOTIFY, 0xABCD_0000 + me, 128,
+                                                               q.remote_va(dst[15]))
+    shmemx.aclshmemx_udma_put_nbi(dst[16], src, 32, nxt)  # the next WQE goes to slot 1
+    assert bytes(q.sq[1])[5] == Opcode.WRITE
+    shmemx.aclshmem_signal_wait_until(sig[1:], EQ, 0xABCD_0000 + prev)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert (dst[:17] == prev + 1).all() and not dst[17:].any()
+    # the CQ wrapped too: the owner bit of lap 1 is 0
+    assert q.cqe_cnt == 17 and q.cq_ctx["tail"] == 17
+    assert (q.cq.view(np.uint32)[0, 0] >> 2) & 1 == 0 and (q.cq.view(np.uint32)[1, 0] >> 2) & 1 == 1
+    shmemx.finalize()
+
+
+def test_two_block_wqe_wraps_to_ring_start(run_ok):
+    run_ok(2, _two_block_wrap)
+
+
+def _many_puts(total: int, every_cqe: int):
+    """``total`` puts through an SQ of depth 64 to the next PE, each of one origin-encoded int64 from its own
+    source element into its own destination element; only every ``every_cqe``-th asks for a CQE."""
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    src = shmemx.array(_stamp(me, nxt, np.arange(total)), name="src")
+    dst = shmemx.zeros(total, np.int64, name="dst")
+    shmemx.aclshmem_barrier_all()
+    silent = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE
+    for i in range(total):
+        config = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT if (i + 1) % every_cqe == 0 else silent
+        shmemx.aclshmemx_udma_qp_put_nbi(dst[i:i + 1], src[i:i + 1], 1, nxt, 0, config=config)
+    shmemx.aclshmemx_udma_put_nbi(dst[:0], src[:1], 0, nxt)  # zero length: posts nothing
+    shmemx.aclshmemx_udma_put_nbi(dst[:1], src[:1], 1, nxt)  # a last CQE covers the silent tail
+    shmemx.aclshmemx_udma_quiet(nxt)
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    assert q.head == total + 1 and q.wq_ctx["tail"] == total + 1
+    shmemx.aclshmem_barrier_all()
+    bad = np.flatnonzero(dst != _stamp(prev, me, np.arange(total)))
+    assert not len(bad), f"{len(bad)} slots lost or overwritten, first {bad[:5]}: {dst[bad[:5]]}"
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n, every_cqe", [(2, 1), (4, 7)])
+def test_10000_puts_through_a_64_deep_sq(run_ok, n, every_cqe):
+    run_ok(n, _many_puts, 10_000, every_cqe)
+
+
+def _silent_overflow():
+    """Only CQE-less WQEs: the ring cannot be reclaimed, so the post that would overrun it is refused."""
+    shmemx.init(sq_depth=16)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros(16, np.int64, name="dst")
+    src = np.arange(16, dtype=np.int64)
+    for i in range(5):
+        shmemx.aclshmemx_udma_put_nbi(dst[i:i + 1], src[i:i + 1], 1, nxt, config=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE)
+    with pytest.raises(shmemx.ShmemError, match=f"pe {me}: aclshmemx_udma_put_nbi to pe {nxt} qp 0: send queue full"):
+        shmemx.aclshmemx_udma_put_nbi(dst[5:6], src[5:6], 1, nxt, config=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE)
+    # a CQE-producing post does not fit either (5 + 1 + 10 = 16): the QP is stuck, as on the hardware, and says so
+    with pytest.raises(shmemx.ShmemError, match="post a CQE-producing WQE .config cqe=1. at least every 6 BBs"):
+        shmemx.aclshmemx_udma_put_nbi(dst[5:6], src[5:6], 1, nxt)
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    assert q.head == 5 and q.cqe_cnt == 0
+    shmemx.aclshmem_wait_until(dst[4:5], EQ, 4)  # the silent ones do execute (in order): nothing completes them
+    assert (dst[:5] == np.arange(5)).all() and not dst[5:].any()
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_sq_full_of_cqe_less_wqes_refuses_the_next_post(run_ok):
+    run_ok(2, _silent_overflow)
+
+
+# --- access control and error CQEs ------------------------------------------------------------------------------
+
+MIB = 1 << 20
+# case -> (field overrides of a good 64-byte WRITE of 64 bytes, expected status). ``base`` is the good WQE's fields.
+BAD_WQES = {
+    "wrong token": (lambda b: {"rmt_token_value": b["rmt_token_value"] ^ 0x8000_0000}, CqeStatus.TOKEN_MISMATCH),
+    "wrong tokenId": (lambda b: {"rmt_seg_id": b["rmt_seg_id"] ^ 0x40}, CqeStatus.BAD_TOKEN_ID),
+    "wrong EID": (lambda b: {"rmt_eid": b["rmt_eid"] ^ (1 << 100)}, CqeStatus.BAD_EID),
+    "EID of no PE": (lambda b: {"rmt_eid": b["rmt_eid"] | 0xFFFF}, CqeStatus.BAD_EID),
+    "wrong TP": (lambda b: {"tp_id": (b["tp_id"] + 0x10_0000) & 0xFFFFFF}, CqeStatus.BAD_TP),
+    "TP of another peer": (lambda b: {"tp_id": b["other_tp"]}, CqeStatus.BAD_TP),
+    "out of segment": (lambda b: {"rmt_va": b["heap_end"] - 32}, CqeStatus.REMOTE_OUT_OF_BOUNDS),
+    "before the segment": (lambda b: {"rmt_va": b["heap_end"] - 2 * b["heap_size"]}, CqeStatus.REMOTE_OUT_OF_BOUNDS),
+    "length > 256 MiB": (lambda b: {"sge_len": 256 * MIB + 64}, CqeStatus.LENGTH_TOO_LARGE),
+    "bad local VA": (lambda b: {"sge_va": 0x1234_5000}, CqeStatus.LOCAL_ACCESS),
+    "bad opcode": (lambda b: {"opcode": Opcode.SEND}, CqeStatus.BAD_OPCODE),
+}
+
+
+def _good_write_fields(q, dst_row, src) -> dict:
+    """The fields of a correct WRITE of ``src`` (64 bytes) to ``dst_row`` on q's peer, from the raw tables."""
+    rmi = q.remote_mem_info
+    eid_lo, eid_hi = (int(x) for x in rmi["eid"])
+    return dict(opcode=Opcode.WRITE, flag=0x20, tp_id=int(rmi["tpn"]), rmt_seg_id=int(rmi["tid"]),
+                rmt_eid=eid_hi << 64 | eid_lo, rmt_token_value=int(rmi["rmt_token_value"]),
+                rmt_va=q.remote_va(dst_row), sge_len=64, sge_va=q.local_va(src))
+
+
+def _post_raw(q, wqe: bytes, cqes: int = 1) -> int:
+    bbs = len(wqe) // 64
+    head = q.reserve(bbs)
+    q.ring_doorbell(q.write(head, wqe), cqes=cqes)
+    return head
+
+
+def _bad_wqes(cases: list[str]):
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.full((n, 8), -1, np.int64, name="dst")  # row p: written by pe p only
+    src = shmemx.array(_stamp(me, nxt, np.arange(8)), name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    peer_dst = shmemx.aclshmem_ptr(dst, nxt)[me]
+    rmi = q.remote_mem_info
+    base = _good_write_fields(q, dst[me], src)
+    other = shmemx.aclshmemx_udma_raw_queue((me + 2) % n, 0) if n > 2 else None
+    extra = {"heap_size": int(rmi["len"]), "heap_end": int(rmi["addr"]) + int(rmi["len"]),
+             "other_tp": int(other.remote_mem_info["tpn"]) if other else base["tp_id"] ^ 1}
+    for case in cases:
+        change, status = BAD_WQES[case]
+        fields = dict(base, **change(dict(base, **extra)))
+        wqe = pack_wqe(**fields)
+        head = _post_raw(q, wqe)
+        with pytest.raises(shmemx.CompletionError) as info:
+            shmemx.aclshmemx_udma_quiet(nxt)
+        err = info.value
+        assert err.cqe is not None and err.cqe.status == status, (case, err)
+        assert err.cqe.user_data == head and err.cqe.entry_idx == (head + 1) & 0xFFFF and err.cqe.byte_cnt == 0
+        assert err.wqe == decode_wqe(wqe), case
+        assert (err.pe, err.peer, err.qp_idx) == (me, nxt, 0)
+        first = str(err).splitlines()[0]
+        assert first.startswith(f"pe {me}: raw post to pe {nxt} qp 0 (block 0, WQE at BB {head}): {status.name}: "), \
+            first
+        assert "  CQE: " in str(err) and "  WQE: " in str(err)
+        assert (peer_dst == -1).all(), f"{case}: target bytes changed"
+        # the QP is usable again
+        shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
+        shmemx.aclshmemx_udma_quiet(nxt)
+        np.testing.assert_array_equal(peer_dst, src)
+        peer_dst[:] = -1
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bad_wqes_get_error_cqes_and_leave_the_target_unchanged(run_ok, n):
+    run_ok(n, _bad_wqes, list(BAD_WQES))
+
+
+def _error_messages():
+    """The detail each status carries names what is wrong (and where)."""
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 8), np.int64, name="dst")
+    src = shmemx.zeros(8, np.int64, name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    base = _good_write_fields(q, dst[me], src)
+    rmi = q.remote_mem_info
+    end = int(rmi["addr"]) + int(rmi["len"])
+    expect = [
+        ({"rmt_token_value": 7}, rf"token value 0x00000007 does not match segment tid {int(rmi['tid']):#x} of pe {nxt}"),
+        ({"rmt_va": end - 8}, rf"remote range {end - 8:#x}..{end + 56:#x} outside segment tid {int(rmi['tid']):#x} "
+                              rf"of pe {nxt}"),
+        ({"sge_va": 0x1234_5000}, rf"local range 0x12345000..0x12345040 is not registered memory of pe {me}"),
+        ({"sge_len": 256 * MIB + 1}, r"length 268435457 B is over the 256 MiB limit"),
+    ]
+    for change, pattern in expect:
+        _post_raw(q, pack_wqe(**dict(base, **change)))
+        with pytest.raises(shmemx.CompletionError, match=pattern):
+            shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_error_details_name_the_range_and_segment(run_ok):
+    run_ok(2, _error_messages)
+
+
+def _bad_wqe_in_a_vector_run(bad_at: int, count: int):
+    """16 WRITEs rung at once (the engine's vectorised path): the ones before the bad WQE execute, the bad one
+    fails, the ones after it are flushed (FLUSHED, not executed); the quiet reports the first failure."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.full((n, count, 8), -1, np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(count * 8)).reshape(count, 8), name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    rows = q.build_writes(rmt_va=q.remote_va(dst[me]) + 64 * np.arange(count, dtype=np.uint64), sge_len=64,
+                          sge_va=q.local_va(src) + 64 * np.arange(count, dtype=np.uint64))
+    rows[bad_at, 4] ^= 0x1  # the token value word (bytes 32-35)
+    head = q.reserve(count)
+    q.ring_doorbell(q.write(head, rows), cqes=count)
+    with pytest.raises(shmemx.CompletionError) as info:
+        shmemx.aclshmemx_udma_quiet(nxt)
+    assert info.value.cqe.status == CqeStatus.TOKEN_MISMATCH and info.value.cqe.user_data == head + bad_at
+    statuses = (q.cq.view(np.uint32)[np.arange(head, head + count) % q.depth, 0] >> 24).tolist()
+    assert statuses == [0] * bad_at + [CqeStatus.TOKEN_MISMATCH] + [CqeStatus.FLUSHED] * (count - bad_at - 1)
+    peer = shmemx.aclshmem_ptr(dst, nxt)[me]
+    np.testing.assert_array_equal(peer[:bad_at], src[:bad_at])
+    assert (peer[bad_at:] == -1).all()
+    shmemx.aclshmemx_udma_put_nbi(dst[me, -1], src[-1], 8, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    np.testing.assert_array_equal(peer[-1], src[-1])
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("bad_at", [0, 5, 15])
+def test_bad_wqe_inside_a_vectorised_run(run_ok, bad_at):
+    run_ok(2, _bad_wqe_in_a_vector_run, bad_at, 16)
+
+
+def _bad_notify_and_atomic():
+    """Two-BB WQEs are checked too: a put_signal whose signal token is wrong writes neither payload nor signal;
+    an FAA to a misaligned word fails with BAD_ATOMIC."""
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.full((n, 8), -1, np.int64, name="dst")
+    sig = shmemx.zeros(n, np.uint64, name="sig")
+    src = shmemx.array(_stamp(me, nxt, np.arange(8)), name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    base = _good_write_fields(q, dst[me], src)
+    rmi = q.remote_mem_info
+    notify = dict(base, opcode=Opcode.WRITE_WITH_NOTIFY, notify_tid=int(rmi["tid"]),
+                  notify_token=int(rmi["rmt_token_value"]) ^ 4, notify_va=q.remote_va(sig[me:me + 1]), notify_value=9)
+    _post_raw(q, pack_wqe(**notify))
+    with pytest.raises(shmemx.CompletionError, match="TOKEN_MISMATCH: signal token value") as info:
+        shmemx.aclshmemx_udma_quiet(nxt)
+    assert info.value.wqe.notify_value == 9
+    faa = dict(base, opcode=Opcode.FAA, rmt_va=q.remote_va(dst[me]) + 4, sge_len=8,
+               sge_va=int(q.wq_ctx["amo_addr"]), operand=1)
+    _post_raw(q, pack_wqe(**faa))
+    with pytest.raises(shmemx.CompletionError, match="BAD_ATOMIC: atomic of 8 B"):
+        shmemx.aclshmemx_udma_quiet(nxt)
+    assert (shmemx.aclshmem_ptr(dst, nxt)[me] == -1).all() and shmemx.aclshmem_ptr(sig, nxt)[me] == 0
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_bad_two_block_wqes(run_ok):
+    run_ok(2, _bad_notify_and_atomic)
+
+
+def _cqe_written(q, pos: int) -> bool:
+    """Whether the engine wrote the CQE of CQ position ``pos`` (its owner bit is the lap's)."""
+    owner = int(q.cq.view(np.uint32)[pos % q.depth, 0]) >> 2 & 1
+    return owner == ((pos // q.depth) & 1) ^ 1
+
+
+def _error_at_barrier(where: str):
+    """Nobody quiets a failed WQE: the next barrier (or finalize) raises it, with the CQE and the WQE."""
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.full((n, 8), -1, np.int64, name="dst")
+    src = shmemx.zeros(8, np.int64, name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    wqe = pack_wqe(**dict(_good_write_fields(q, dst[me], src), rmt_token_value=0))
+    head = _post_raw(q, wqe)
+    if where == "finalize":  # at once: finalize must not lose a failure the engine has not reached yet
+        with pytest.raises(shmemx.CompletionError) as info:
+            shmemx.finalize()
+    else:
+        _wait_for(lambda: _cqe_written(q, 0), "the error CQE")
+        with pytest.raises(shmemx.CompletionError) as info:
+            getattr(shmemx, where)()
+    err = info.value
+    assert err.cqe is not None and err.cqe.status == CqeStatus.TOKEN_MISMATCH and err.cqe.user_data == head
+    assert err.wqe == decode_wqe(wqe) and (err.pe, err.peer, err.qp_idx) == (me, nxt, 0)
+    assert str(err).startswith(f"pe {me}: raw post to pe {nxt} qp 0 (block 0, WQE at BB {head}): TOKEN_MISMATCH")
+    if where == "finalize":
+        assert not shmemx.is_initialized()
+        return
+    shmemx.aclshmemx_udma_quiet(nxt)  # reported once: the queue is clean and usable again
+    shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert (dst[(me - 1) % n] == 0).all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("where", ["aclshmem_barrier_all", "aclshmem_sync_all", "finalize"])
+def test_unquieted_error_surfaces_at_barrier_or_finalize(run_ok, where):
+    run_ok(3, _error_at_barrier, where)
+
+
+def _error_at_barrier_all_vec():
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 8), np.int64, name="dst")
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    _post_raw(q, pack_wqe(**dict(_good_write_fields(q, dst[me], dst[me]), sge_va=64)))
+    _wait_for(lambda: _cqe_written(q, 0), "the error CQE")
+
+    def kernel():
+        shmemx.aclshmemx_barrier_all_vec()
+
+    with pytest.raises(shmemx.CompletionError, match="LOCAL_ACCESS") as info:
+        shmemx.launch(kernel, 2)
+    assert info.value.cqe.status == CqeStatus.LOCAL_ACCESS
+    shmemx.launch(kernel, 2)
+    shmemx.finalize()
+
+
+def test_unquieted_error_surfaces_at_barrier_all_vec(run_ok):
+    run_ok(2, _error_at_barrier_all_vec)
