@@ -1,0 +1,275 @@
+"""``moe_combine_normal``: the CAM window-mode combine kernel (seed section 7), on ``aiv_num`` AIV blocks.
+
+Every block runs, with no SyncAll between them (seed 7.4)::
+
+    InitMagic                       read this block's magic word (Exp + 975 KB + 512*b) and flip it; half p = magic
+    CopyBufferToShareAndSetStatus   for received rows a in the block's split of epRecvCount[E-1]: with
+                                    (srcRank, srcTok, srcTopk) = tokenSrcInfo[a], write recv_x[a] into srcRank's In
+                                    window at p*W/2 + 208 MB + (srcTok*K + srcTopk) * h512AlignRecvXLen, then eight
+                                    1.0f at p*W/2 + 204 MB + (srcTok*K + srcTopk) * 32
+    ReadBufferFromRemote            for own tokens t in the block's split of bs: WaitBuffCopy (sum the K*8 floats of
+                                    t's slots until 8K, clear them), then ReadBufferAndWeightedSum: acc = 0 (fp32);
+                                    for k in 0..K-1: acc = acc + fp32(row(t, k)) * w[t, k]; x[t] = RNE(acc)
+
+The combine flags live in the In window, in front of the combine data area (README A20). Emulation: the rows and
+flags of one destination rank are vectorised stores through ``aclshmem_ptr`` views, rows before flags; the last
+flag of each batch goes through ``aclshmemx_mte_put_nbi`` to wake the destination. The receive side waits on all
+of its pending tokens at once (``aclshmem_wait_until_any`` on the flag bits, excluding finished tokens) and
+processes whichever tokens are complete, in token order; the seed walks its tokens strictly in order, which only
+changes when a token is summed, not the result.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+import shmemx
+
+from .constants import FLOAT_NUM_PER_ALIGN, TOKEN_SRC_INFO_LEN, UB_32_ALIGN
+from .dispatch import _out
+from .tiling import BF16, DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, split
+
+__all__ = ["CombineOutput", "moe_combine_normal"]
+
+_ONES8 = np.ones(FLOAT_NUM_PER_ALIGN, np.float32)
+_CHUNK_BYTES = 1 << 20
+
+
+class CombineOutput(NamedTuple):
+    """What ``moe_combine_normal`` returns on this rank.
+
+    Attributes:
+        x: ``[bs, H]`` (recv_x's dtype): per own token, ``RNE(sum_k fp32(expert row (t, k)) * w[t, k])``.
+        send_cost_stats: ``[R] int32`` microseconds spent sending rows to each token-owner rank (diagnose).
+        magic: the magic (ping-pong half) this call used.
+        flags_written: combine flag slots this rank wrote (one per returned row).
+        bytes_copied: bytes this rank's kernel copied (rows out to the owners, K rows per own token back in).
+    """
+
+    x: np.ndarray
+    send_cost_stats: np.ndarray | None
+    magic: int
+    flags_written: int
+    bytes_copied: int
+
+
+class _Run:
+    def __init__(self, ctx, recv_x, src_info, weights, info, layout, rows, diagnose, x_out):
+        self.ctx, self.info, self.layout = ctx, info, layout
+        self.recv_x = recv_x
+        self.src_info = src_info[:rows * TOKEN_SRC_INFO_LEN].reshape(rows, TOKEN_SRC_INFO_LEN).astype(np.int64)
+        self.weights = weights
+        self.rows = rows  # selfSendCnt_ = epRecvCount[E-1]
+        self.me, self.R, self.K, self.H = info.ep_rank_id, info.ep_world_size, info.k, info.h
+        self.slots = info.bs * info.k  # own (t, k) slots this call waits for
+        self.max_slots = info.global_bs // self.R * info.k  # rows a combine data area holds
+        self.out = _out(x_out, "x_out", (info.bs, info.h), recv_x.dtype, self.me)
+        self.diagnose = diagnose
+        self.stats = np.zeros(self.R, np.float64)
+        self.lock = threading.Lock()
+        self.states: list[int | None] = [None] * info.aiv_num
+        self.flags_written = [0] * info.aiv_num
+        self.bytes_copied = [0] * info.aiv_num
+        self.chunk = max(1, _CHUNK_BYTES // (layout.h512_align_recv_x_len))
+
+    def buffer(self, rank: int, magic: int) -> np.ndarray:
+        """``[maxBs*K, H]``: rank ``rank``'s combine data rows (half ``magic``), as recv_x's dtype."""
+        stride = self.layout.h512_align_recv_x_len
+        area = self.ctx.get_buffer_addr_by_rank_id(rank, magic, self.max_slots * stride)
+        return area.reshape(self.max_slots, stride)[:, :self.H * self.recv_x.itemsize].view(self.recv_x.dtype)
+
+    def state(self, rank: int, magic: int) -> np.ndarray:
+        """``[maxBs*K, 8] float32``: rank ``rank``'s combine flag slots (half ``magic``)."""
+        area = self.ctx.get_state_addr_by_rank_id(rank, magic, self.max_slots * UB_32_ALIGN)
+        return area.view(np.float32).reshape(self.max_slots, FLOAT_NUM_PER_ALIGN)
+
+
+def _init_magic(run: _Run, b: int) -> int:
+    word = run.ctx.magic_word(b)
+    magic = int(word[0])
+    word[0] = 1 if magic == 0 else 0
+    run.states[b] = magic
+    return magic
+
+
+def _copy_buffer_to_share_and_set_status(run: _Run, b: int, B: int, magic: int) -> None:
+    """Send the block's received rows ``[start, end)`` back to their token owners, rows before flags.
+
+    Rows come in (local expert, source rank) segments, so the rows for one owner are runs of consecutive rows:
+    each run is one vectorised store of its rows into the owner's combine data area, then its flags (the last one
+    through ``aclshmemx_mte_put_nbi``, which wakes the owner).
+    """
+    start, end = split(run.rows, B, b)
+    if start >= end:
+        return
+    dst_of = run.src_info[start:end, 0]
+    breaks = np.flatnonzero(np.diff(dst_of)) + 1
+    local_state = run.state(run.me, magic)  # symmetric address of every rank's flag slots
+    buffers, states = {}, {}
+    for r0, r1 in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [end - start]])):
+        dst = int(dst_of[r0])
+        if dst not in buffers:
+            buffers[dst], states[dst] = run.buffer(dst, magic), run.state(dst, magic)
+        for c0 in range(start + r0, start + r1, run.chunk):
+            c1 = min(c0 + run.chunk, start + r1)
+            t0 = time.perf_counter()
+            slot = run.src_info[c0:c1, 1] * run.K + run.src_info[c0:c1, 2]  # srcTokenId * K + srcTopkId
+            buffers[dst][slot] = run.recv_x[c0:c1]  # CopyBufferToShare
+            states[dst][slot[:-1]] = 1.0  # SetStatusBySrcInfo: 8 x 1.0f per slot, after the rows
+            shmemx.aclshmemx_mte_put_nbi(local_state[slot[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[dst])
+            if run.diagnose:
+                spent = (time.perf_counter() - t0) * 1e6
+                with run.lock:
+                    run.stats[dst] += spent
+    run.flags_written[b] += end - start
+    run.bytes_copied[b] += (end - start) * run.H * run.recv_x.itemsize
+
+
+def _runs(tokens: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive ids in the sorted array ``tokens``."""
+    breaks = np.flatnonzero(np.diff(tokens) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(tokens)]])
+    return [(int(tokens[a]), int(tokens[b - 1]) + 1) for a, b in zip(starts, ends)]
+
+
+def _weighted_sum(run: _Run, tokens: np.ndarray, magic: int) -> None:
+    """ReadBufferAndWeightedSum for ``tokens`` (sorted): fp32 accumulation in k order, then RNE to the output.
+
+    Per token: ``acc = 0; for k: acc = acc + fp32(row(t, k)) * w[t, k]`` (Cast, Muls, Add; no fused multiply-add),
+    vectorised over a run of consecutive tokens, whose K rows each are consecutive in the window. bf16 widens to
+    fp32 exactly by a 16-bit shift; fp16 goes through numpy's (exact) cast.
+    """
+    K, H = run.K, run.H
+    buffer = run.buffer(run.me, magic)
+    bf16 = run.out.dtype == BF16
+    per = max(1, _CHUNK_BYTES // (K * H * 4))
+    for lo, hi in _runs(tokens):
+        for c0 in range(lo, hi, per):
+            c1 = min(c0 + per, hi)
+            rows = buffer[c0 * K:c1 * K].reshape(c1 - c0, K, H)
+            if bf16:
+                f = np.left_shift(rows.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
+            else:
+                f = rows.astype(np.float32)
+            np.multiply(f, run.weights[c0:c1, :, None], out=f)  # Muls by w[t, k]
+            acc = np.zeros((c1 - c0, H), np.float32)
+            for k in range(K):
+                np.add(acc, f[:, k], out=acc)  # Add, in k order
+            run.out[c0:c1] = acc.astype(run.out.dtype)  # Cast CAST_RINT
+
+
+def _read_buffer_from_remote(run: _Run, b: int, B: int, magic: int) -> None:
+    start, end = split(run.info.bs, B, b)
+    if start >= end:
+        return
+    K8 = run.K * FLOAT_NUM_PER_ALIGN
+    state = run.state(run.me, magic)[start * run.K:end * run.K].reshape(end - start, K8)
+    bits = run.state(run.me, magic).view(np.int32)[start * run.K:end * run.K].reshape(-1)
+    target = np.float32(K8)  # 1.0f * K * FLOAT_NUM_PER_ALIGN
+    pending = np.ones(end - start, bool)
+    while True:
+        sums = state.sum(axis=1, dtype=np.float32)
+        ready = np.flatnonzero(pending & (sums == target))
+        if len(ready):
+            state[ready] = 0.0  # WaitBuffCopy's clear
+            pending[ready] = False
+            _weighted_sum(run, start + ready, magic)
+            run.bytes_copied[b] += len(ready) * run.K * run.H * run.recv_x.itemsize
+            continue
+        if not pending.any():
+            return
+        snap = bits.copy()
+        if (snap.view(np.float32).reshape(end - start, K8).sum(axis=1, dtype=np.float32)[pending] == target).any():
+            continue  # completed between the sums and the snapshot
+        done = np.repeat(~pending, K8).astype(np.int32)
+        try:
+            shmemx.aclshmem_wait_until_any(bits, shmemx.ACLSHMEM_CMP_NE, snap, status=done)
+        except shmemx.WaitTimeoutError as exc:
+            missing = [int(t) for t in start + np.flatnonzero(pending)]
+            raise shmemx.WaitTimeoutError(
+                f"pe {run.me}: moe_combine_normal WaitBuffCopy (block {b}, half {magic}): {len(missing)} tokens "
+                f"still incomplete, first {missing[:8]} (each waits for its K={run.K} slots of 8 x 1.0f); {exc}"
+            ) from None
+
+
+def _kernel(run: _Run) -> None:
+    b, B = shmemx.get_block_idx(), shmemx.get_block_num()
+    magic = _init_magic(run, b)
+    _copy_buffer_to_share_and_set_status(run, b, B, magic)
+    _read_buffer_from_remote(run, b, B, magic)
+
+
+def moe_combine_normal(ctx, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
+                       recv_topk_weights: np.ndarray, *, moe_expert_num: int, global_bs: int = 0,
+                       diagnose: bool = False, send_cost_stats: np.ndarray | None = None,
+                       tp_recv_counts: np.ndarray | None = None, ep_world_size: int | None = None,
+                       ep_rank_id: int | None = None, tp_world_size: int | None = None,
+                       tp_rank_id: int | None = None, x_out: np.ndarray | None = None) -> CombineOutput:
+    """Return the expert outputs to their tokens and sum them with the top-k weights. Collective over EP.
+
+    Args:
+        ctx: the ``WindowContext`` the paired dispatch used.
+        recv_x: ``[A', H]`` bfloat16/float16 expert outputs in dispatch's row order; rows ``[0, A)`` are sent,
+            ``A = ep_recv_counts[E-1]``.
+        token_src_info: ``[>= 3A] int32``: dispatch's ``assist_info_for_combine``.
+        ep_recv_counts: ``[>= E] int32``: dispatch's ``ep_recv_counts`` (the ``recv_count`` input).
+        recv_topk_weights: ``[bs, K] float32``: the weights of this rank's own tokens.
+        moe_expert_num: E.
+        global_bs: globalBs, as dispatch had it; 0 means ``bs * R``.
+        diagnose: collect the per-destination-rank send cost (``send_cost_stats``, microseconds).
+        send_cost_stats: optional ``[R] int32`` array the costs are added into; implies ``diagnose``.
+        tp_recv_counts: accepted and unused, as in the CAM kernel.
+        ep_world_size, ep_rank_id, tp_world_size, tp_rank_id: op attributes; default the context's.
+        x_out: optional ``[>= bs, H]`` output buffer (recv_x's dtype); the result is its first bs rows.
+
+    Returns:
+        ``CombineOutput``.
+    """
+    me = ctx.ep_rank_id
+    recv_x = np.asarray(recv_x)
+    weights = np.asarray(recv_topk_weights)
+    token_src_info = np.asarray(token_src_info).reshape(-1)
+    ep_recv_counts = np.asarray(ep_recv_counts).reshape(-1)
+    if recv_x.ndim != 2 or weights.ndim != 2:
+        raise ValueError(f"pe {me}: moe_combine_normal: recv_x must be [A, H] and recv_topk_weights [bs, K], got "
+                         f"{list(recv_x.shape)} and {list(weights.shape)}")
+    E = int(moe_expert_num)
+    rows = int(ep_recv_counts[E - 1]) if 0 < E <= len(ep_recv_counts) else 0
+    info = MoeCombineNormalInfo(
+        ep_world_size=ctx.ep_world_size if ep_world_size is None else ep_world_size,
+        tp_world_size=ctx.tp_world_size if tp_world_size is None else tp_world_size,
+        ep_rank_id=me if ep_rank_id is None else ep_rank_id,
+        tp_rank_id=ctx.tp_rank_id if tp_rank_id is None else tp_rank_id,
+        moe_expert_num=E, global_bs=int(global_bs), bs=weights.shape[0], k=weights.shape[1], h=recv_x.shape[1],
+        aiv_num=ctx.aiv_num, total_win_size=ctx.total_win_size, recv_x_dtype=recv_x.dtype,
+        ep_recv_counts_len=len(ep_recv_counts), token_src_info_len=len(token_src_info), recv_rows=rows,
+        is_enable_diagnose=diagnose or send_cost_stats is not None)
+    info.global_bs = check_combine_tiling(info)
+    check_context(ctx, info, "moe_combine_normal")
+    if recv_x.shape[0] < rows:
+        raise ValueError(f"pe {me}: moe_combine_normal: recv_x has {recv_x.shape[0]} rows, ep_recv_counts[E-1] "
+                         f"says {rows}")
+    src = token_src_info[:rows * 3].reshape(rows, 3)
+    if rows and (src[:, 0].min() < 0 or src[:, 0].max() >= info.ep_world_size or src[:, 1].min() < 0
+                 or src[:, 1].max() >= info.global_bs // info.ep_world_size or src[:, 2].min() < 0
+                 or src[:, 2].max() >= info.k):
+        raise ValueError(f"pe {me}: moe_combine_normal: token_src_info holds a (rank, token, topk) triple outside "
+                         f"[0, {info.ep_world_size}) x [0, maxBs={info.global_bs // info.ep_world_size}) x "
+                         f"[0, {info.k})")
+    layout = DispatchLayout(info.h, recv_x.itemsize, recv_x.itemsize)
+    run = _Run(ctx, np.ascontiguousarray(recv_x), token_src_info, weights.astype(np.float32), info, layout, rows,
+               info.is_enable_diagnose, x_out)
+    shmemx.launch(_kernel, ctx.aiv_num, run)
+    if len(set(run.states)) != 1:
+        raise RuntimeError(f"pe {me}: moe_combine_normal: AIV blocks read different magic words {run.states}: "
+                           f"aiv_num changed between calls on this WindowContext")
+    stats = None
+    if info.is_enable_diagnose:
+        stats = send_cost_stats if send_cost_stats is not None else np.zeros(info.ep_world_size, np.int32)
+        stats += run.stats.astype(np.int32)
+    return CombineOutput(run.out, stats, int(run.states[0]), sum(run.flags_written), sum(run.bytes_copied))

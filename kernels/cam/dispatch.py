@@ -1,0 +1,359 @@
+"""``moe_dispatch_normal``: the CAM window-mode dispatch kernel (seed section 3), on ``aiv_num`` AIV blocks.
+
+Every block runs the seed's four phases in order, with ``SyncAll`` (``shmemx.sync_all``) where the seed has it::
+
+    Init           read this block's dataState word (Exp + 950 KB + 512*b) and flip it; half p = dataState
+    InputToShare   pairs p in the block's token split: row (epRankId, t, k) -> OWN In window, half p, at
+                   hOutGMAlignSize * (send_offset[expert] + send_tokenIdx[p]); data, pad, scale slot, triple
+    SetStatus      SyncAll; for experts i in the block's status split: 32 B of 1.0f into rank i / E_loc's Exp
+                   window at p * 500 KB + 32 * (epRankId + (i % E_loc) * R)
+    WaitStatus     sum float[0] of the block's own flag slots until it equals the slot count; clear them (32 B
+                   zeros each); SyncAll
+    ShareToOutput  for status s = le*R + src of the block: recv_count[s] - recv_count[s-1] rows from src's In
+                   window (half p, row recv_offset[s]) -> expandXOut, the triples -> expandIdxOut (+ scales)
+
+The writer stores its rows into its own window and the readers pull them (the seed's code: ``shareGM =
+GetWindAddrByRankId(COMM_EP_IDX, epRankId)``; README A1). The flags are stores, not adds: a slot is 0 or 1.0, and
+each is written once per call by exactly one sender, so the sum reaches the target only when every sender of the
+block's slots has finished its rows. Ping-pong: call n uses half n % 2 of both windows, so a flag of call n can
+only be seen by call n + 2, and by then the reader has cleared it (README "ping-pong").
+
+Emulation: peer windows are ``aclshmem_ptr`` views (direct MTE loads/stores); each block's work is vectorised
+numpy. Flag stores to one peer are plain stores except the last, which goes through ``aclshmemx_mte_put_nbi`` so
+that the peer's sleeping waiters wake; the wait is ``aclshmem_wait_until_any(flag bits != last snapshot)`` around
+the seed's sum, so no thread busy-polls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+import shmemx
+
+from .constants import COMM_EP_IDX, EXPAND_IDX_INFO, FLOAT_NUM_PER_ALIGN, QUANT_MODE_DYNAMIC, STATE_OFFSET
+from .quant import dynamic_quant
+from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, split
+
+__all__ = ["DispatchOutput", "moe_dispatch_normal"]
+
+_ONES8 = np.ones(FLOAT_NUM_PER_ALIGN, np.float32)
+_CHUNK_BYTES = 1 << 20  # rows per vectorised step: about 1 MB, so the gathered rows stay in cache
+
+
+class DispatchOutput(NamedTuple):
+    """What ``moe_dispatch_normal`` returns on this rank (A = ``recv_count[E-1]`` received rows).
+
+    Attributes:
+        recv_x: ``[A, H]`` expandXOut: x's dtype, or int8 with DynamicQuant. Row order: local expert, then source
+            rank, then the sender's (t, k) order.
+        x_scales: ``[A] float32`` dynamicScalesOut (DynamicQuant), else None.
+        assist_info_for_combine: ``[3A] int32`` expandIdxOut: (source rank, source token, topk slot) per row.
+        ep_recv_counts: ``[E] int32``: the ``recv_count`` input (inclusive prefix by status), as combine takes it.
+        recv_counts: ``[E_loc, R] int32``: rows received per (local expert, source rank).
+        expert_token_nums: ``[E_loc] int64``: rows received per local expert.
+        wait_recv_cost_stats: ``[R] int32`` microseconds (diagnose), else None.
+        data_state: the dataState (ping-pong half) this call used.
+        flags_written: dispatch flags this rank wrote (one per global expert).
+        bytes_copied: bytes this rank's kernel copied (rows into its window, rows out of peers' windows).
+    """
+
+    recv_x: np.ndarray
+    x_scales: np.ndarray | None
+    assist_info_for_combine: np.ndarray
+    ep_recv_counts: np.ndarray
+    recv_counts: np.ndarray
+    expert_token_nums: np.ndarray
+    wait_recv_cost_stats: np.ndarray | None
+    data_state: int
+    flags_written: int
+    bytes_copied: int
+
+
+class _Run:
+    """Everything the blocks of one dispatch call share (read-only, except the per-block results)."""
+
+    def __init__(self, ctx, x, topk_idx, send_offset, send_token_idx, recv_offset, recv_count, info, layout,
+                 diagnose, outs):
+        self.ctx, self.info, self.layout = ctx, info, layout
+        self.x = x
+        self.topk_flat = np.ascontiguousarray(topk_idx).reshape(-1).astype(np.int64)
+        self.send_offset = send_offset.astype(np.int64)
+        self.send_token_idx = send_token_idx.astype(np.int64)
+        self.recv_offset = recv_offset.astype(np.int64)
+        self.recv_count = recv_count.astype(np.int64)
+        self.me, self.R, self.E = info.ep_rank_id, info.ep_world_size, info.moe_expert_num
+        self.e_loc = self.E // self.R
+        self.quant = info.quant_mode == QUANT_MODE_DYNAMIC
+        self.out_dtype = np.dtype(np.int8) if self.quant else x.dtype
+        self.max_rows = info.global_bs // self.R * info.k  # rows a dispatch area holds
+        # winDataSizeOffset's second term: skip the combine data area (globalBs / R * K * hSizeAlignCombine)
+        self.combine_area = info.global_bs // self.R * info.k * layout.h_size_align_combine
+        A = int(self.recv_count[-1]) if self.E else 0
+        recv_x_out, x_scales_out, assist_info_out = outs
+        self.recv_x = _out(recv_x_out, "recv_x_out", (A, info.h), self.out_dtype, self.me)
+        self.x_scales = _out(x_scales_out, "x_scales_out", (A,), np.float32, self.me) if self.quant else None
+        self.expand_idx = _out(assist_info_out, "assist_info_out", (A * EXPAND_IDX_INFO,), np.int32, self.me)
+        self.recv_counts = np.zeros(self.E, np.int32)
+        self.diagnose = diagnose
+        self.stats = np.zeros(self.R, np.int64)
+        self.lock = threading.Lock()
+        self.states: list[int | None] = [None] * info.aiv_num
+        self.flags_written = [0] * info.aiv_num
+        self.bytes_copied = [0] * info.aiv_num
+        self.chunk = max(1, _CHUNK_BYTES // (info.h * x.itemsize))  # tokens per InputToShare step
+
+    def rows(self, rank: int, data_state: int) -> np.ndarray:
+        """``[maxBs*K, hOutGMAlignSize] uint8``: rank ``rank``'s dispatch area in half ``data_state``."""
+        off = self.ctx.dispatch_data_offset(data_state, self.combine_area)
+        hout = self.layout.h_out_gm_align_size
+        area = self.ctx.get_wind_addr_by_rank_id(COMM_EP_IDX, rank, off, self.max_rows * hout)
+        return area.reshape(self.max_rows, hout)
+
+    def flags(self, rank: int, data_state: int) -> np.ndarray:
+        """``[E, 8] float32``: rank ``rank``'s dispatch flag slots (Exp window, half ``data_state``)."""
+        area = self.ctx.get_wind_state_addr_by_rank_id(COMM_EP_IDX, rank, data_state, self.E * STATE_OFFSET)
+        return area.view(np.float32).reshape(self.E, FLOAT_NUM_PER_ALIGN)
+
+
+# --- the phases --------------------------------------------------------------------------------------------------
+
+
+def _init(run: _Run, b: int) -> int:
+    word = run.ctx.data_state_word(b)
+    data_state = int(word[0])
+    word[0] = 1 if data_state == 0 else 0
+    run.states[b] = data_state
+    return data_state
+
+
+def _input_to_share(run: _Run, b: int, B: int, own_rows: np.ndarray) -> None:
+    """Write the block's pairs ``p = t*K + k`` in ``[start, end)`` into this rank's own dispatch area.
+
+    Vectorised per (token chunk, k): the tokens of one k whose pairs fall in the block's range are consecutive,
+    so their rows come straight from a slice of x (no gathered copy) and scatter to ``send_offset[expert] +
+    send_tokenIdx[p]``. DynamicQuant quantises each token once per chunk; the seed quantises per pair, with the
+    same result.
+    """
+    lay, K, H = run.layout, run.info.k, run.info.h
+    start, end = split(run.info.bs * K, B, b)
+    if start >= end:
+        return
+    data_bytes = H * run.out_dtype.itemsize
+    tail_len = lay.h_scale_idx_size - data_bytes  # pad to 32 B, 32 B scale slot, 12 B triple
+    scale_at, triple_at = lay.h_ub_align_size - data_bytes, lay.h_scale_size_align - data_bytes
+    data = own_rows[:, :data_bytes].view(run.out_dtype)
+    first, last = start // K, (end - 1) // K + 1  # tokens touched by the block
+    for c0 in range(first, last, run.chunk):
+        c1 = min(c0 + run.chunk, last)
+        src, scale = run.x[c0:c1], None
+        if run.quant:
+            src, scale = dynamic_quant(src)
+        for k in range(K):
+            lo, hi = max(c0, -(-(start - k) // K)), min(c1, (end - 1 - k) // K + 1)
+            if lo >= hi:
+                continue
+            t = np.arange(lo, hi)
+            p = t * K + k
+            dst = run.send_offset[run.topk_flat[p]] + run.send_token_idx[p]  # hOutGMAlignSize * (offset + count)
+            data[dst] = src[lo - c0:hi - c0]
+            tail = np.zeros((hi - lo, tail_len), np.uint8)
+            if run.quant:
+                tail[:, scale_at:scale_at + 4] = scale[lo - c0:hi - c0].view(np.uint8).reshape(-1, 4)
+            triple = np.stack([np.full(hi - lo, run.me), t, np.full(hi - lo, k)], axis=1).astype("<i4")
+            tail[:, triple_at:triple_at + 12] = triple.view(np.uint8).reshape(-1, 12)  # FillTriple
+            own_rows[dst, data_bytes:lay.h_scale_idx_size] = tail
+    run.bytes_copied[b] += (end - start) * lay.h_scale_idx_size
+
+
+def _set_status(run: _Run, b: int, B: int, data_state: int) -> None:
+    start, end = split(run.E, B, b)  # startExpId / endExpId (global expert ids)
+    shmemx.sync_all()  # SyncAll<true>: every block's rows are in the window before any flag
+    if len(set(run.states)) != 1:
+        raise RuntimeError(f"pe {run.me}: moe_dispatch_normal: AIV blocks read different dataState words "
+                           f"{run.states}: aiv_num changed between calls on this WindowContext")
+    if start >= end:
+        return
+    experts = np.arange(start, end)
+    targets = experts // run.e_loc
+    slots = run.me + experts % run.e_loc * run.R  # offset / STATE_OFFSET: slot (local expert, me)
+    local = run.flags(run.me, data_state)  # the symmetric address of every rank's flag slots
+    for target in np.unique(targets):
+        mine = slots[targets == target]
+        peer = run.flags(int(target), data_state)
+        peer[mine[:-1]] = 1.0  # all 8 floats 1.0f (0x3F800000), as the seed's Duplicate
+        shmemx.aclshmemx_mte_put_nbi(local[mine[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[int(target)])
+    run.flags_written[b] += end - start
+
+
+def _missing(run: _Run, start: int, bits: np.ndarray) -> str:
+    lost = [(int(s) // run.R, int(s) % run.R) for s in start + np.flatnonzero(bits == 0)]
+    shown = ", ".join(f"(local expert {le}, src rank {src})" for le, src in lost[:8])
+    return f"{len(lost)} flags missing: {shown}{' ...' if len(lost) > 8 else ''}"
+
+
+def _wait_status(run: _Run, b: int, B: int, data_state: int, stats: np.ndarray) -> None:
+    start, end = split(run.E, B, b)  # startStatusId / endStatusId
+    if start >= end:
+        shmemx.sync_all()
+        return
+    flags = run.flags(run.me, data_state)
+    bits = flags.view(np.int32)[start:end, 0]  # float[0] of each slot, as int32 words the waits can watch
+    target = np.float32(end - start)  # compareTarget = 1.0f * statusNumPerCore
+    seen = np.zeros(end - start, np.int32)
+    t0 = time.perf_counter()
+    while True:
+        snap = bits.copy()
+        if run.diagnose:
+            now_us = int((time.perf_counter() - t0) * 1e6)
+            new = np.flatnonzero(snap != seen)
+            np.add.at(stats, (start + new) % run.R, now_us)  # by source rank s % R
+            seen = snap
+        if snap.view(np.float32).sum(dtype=np.float32) == target:
+            break
+        try:
+            shmemx.aclshmem_wait_until_any(bits, shmemx.ACLSHMEM_CMP_NE, snap)
+        except shmemx.WaitTimeoutError as exc:
+            raise shmemx.WaitTimeoutError(f"pe {run.me}: moe_dispatch_normal WaitStatus (block {b}, half "
+                                          f"{data_state}, slots {start}..{end - 1}): {_missing(run, start, snap)}; "
+                                          f"{exc}") from None
+    flags[start:end] = 0  # clear all 32 B of each slot (README A3)
+    shmemx.sync_all()
+
+
+def _share_to_output(run: _Run, b: int, B: int, data_state: int) -> None:
+    start, end = split(run.E, B, b)
+    lay, H = run.layout, run.info.h
+    data_bytes = H * run.out_dtype.itemsize
+    triple_at = lay.h_scale_size_align
+    for i in range(start, end):
+        src = i % run.R
+        pre = int(run.recv_count[i - 1]) if i else 0
+        count = int(run.recv_count[i]) - pre
+        run.recv_counts[i] = count
+        if count <= 0:
+            continue
+        rows = run.rows(src, data_state)[int(run.recv_offset[i]):int(run.recv_offset[i]) + count]
+        run.recv_x[pre:pre + count] = rows[:, :data_bytes].view(run.out_dtype)
+        run.expand_idx[pre * 3:(pre + count) * 3] = rows[:, triple_at:triple_at + 12].view(np.int32).reshape(-1)
+        if run.quant:
+            run.x_scales[pre:pre + count] = rows[:, lay.h_ub_align_size:lay.h_ub_align_size + 4].view(
+                np.float32)[:, 0]
+        run.bytes_copied[b] += count * (data_bytes + 12 + (4 if run.quant else 0))
+
+
+def _kernel(run: _Run) -> None:
+    b, B = shmemx.get_block_idx(), shmemx.get_block_num()
+    data_state = _init(run, b)
+    _input_to_share(run, b, B, run.rows(run.me, data_state))
+    _set_status(run, b, B, data_state)
+    stats = np.zeros(run.R, np.int64)
+    _wait_status(run, b, B, data_state, stats)
+    _share_to_output(run, b, B, data_state)
+    if run.diagnose:
+        with run.lock:  # SetAtomicAdd<int32_t> into the GM output
+            run.stats += stats
+
+
+def _out(given, name: str, shape: tuple, dtype, me: int) -> np.ndarray:
+    """The first ``shape[0]`` rows of a caller's output buffer (checked), or a new array."""
+    if given is None:
+        return np.empty(shape, dtype)
+    if not isinstance(given, np.ndarray) or given.dtype != np.dtype(dtype) or given.shape[1:] != shape[1:] \
+            or given.shape[0] < shape[0] or not given.flags.c_contiguous:
+        raise ValueError(f"pe {me}: {name} must be a C-contiguous {np.dtype(dtype)} array of shape "
+                         f"[>= {shape[0]}{''.join(f', {n}' for n in shape[1:])}], got "
+                         f"{getattr(given, 'dtype', type(given).__name__)}{list(getattr(given, 'shape', ()))}")
+    return given[:shape[0]]
+
+
+# --- the op --------------------------------------------------------------------------------------------------
+
+
+def _int32_vector(name: str, arr, length: int, me: int) -> np.ndarray:
+    arr = np.asarray(arr)
+    if arr.ndim != 1 or arr.shape[0] != length or arr.dtype.kind not in "iu":
+        raise ValueError(f"pe {me}: moe_dispatch_normal: {name} must be a [{length}] integer vector, got "
+                         f"{arr.dtype}{list(arr.shape)}")
+    return arr
+
+
+def moe_dispatch_normal(ctx, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
+                        send_token_idx: np.ndarray, recv_offset: np.ndarray, recv_count: np.ndarray, *,
+                        moe_expert_num: int, global_bs: int, quant_mode: int = 0, diagnose: bool = False,
+                        wait_recv_cost_stats: np.ndarray | None = None, ep_world_size: int | None = None,
+                        ep_rank_id: int | None = None, tp_world_size: int | None = None,
+                        tp_rank_id: int | None = None, recv_x_out: np.ndarray | None = None,
+                        x_scales_out: np.ndarray | None = None,
+                        assist_info_out: np.ndarray | None = None) -> DispatchOutput:
+    """Dispatch this rank's tokens to the experts' ranks through the HCCL windows. Collective over the EP domain.
+
+    Every rank must make the same sequence of dispatch / combine calls on the same ``WindowContext`` with the same
+    ``moe_expert_num``, ``global_bs``, K, H and dtypes (the receivers compute the senders' addresses from their
+    own state; README A23).
+
+    Args:
+        ctx: the ``WindowContext`` (windows, aiv_num, TP domain).
+        x: ``[bs, H]`` bfloat16 or float16 tokens.
+        topk_idx: ``[bs, K]`` integer expert ids in ``[0, moe_expert_num)``.
+        send_offset, send_token_idx, recv_offset, recv_count: the routing inputs of ``notify_dispatch``
+            (``[E]``, ``[bs*K]``, ``[E]``, ``[E]`` int32).
+        moe_expert_num: E (global experts), divisible by the EP world size.
+        global_bs: globalBs; ``global_bs // R`` (maxBs) bounds every rank's bs and sizes the combine area.
+        quant_mode: 0 (none: rows keep x's dtype) or 2 (DynamicQuant: int8 rows and float32 scales).
+        diagnose: collect the per-source-rank wait cost (``wait_recv_cost_stats``, microseconds).
+        wait_recv_cost_stats: optional ``[R] int32`` array the costs are added into (CAM's optional output);
+            implies ``diagnose``.
+        ep_world_size, ep_rank_id, tp_world_size, tp_rank_id: the op attributes; default the context's (a
+            value that differs from the context is checked by the tiling and then rejected).
+        recv_x_out, x_scales_out, assist_info_out: optional output buffers with at least A rows (``[A_cap, H]``,
+            ``[A_cap]``, ``[3 A_cap]``), as aclnn callers pass them; the outputs are their first A rows. Reusing
+            buffers across calls saves the page faults of fresh arrays.
+
+    Returns:
+        ``DispatchOutput``.
+
+    Raises:
+        TilingError: a host check failed (limits, window size "HCCL_BUFFSIZE is too SMALL").
+        WaitTimeoutError: a sender's flags did not arrive (the message lists the missing slots).
+    """
+    me = ctx.ep_rank_id
+    x = np.asarray(x)
+    topk_idx = np.asarray(topk_idx)
+    if x.ndim != 2 or topk_idx.ndim != 2:
+        raise ValueError(f"pe {me}: moe_dispatch_normal: x must be [bs, H] and topk_idx [bs, K], got "
+                         f"{list(x.shape)} and {list(topk_idx.shape)}")
+    info = MoeDispatchNormalInfo(
+        ep_world_size=ctx.ep_world_size if ep_world_size is None else ep_world_size,
+        tp_world_size=ctx.tp_world_size if tp_world_size is None else tp_world_size,
+        ep_rank_id=me if ep_rank_id is None else ep_rank_id,
+        tp_rank_id=ctx.tp_rank_id if tp_rank_id is None else tp_rank_id,
+        moe_expert_num=int(moe_expert_num), quant_mode=int(quant_mode), global_bs=int(global_bs),
+        bs=x.shape[0], k=topk_idx.shape[1], h=x.shape[1], aiv_num=ctx.aiv_num, total_win_size=ctx.total_win_size,
+        is_enable_diagnose=diagnose or wait_recv_cost_stats is not None, topk_rows=topk_idx.shape[0],
+        x_dtype=x.dtype)
+    check_dispatch_tiling(info)
+    check_context(ctx, info, "moe_dispatch_normal")
+    E, K = info.moe_expert_num, info.k
+    if topk_idx.min() < 0 or topk_idx.max() >= E:
+        raise ValueError(f"pe {me}: moe_dispatch_normal: expert id outside [0, {E}) in topk_idx (the window path "
+                         f"has no -1 masking, README A24)")
+    vectors = [_int32_vector(name, arr, n, me) for name, arr, n in (
+        ("send_offset", send_offset, E), ("send_token_idx", send_token_idx, info.bs * K),
+        ("recv_offset", recv_offset, E), ("recv_count", recv_count, E))]
+    layout = DispatchLayout(info.h, 1 if info.is_quant else x.dtype.itemsize, x.dtype.itemsize)
+    run = _Run(ctx, np.ascontiguousarray(x), topk_idx, *vectors, info, layout, info.is_enable_diagnose,
+               (recv_x_out, x_scales_out, assist_info_out))
+    shmemx.launch(_kernel, ctx.aiv_num, run)
+    stats = None
+    if info.is_enable_diagnose:
+        stats = wait_recv_cost_stats if wait_recv_cost_stats is not None else np.zeros(run.R, np.int32)
+        stats += run.stats.astype(np.int32)
+    e_loc = E // run.R
+    recv_counts = run.recv_counts.reshape(e_loc, run.R)
+    return DispatchOutput(run.recv_x, run.x_scales, run.expand_idx, np.asarray(recv_count, np.int32).copy(),
+                          recv_counts, recv_counts.sum(axis=1, dtype=np.int64), stats, int(run.states[0]),
+                          sum(run.flags_written), sum(run.bytes_copied))
