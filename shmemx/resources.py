@@ -248,8 +248,8 @@ class LocalRegistry:
         if found is not None:
             pe, off = found
             if pe != self.pe:
-                raise ValueError(f"pe {self.pe}: {what} is pe {pe}'s heap memory; a UDMA {what} must be local "
-                                 f"(this PE's heap or a local array)")
+                raise ValueError(f"pe {self.pe}: {what} is pe {pe}'s heap memory; it must be local (this PE's "
+                                 f"heap or a local array)")
             self.heap.check_allocated(off, arr.nbytes, what, pe)
             return self.heap_va + off, None
         if writable and not arr.flags.writeable:

@@ -50,10 +50,11 @@ __all__ = [
 
 def _check_target(rt, what: str, pe, qp_idx) -> None:
     if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
+        raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe!r} qp {qp_idx!r}: pe {pe!r} out of range "
+                         f"0..{rt.n_pes - 1}")
     if pe == rt.my_pe:
-        raise ValueError(f"pe {rt.my_pe}: {what} to itself: UDMA to the own PE is not allowed (use a local copy "
-                         f"or aclshmemx_mte_put_nbi)")
+        raise ValueError(f"pe {rt.my_pe}: {what} to itself (pe {pe} qp {qp_idx!r}): UDMA to the own PE is not "
+                         f"allowed (use a local copy or aclshmemx_mte_put_nbi)")
     if isinstance(qp_idx, bool) or not isinstance(qp_idx, (int, np.integer)) or not 0 <= qp_idx < rt.qp_num:
         raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe}: qp_idx {qp_idx!r} out of range 0..{rt.qp_num - 1} "
                          f"(qp_num is {rt.qp_num}; raise it with aclshmemx_set_qp_num before init)")
