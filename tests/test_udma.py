@@ -18,6 +18,7 @@ import pytest
 
 import shmemx
 from shmemx import CqeStatus, Opcode
+from shmemx.kernel import UB_SIZE
 from shmemx.layout import decode_wqe
 from shmemx.runtime import runtime
 
@@ -714,3 +715,550 @@ def _error_at_barrier_all_vec():
 
 def test_unquieted_error_surfaces_at_barrier_all_vec(run_ok):
     run_ok(2, _error_at_barrier_all_vec)
+
+
+def _engine_fault():
+    """An unexpected exception inside the engine becomes an ENGINE_FAULT CQE with the traceback; the engine lives
+    on and the next WQE runs."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 8), np.int64, name="dst")
+    src = shmemx.array(np.arange(8), name="src")
+    engine = runtime().udma.engine
+    run = engine._run
+
+    def broken(w, target):
+        engine._run = run
+        raise ZeroDivisionError("injected")
+
+    engine._run = broken
+    shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
+    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected exception in the DMA engine") as info:
+        shmemx.aclshmemx_udma_quiet(nxt)
+    assert info.value.cqe.status == CqeStatus.ENGINE_FAULT and "ZeroDivisionError: injected" in str(info.value)
+    shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert (dst[(me - 1) % n] == np.arange(8)).all()
+    shmemx.finalize()
+
+
+def test_engine_exception_becomes_an_error_cqe(run_ok):
+    run_ok(2, _engine_fault)
+
+
+# --- bad input is rejected before anything is posted -----------------------------------------------------------
+
+
+def _bad_input():
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init(heap_size="300M")
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros(64, np.int32, name="dst")
+    big = shmemx.empty(257 << 20, np.uint8, name="big", prefault=False)  # sparse: never touched
+    gone = shmemx.zeros(8, np.int32, name="gone")
+    shmemx.aclshmem_free(gone)
+    src = np.arange(64, dtype=np.int32)
+    put, get = shmemx.aclshmemx_udma_qp_put_nbi, shmemx.aclshmemx_udma_qp_get_nbi
+    P, G = "aclshmemx_udma_qp_put_nbi", "aclshmemx_udma_qp_get_nbi"
+    cases = [
+        (lambda: put(dst, src, 4, n, 1), ValueError, f"{P} to pe {n} qp 1: pe {n} out of range 0..{n - 1}"),
+        (lambda: put(dst, src, 4, -1, 0), ValueError, f"{P} to pe -1 qp 0: pe -1 out of range"),
+        (lambda: put(dst, src, 4, nxt, 2), ValueError, f"{P} to pe {nxt}: qp_idx 2 out of range 0..1 .qp_num is 2"),
+        (lambda: put(dst, src, 4, me, 1), ValueError, f"{P} to itself .pe {me} qp 1.: UDMA to the own PE"),
+        (lambda: put(src, src, 4, nxt, 1), ValueError, f"{P} to pe {nxt} qp 1: dst must be a heap array"),
+        (lambda: get(src, src, 4, nxt, 1), ValueError, f"{G} to pe {nxt} qp 1: src must be a heap array"),
+        (lambda: put(gone, src, 4, nxt, 1), ValueError,
+         rf"{P} to pe {nxt} qp 1: dst must be a heap array .*: dst \(pe {me} heap 0x[0-9a-f]+\.\.0x[0-9a-f]+\) is not "
+         rf"inside a live heap allocation"),
+        (lambda: put(big, np.empty(257 << 20, np.uint8), 257 << 20, nxt, 1), ValueError,
+         f"{P} to pe {nxt} qp 1: 269484032 B is over the 256 MiB limit of one UDMA request"),
+        (lambda: put(dst, src.astype(np.int64), 4, nxt, 1), TypeError,
+         rf"{P} to pe {nxt} qp 1: dtype mismatch \(dst int32, src int64\)"),
+        (lambda: put(dst[::2], src, 4, nxt, 1), ValueError, f"{P} to pe {nxt} qp 1: dst must be C-contiguous"),
+        (lambda: get(src[::2], dst, 4, nxt, 1), ValueError, f"{G} to pe {nxt} qp 1: dst must be C-contiguous"),
+        (lambda: put(dst, src, 65, nxt, 1), ValueError, f"{P} to pe {nxt} qp 1: nelems 65 but dst has only 64"),
+        (lambda: put(dst, src, -1, nxt, 1), ValueError, f"{P} to pe {nxt} qp 1: nelems must be a non-negative"),
+        (lambda: put(dst, [1, 2], 2, nxt, 1), TypeError, f"{P} to pe {nxt} qp 1: src must be a numpy array"),
+        (lambda: put(dst, shmemx.aclshmem_ptr(dst, nxt), 4, nxt, 1), ValueError,
+         f"{P} to pe {nxt} qp 1 local array is pe {nxt}'s heap memory; it must be local"),
+        (lambda: get(np.frombuffer(bytes(256), np.int32), dst, 4, nxt, 1), ValueError,
+         f"{G} to pe {nxt} qp 1 local array is read-only"),
+        (lambda: put(dst, src, 4, nxt, 1, config=0x20), TypeError, f"{P}: config must be an OpConfig"),
+        (lambda: shmemx.aclshmemx_udma_qp_quiet(nxt, 5), ValueError, f"aclshmemx_udma_qp_quiet to pe {nxt}: qp_idx 5"),
+        (lambda: shmemx.aclshmemx_udma_quiet(me), ValueError, "aclshmemx_udma_quiet to itself"),
+    ]
+    queues = [shmemx.aclshmemx_udma_raw_queue(p, q) for p in range(n) if p != me for q in range(2)]
+    for call, kind, pattern in cases:
+        with pytest.raises(kind, match=f"^pe {me}: {pattern}"):
+            call()
+        assert all(q.head == 0 and q.cqe_cnt == 0 for q in queues), f"posted despite {pattern!r}"
+    shmemx.aclshmem_barrier_all()
+    del big
+    shmemx.finalize()
+
+
+def test_bad_input_is_rejected_before_posting(run_ok):
+    run_ok(2, _bad_input)
+
+
+# --- what does and does not complete UDMA work ------------------------------------------------------------------
+
+
+def _generic_quiet_does_not_complete_udma():
+    """With this PE's engine held, aclshmem_quiet / aclshmem_fence / barrier_all return at once and the puts are
+    still not done; udma_quiet(pe) covers QP 0 only; only the UDMA quiets complete the work."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 2, 1024), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(2048)).reshape(2, 1024), name="src")
+    peer = shmemx.aclshmem_ptr(dst, nxt)[me]
+    shmemx.aclshmem_barrier_all()
+    engine = runtime().udma.engine
+    engine.pause()
+    shmemx.aclshmemx_udma_qp_put_nbi(dst[me, 0], src[0], 1024, nxt, 0)
+    shmemx.aclshmemx_udma_qp_put_nbi(dst[me, 1], src[1], 1024, nxt, 1)
+    shmemx.aclshmem_quiet()
+    shmemx.aclshmem_fence()
+    shmemx.aclshmemx_mte_quiet()
+    shmemx.aclshmem_barrier_all()
+    q0, q1 = shmemx.aclshmemx_udma_raw_queue(nxt, 0), shmemx.aclshmemx_udma_raw_queue(nxt, 1)
+    assert not peer.any() and q0.cq_ctx["tail"] == 0 and q1.cq_ctx["tail"] == 0
+    shmemx.aclshmemx_udma_qp_put_nbi(dst[me, 1], src[1], 0, nxt, 1)  # zero length: nothing posted
+    # QP 1 alone is outstanding (QP 0 drained below first): udma_quiet(pe) does not wait for it
+    engine.resume()
+    shmemx.aclshmemx_udma_quiet(nxt)
+    np.testing.assert_array_equal(peer[0], src[0])
+    engine.pause()
+    shmemx.aclshmemx_udma_qp_put_nbi(dst[me, 1], src[0], 1024, nxt, 1)
+    shmemx.aclshmemx_udma_quiet(nxt)  # returns: QP 0 has nothing outstanding
+    assert q1.cqe_cnt == 2 and q1.cq_ctx["tail"] <= 1
+    engine.resume()
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 1)
+    assert q1.cq_ctx["tail"] == 2
+    np.testing.assert_array_equal(peer[1], src[0])
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_generic_quiet_fence_and_barrier_do_not_complete_udma_work(run_ok):
+    run_ok(2, _generic_quiet_does_not_complete_udma)
+
+
+# --- defer / submit batching ---------------------------------------------------------------------------------
+
+
+def _defer_submit():
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    rows = 40
+    dst = shmemx.zeros((rows, 16), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(rows * 16)).reshape(rows, 16), name="src")
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    shmemx.aclshmem_barrier_all()
+    for k in range(50):  # move the head to 50, so that a batch of 30 wraps (slots 50..63, then 0..15)
+        shmemx.aclshmemx_udma_put_nbi(dst[0], src[0], 16, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    state = shmemx.aclshmemx_submit_state_t()
+    ub = np.zeros(64 * 30, np.uint8)
+    for k in range(29):
+        shmemx.aclshmemx_udma_put_nbi(dst[k + 1], src[k + 1], 16, nxt, batch=shmemx.aclshmemx_defer_t(state), buf=ub)
+        assert state.pending_count == k + 1 and q.head == 50  # staged only
+    cqes = q.cqe_cnt
+    shmemx.aclshmemx_udma_put_nbi(dst[30], src[30], 16, nxt, batch=shmemx.aclshmemx_submit_t(state), buf=ub)
+    assert state.pending_count == 0 and q.head == 80 and q.cqe_cnt == cqes + 1  # one CQE for the batch
+    slots = np.arange(50, 80) % 64
+    flags = q.sq[slots, 2].tolist()
+    assert flags == [0x00] * 29 + [0x20], flags  # deferred WQEs carry no CQE, the submit WQE does
+    assert ub.tobytes() == q.sq[slots].tobytes()  # the staging buffer holds the batch as posted
+    tail = int(q.cq_ctx["tail"])
+    shmemx.aclshmemx_udma_quiet(nxt)
+    assert q.cq_ctx["tail"] == tail + 1 and q.wq_ctx["tail"] == 80
+    # a batch of gets (no buf: staged in the state)
+    back = np.zeros((10, 16), np.int64)
+    for k in range(9):
+        shmemx.aclshmemx_udma_get_nbi(back[k], src[k], 16, nxt, batch=shmemx.aclshmemx_defer_t(state))
+    shmemx.aclshmemx_udma_get_nbi(back[9], src[9], 16, nxt, batch=shmemx.aclshmemx_submit_t(state))
+    shmemx.aclshmemx_udma_quiet(nxt)
+    np.testing.assert_array_equal(back, _stamp(nxt, (nxt + 1) % n, np.arange(160)).reshape(10, 16))
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst[:31], _stamp(prev, me, np.arange(31 * 16)).reshape(31, 16))
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_defer_submit_batches(run_ok):
+    run_ok(3, _defer_submit)
+
+
+def _defer_submit_contract():
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, other = (me + 1) % n, (me + 2) % n
+    dst = shmemx.zeros((64, 4), np.int32, name="dst")
+    src = np.ones((64, 4), np.int32)
+    defer, submit = shmemx.aclshmemx_defer_t, shmemx.aclshmemx_submit_t
+    P = "aclshmemx_udma_qp_put_nbi"
+    state = shmemx.aclshmemx_submit_state_t()
+    put = shmemx.aclshmemx_udma_qp_put_nbi
+    put(dst[0], src[0], 4, nxt, 0, batch=defer(state))
+    same = f"pe {me}: {P} to pe {nxt} qp 1: every call of a defer/submit batch must use the same op kind, PE, QP"
+    for call, kind, pattern in [
+        (lambda: put(dst[1], src[1], 4, nxt, 1, batch=defer(state)), ValueError, same),
+        (lambda: put(dst[1], src[1], 4, other, 0, batch=defer(state)), ValueError, "the same op kind, PE, QP"),
+        (lambda: shmemx.aclshmemx_udma_qp_get_nbi(src[1], dst[1], 4, nxt, 0, batch=defer(state)), ValueError,
+         "the same op kind, PE, QP"),
+        (lambda: put(dst[1], src[1], 4, nxt, 0, batch=defer(state), buf=np.zeros(128, np.uint8)), ValueError,
+         "and buf"),
+        (lambda: put(dst[1], src[1], 4, nxt, 0, batch=defer(state), config=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_SO),
+         ValueError, "a defer call needs a config with cqe=0"),
+        (lambda: put(dst[1], src[1], 4, nxt, 0, batch=submit(state), config=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE),
+         ValueError, "a submit call needs a config with cqe=1"),
+        (lambda: put(dst[1], src[1], 4, nxt, 0, batch=state), TypeError, "batch= takes aclshmemx_defer_t"),
+        (lambda: defer(object()), TypeError, "aclshmemx_defer_t takes an aclshmemx_submit_state_t"),
+        (lambda: shmemx.aclshmemx_udma_put_signal_nbi(dst[1], src[1], 4, dst[:2].view(np.uint64), 1, nxt,
+                                                      batch=defer(state)), TypeError, "batch"),
+    ]:
+        with pytest.raises(kind, match=pattern):
+            call()
+        assert state.pending_count == 1, pattern  # a refused call leaves the batch as it was
+    assert all(shmemx.aclshmemx_udma_raw_queue(p, q).head == 0 for p in range(n) if p != me for q in range(2))
+    for k in range(1, 53):
+        put(dst[k], src[k], 4, nxt, 0, batch=defer(state))
+    with pytest.raises(ValueError, match="54 WQEs in one batch do not fit an SQ of depth 64"):
+        put(dst[53], src[53], 4, nxt, 0, batch=submit(state))
+    assert state.pending_count == 53 and shmemx.aclshmemx_udma_raw_queue(nxt, 0).head == 0
+    fresh = shmemx.aclshmemx_submit_state_t()
+    for k in range(52):
+        put(dst[k], src[k], 4, nxt, 0, batch=defer(fresh))
+    put(dst[52], src[52], 4, nxt, 0, batch=submit(fresh))  # 53 WQEs + the 10-BB guard < 64
+    assert shmemx.aclshmemx_udma_raw_queue(nxt, 0).head == 53
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 0)
+    s2 = shmemx.aclshmemx_submit_state_t()
+    small_ub = np.zeros(128, np.uint8)
+    with pytest.raises(ValueError, match=r"buf must be a uint8 array of at least 64 \* 3 bytes"):
+        for k in range(3):
+            put(dst[k], src[k], 4, nxt, 0, batch=defer(s2), buf=small_ub)
+    assert s2.pending_count == 2
+    shmemx.aclshmem_barrier_all()
+    assert (dst[:53] == 1).all()
+    shmemx.finalize()
+
+
+def test_defer_submit_contract_violations(run_ok):
+    run_ok(3, _defer_submit_contract)
+
+
+# --- kernel launch -----------------------------------------------------------------------------------------------
+
+
+def _launch_basics(block_dim: int):
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    assert (shmemx.get_block_idx(), shmemx.get_block_num()) == (0, 1)  # the main thread outside a launch
+    shmemx.sync_all()  # a no-op outside a launch
+    seen = np.full(block_dim, -1)
+    arrived = np.zeros(block_dim, bool)
+    ubs = [None] * block_dim
+    counter = shmemx.zeros(2, np.int64, name="counter")
+
+    def kernel(scale):
+        b = shmemx.get_block_idx()
+        assert shmemx.get_block_num() == block_dim
+        seen[b] = b * scale
+        arrived[b] = True
+        shmemx.sync_all()
+        assert arrived.all(), "a block left sync_all before every block arrived"
+        ub = shmemx.get_ub()
+        assert ub.dtype == np.uint8 and ub.shape == (UB_SIZE,)
+        assert shmemx.get_ub() is ub and shmemx.get_ub(128).base is ub
+        ub[:8] = b
+        ubs[b] = ub
+        shmemx.sync_all()
+        arrived[b] = False
+        # every block of every PE adds 1 on pe 0, then all meet
+        shmemx.aclshmemx_signal_op(counter[:1], 1, shmemx.ACLSHMEM_SIGNAL_ADD, 0)
+        shmemx.aclshmemx_barrier_all_vec()
+        assert shmemx.aclshmem_ptr(counter, 0)[0] == n * block_dim
+        shmemx.aclshmemx_sync_vec_all()
+        shmemx.aclshmemx_signal_op(counter[:1], 1, shmemx.ACLSHMEM_SIGNAL_ADD, 0)
+        shmemx.aclshmemx_sync_vec_all()
+        assert shmemx.aclshmem_ptr(counter, 0)[0] == 2 * n * block_dim
+
+    shmemx.launch(kernel, block_dim, 3)
+    assert seen.tolist() == [3 * b for b in range(block_dim)]
+    addresses = {ub.__array_interface__["data"][0] for ub in ubs}
+    assert len(addresses) == block_dim and all((ub[:8] == b).all() for b, ub in enumerate(ubs))
+    with pytest.raises(ValueError, match=r"UB scratch is \d+ B, asked for"):
+        shmemx.get_ub(1 << 30)
+    for bad in (0, 129, True, 2.0):
+        with pytest.raises(ValueError, match=f"pe {me}: launch: block_dim {bad!r} out of range 1..128"):
+            shmemx.launch(kernel, bad, 1)
+
+    def nested():
+        shmemx.launch(kernel, 1, 1)
+
+    with pytest.raises(RuntimeError, match="kernels cannot launch kernels"):
+        shmemx.launch(nested, 1)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n, block_dim", [(2, 1), (2, 4), (4, 3), (8, 2)])
+def test_launch_block_idx_sync_all_ub_and_barrier_all_vec(run_ok, n, block_dim):
+    run_ok(n, _launch_basics, block_dim)
+
+
+class _Boom(Exception):
+    pass
+
+
+def _launch_exception():
+    shmemx.init()
+    me = shmemx.my_pe()
+
+    def kernel():
+        if shmemx.get_block_idx() == 2:
+            raise _Boom(f"block 2 of pe {me}")
+        shmemx.sync_all()  # the other blocks are released (BrokenBarrierError), not stuck
+
+    with pytest.raises(_Boom, match=f"block 2 of pe {me}") as info:
+        shmemx.launch(kernel, 4)
+    assert info.value.__notes__ == [f"(raised in AIV block 2 of 4 on pe {me})"]
+    shmemx.launch(lambda: shmemx.sync_all(), 4)  # the next launch is clean
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_exception_in_a_block_propagates_with_the_block_named(run_ok):
+    run_ok(2, _launch_exception)
+
+
+# --- one submitter per (peer, qp) -------------------------------------------------------------------------------
+
+
+def _one_submitter():
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    dst = shmemx.zeros((8, 16), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(8 * 16)).reshape(8, 16), name="src")
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+
+    def kernel():
+        b = shmemx.get_block_idx()
+        if b == 0:
+            shmemx.aclshmemx_udma_put_nbi(dst[0], src[0], 16, nxt)  # block 0 now submits to (nxt, qp 0)
+        shmemx.sync_all()
+        if b == 1:
+            head = q.head
+            with pytest.raises(shmemx.SubmitterError) as info:
+                shmemx.aclshmemx_udma_put_nbi(dst[1], src[1], 16, nxt)
+            text = str(info.value)
+            assert text.startswith(f"pe {me}: aclshmemx_udma_put_nbi to pe {nxt} qp 0: the send queue is in use by "
+                                   f"block 0, which has 1 BBs posted and not yet quieted; block 1 may not post"), text
+            assert q.head == head  # nothing posted
+            with pytest.raises(shmemx.SubmitterError, match="in use by block 0"):
+                shmemx.aclshmemx_udma_atomic_fetch_add(dst[7, :1], 1, nxt)  # atomics use QP 0 too
+            shmemx.aclshmemx_udma_qp_put_nbi(dst[2], src[2], 16, nxt, 1)  # another QP is free
+            shmemx.aclshmemx_udma_qp_quiet(nxt, 1)
+        shmemx.sync_all()
+        if b == 0:
+            shmemx.aclshmemx_udma_quiet(nxt)  # hands the queue over
+        shmemx.sync_all()
+        if b == 1:
+            shmemx.aclshmemx_udma_put_nbi(dst[3], src[3], 16, nxt)
+            shmemx.aclshmemx_udma_quiet(nxt)
+            shmemx.aclshmemx_udma_put_nbi(dst[4], src[4], 16, nxt)  # left outstanding at the end of the launch
+        shmemx.sync_all()
+
+    shmemx.launch(kernel, 2)
+    # the launch ended: its blocks' claims are released, so the main thread may take the queue over
+    shmemx.aclshmemx_udma_put_nbi(dst[5], src[5], 16, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    for row in (0, 2, 3, 4, 5):
+        np.testing.assert_array_equal(dst[row], _stamp(prev, me, np.arange(16 * row, 16 * row + 16)))
+    assert not dst[1].any() and not dst[6:].any()
+    shmemx.finalize()
+
+
+def test_one_submitter_per_queue(run_ok):
+    run_ok(2, _one_submitter)
+
+
+def _submitter_from_main_thread():
+    """The main thread counts as block 0 outside a launch: a block that posts to a queue the main thread left
+    un-quieted is refused too."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros(16, np.int64, name="dst")
+    shmemx.aclshmemx_udma_put_nbi(dst, np.ones(16, np.int64), 16, nxt)
+
+    def kernel():
+        if shmemx.get_block_idx() == 1:
+            with pytest.raises(shmemx.SubmitterError, match="in use by block 0, which has 1 BBs posted"):
+                shmemx.aclshmemx_udma_put_nbi(dst, np.ones(16, np.int64), 16, nxt)
+
+    shmemx.launch(kernel, 2)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.launch(lambda: shmemx.get_block_idx() == 1 and shmemx.aclshmemx_udma_quiet(nxt), 2)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_one_submitter_main_thread_and_blocks(run_ok):
+    run_ok(2, _submitter_from_main_thread)
+
+
+# --- multi-QP --------------------------------------------------------------------------------------------------
+
+
+def _multi_qp(qp_num: int):
+    """One block per QP, each sending its slice to every other PE on its own QP (as udma_qp_demo does); the
+    tables hold one record per (peer, qp) at slot * qp_num + qp."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, qp_num)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    m = 512
+    dst = shmemx.zeros((n, qp_num, m), np.int64, name="dst")
+    sig = shmemx.zeros((n, qp_num), np.uint64, name="sig")
+    src = shmemx.array(_stamp(me, 0, np.arange(qp_num * m)).reshape(qp_num, m), name="src")
+    shmemx.aclshmem_barrier_all()
+
+    def kernel():
+        qp = shmemx.get_block_idx()
+        for p in _others(me, n):
+            shmemx.aclshmemx_udma_qp_put_nbi(dst[me, qp, : m // 2], src[qp, : m // 2], m // 2, p, qp)
+            shmemx.aclshmemx_udma_qp_put_signal_nbi(dst[me, qp, m // 2:], src[qp, m // 2:], m // 2,
+                                                    sig[me, qp:qp + 1], (me + 1) << 32 | (qp + 1), p, qp)
+        for p in _others(me, n):
+            shmemx.aclshmemx_udma_qp_quiet(p, qp)
+            raw = shmemx.aclshmemx_udma_raw_queue(p, qp)
+            assert raw.cqe_cnt == 2 and raw.wq_ctx["tail"] == 3  # 1 + 2 BBs, both retired
+
+    shmemx.launch(kernel, qp_num)
+    shmemx.aclshmem_barrier_all()
+    for p in _others(me, n):
+        np.testing.assert_array_equal(dst[p], _stamp(p, 0, np.arange(qp_num * m)).reshape(qp_num, m))
+        assert sig[p].tolist() == [(p + 1) << 32 | (q + 1) for q in range(qp_num)]
+    seg = runtime().udma.seg
+    for p in _others(me, n):
+        recs = seg.remote_mem_info[p * qp_num:(p + 1) * qp_num]
+        assert len(set(recs["tpn"].tolist())) == qp_num and len(set(recs["tid"].tolist())) == 1
+        assert len(set(seg.wq_ctx[p * qp_num:(p + 1) * qp_num]["buf_addr"].tolist())) == qp_num
+    assert not seg.remote_mem_info[me * qp_num:(me + 1) * qp_num]["tpn"].any()  # the self slot stays zero
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n, qp_num", [(2, 4), (4, 2), (3, 32)])
+def test_multi_qp_one_block_per_qp(run_ok, n, qp_num):
+    run_ok(n, _multi_qp, qp_num)
+
+
+# --- the raw WQE path -------------------------------------------------------------------------------------------
+
+
+def _raw_path(batches: int, count: int):
+    """Reserve N slots, write N WQEs built in one numpy operation, ring once, poll; the batches wrap the ring."""
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    m = 8
+    dst = shmemx.zeros((batches, count, m), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(batches * count * m)).reshape(batches, count, m), name="src")
+    local = _stamp(me, nxt, np.arange(batches * count * m)).reshape(batches, count, m) + 7  # a registered array
+    back = np.zeros((batches, count, m), np.int64)
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    assert repr(q).startswith(f"RawQueue(pe {me} -> pe {nxt} qp 0")
+    step = np.arange(count, dtype=np.uint64) * np.uint64(8 * m)
+    for b in range(batches):
+        flags = np.where(np.arange(count) % 4 == 3, 0x20, 0x00).astype(np.uint64)
+        flags[-1] = 0x20
+        head = q.reserve(count)
+        wqes = q.build_writes(rmt_va=q.remote_va(dst[b]) + step, sge_len=8 * m, sge_va=q.local_va(src[b]) + step,
+                              flag=flags)
+        end = q.write(head, wqes)
+        assert end == head + count
+        q.ring_doorbell(end, cqes=int((flags & 0x20 != 0).sum()))
+        assert q.wq_ctx["head"] == end
+        q.poll()
+        assert q.cq_ctx["tail"] == q.cqe_cnt and q.wq_ctx["tail"] == end
+    head = q.reserve(count)  # reads into a registered local array
+    q.write(head, q.build_writes(rmt_va=q.remote_va(src[0]) + step, sge_len=8 * m,
+                                 sge_va=q.local_va(back[0], writable=True) + step, opcode=Opcode.READ))
+    q.ring_doorbell(head + count, cqes=count)
+    q.poll()
+    np.testing.assert_array_equal(back[0], _stamp(nxt, (nxt + 1) % n, np.arange(count * m)).reshape(count, m))
+    del local
+    assert q.head == (batches + 1) * count and q.head > q.depth  # wrapped
+    with pytest.raises(ValueError, match="60 BBs do not fit a send queue of depth 64"):
+        q.reserve(60)
+    with pytest.raises(ValueError, match="reserve.. the room first"):
+        q.ring_doorbell(q.head + 60)
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst, _stamp(prev, me, np.arange(batches * count * m)).reshape(batches, count, m))
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_raw_path_reserve_write_ring_poll_with_wrap(run_ok, n):
+    run_ok(n, _raw_path, 3, 40)
+
+
+def _mixed_batch():
+    """WRITE, WRITE_WITH_NOTIFY and FAA interleaved on one QP, written into the ring (wrapping) and rung once:
+    they execute in program order (only order gives the final values checked)."""
+    shmemx.init(sq_depth=32)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    word = shmemx.zeros(2, np.int64, name="word")
+    sig = shmemx.zeros(2, np.uint64, name="sig")
+    payload = shmemx.zeros(16, np.int64, name="payload")
+    vals = shmemx.array(np.array([100, 200, 9, 0], np.int64), name="vals")
+    body = shmemx.array(_stamp(me, nxt, np.arange(16)), name="body")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    for _ in range(30):  # move the head to 30: the batch of 10 BBs wraps, the first FAA straddles slots 31 and 0
+        shmemx.aclshmemx_udma_put_nbi(word[1:], vals[3:], 1, nxt)
+        shmemx.aclshmemx_udma_quiet(nxt)
+    rmi = q.remote_mem_info
+    amo = int(q.wq_ctx["amo_addr"])
+    notify = dict(notify_tid=int(rmi["tid"]), notify_token=int(rmi["rmt_token_value"]),
+                  notify_va=q.remote_va(sig[:1]))
+    wqes = [
+        q.build(Opcode.WRITE, 0x00, q.remote_va(word[:1]), sge_len=8, sge_va=q.local_va(vals[0:1])),  # = 100
+        q.build(Opcode.FAA, 0x00, q.remote_va(word[:1]), sge_len=8, sge_va=amo, operand=7),  # 107
+        q.build(Opcode.WRITE_WITH_NOTIFY, 0x00, q.remote_va(payload), sge_len=128, sge_va=q.local_va(body),
+                notify_value=5, **notify),
+        q.build(Opcode.WRITE, 0x00, q.remote_va(sig[:1]), sge_len=8, sge_va=q.local_va(vals[2:3])),  # sig = 9
+        q.build(Opcode.FAA, 0x20, q.remote_va(word[:1]), sge_len=8, sge_va=amo, operand=1),  # 108, fetch 107
+        q.build(Opcode.WRITE, 0x00, q.remote_va(word[1:]), sge_len=8, sge_va=q.local_va(vals[1:2])),  # = 200
+        q.build(Opcode.NOP, 0x20, 0),
+    ]
+    blob = b"".join(wqes)
+    bbs = len(blob) // 64
+    head = q.reserve(bbs)
+    assert head == 30 and bbs == 10
+    q.ring_doorbell(q.write(head, blob), cqes=2)
+    assert bytes(q.sq[31]) == wqes[1][:64] and bytes(q.sq[0]) == wqes[1][64:]
+    q.poll()
+    assert int(runtime().udma.qp(nxt, 0).amo[0]) == 107  # the fetched value of the last FAA
+    shmemx.aclshmem_barrier_all()
+    assert word.tolist() == [108, 200] and sig[0] == 9
+    np.testing.assert_array_equal(payload, _stamp(prev, me, np.arange(16)))
+    shmemx.finalize()
+
+
+def test_mixed_batch_executes_in_order(run_ok):
+    run_ok(2, _mixed_batch)
