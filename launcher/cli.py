@@ -24,8 +24,13 @@ def main() -> None:
 @click.option("--tag-output/--no-tag-output", default=True, show_default=True,
               help="Prefix every output line with [pe N].")
 @click.option("-m", "module", default=None, metavar="MODULE", help="Run a module as a script (like python -m).")
+@click.option("--trace", "trace", default=None, metavar="FILE",
+              help="Record every WQE, wait, barrier and region; write Chrome trace-event JSON (Perfetto) to FILE.")
+@click.option("--stats", is_flag=True, help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
+@click.option("--dump-dir", default=None, metavar="DIR",
+              help="Where the post-mortem dump goes on a timeout or failure (default $SHMEMX_DUMP_DIR or .).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -38,8 +43,121 @@ def run(n, heap_size, timeout, tag_output, module, target_and_args) -> None:
     else:
         target, args = module, target_and_args
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
-                  tag_output=tag_output)
+                  tag_output=tag_output, trace=trace, stats=stats, dump_dir=dump_dir)
     sys.exit(code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (a list of jobs).")
+def ps(as_json) -> None:
+    """List the shmemx jobs on this machine (from /dev/shm/shmemx_*_ctl); 'stale' = the launcher is gone."""
+    import json
+    import time
+
+    from shmemx.inspect import list_jobs
+
+    jobs = list_jobs()
+    if as_json:
+        click.echo(json.dumps(jobs, indent=1))
+        return
+    if not jobs:
+        click.echo("no shmemx jobs")
+        return
+    rows = [("JOB", "PES", "STATE", "STARTED", "AGE", "LAUNCHER", "SHM", "PE STATUS", "SCRIPT")]
+    now = time.time()
+    for j in jobs:
+        started = time.strftime("%H:%M:%S", time.localtime(j["start_time"])) if j["start_time"] else "-"
+        age = _age(now - j["start_time"]) if j["start_time"] else "-"
+        launcher = f"{j['launcher_pid']}" + (" (stale)" if j["stale"] else "") if j["launcher_pid"] else "stale"
+        statuses = ",".join(f"{v} {k.lower()}" for k, v in j["pes"].items()) or "-"
+        rows.append((j["job"], str(j["n_pes"] or "-"), j["state"].lower(), started, age, launcher,
+                     _size(j["bytes"]), statuses, j["script"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if nbytes < 1024 or unit == "G":
+            return f"{nbytes:.0f}{unit}" if unit == "B" else f"{nbytes:.1f}{unit}"
+        nbytes /= 1024
+    return str(nbytes)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("job", required=False)
+@click.option("--stale", is_flag=True, help="Remove the segments of every job whose launcher is gone.")
+@click.option("--force", is_flag=True, help="Remove JOB's segments even though its launcher is alive.")
+def clean(job, stale, force) -> None:
+    """Remove a dead job's shared memory (/dev/shm/shmemx_<job>_*); the launcher normally does it itself."""
+    from shmemx.inspect import clean_job, find_job, list_jobs
+
+    if (job is None) == (not stale):
+        raise click.UsageError("give a JOB or --stale (shmemx ps lists the jobs)")
+    if stale:
+        jobs = [j["job"] for j in list_jobs() if j["stale"]]
+    else:
+        try:
+            jobs = [find_job(job)]
+        except LookupError as exc:
+            raise click.ClickException(str(exc)) from None
+    if not jobs:
+        click.echo("no stale jobs")
+    for j in jobs:
+        try:
+            removed = clean_job(j, force=force)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"job {j}: removed {len(removed)} segments")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("job", required=False)
+@click.option("--pe", "pes", type=int, multiple=True, metavar="P", help="Only PE P (repeatable).")
+@click.option("--peer", "peers", type=int, multiple=True, metavar="Q", help="Only queues to peer Q (repeatable).")
+@click.option("--qp", "qps", type=int, multiple=True, metavar="K", help="Only QP index K (repeatable).")
+@click.option("--all-queues", is_flag=True, help="List idle queues too (default: only queues with work in flight).")
+@click.option("--limit", type=int, default=None, metavar="N",
+              help="WQEs and CQEs listed per queue (default 64; -1 = all). Counts are always complete.")
+@click.option("--json", "as_json", is_flag=True, help="Print the dump as one JSON document (schema in the README).")
+@click.option("--file", "path", default=None, metavar="F", type=click.Path(exists=True, dir_okay=False),
+              help="Read a saved dump (e.g. the launcher's post-mortem shmemx-dump-<job>.json) instead of a job.")
+def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
+    """Show every SQ, CQ, wait and allocation of a running JOB (read-only; default: the one live job)."""
+    import json
+
+    from shmemx import dump as dumps
+    from shmemx.inspect import JobReader, find_job
+
+    sel = {"pes": set(pes) or None, "peers": set(peers) or None, "qps": set(qps) or None}
+    if path is not None:
+        if job is not None:
+            raise click.UsageError("give a JOB or --file, not both")
+        try:
+            doc = dumps.load(path)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        try:
+            job_id = find_job(job)
+            reader = JobReader.attach(job_id)
+        except (LookupError, FileNotFoundError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            doc = dumps.snapshot(reader, pes=sel["pes"], peers=sel["peers"], qps=sel["qps"], all_queues=all_queues,
+                                 limit=dumps.DEFAULT_LIMIT if limit is None else limit)
+        finally:
+            reader.close()
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(dumps.render(doc, **sel), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
