@@ -9,6 +9,14 @@ line by line with a ``[pe N]`` tag, and returns the job's exit status:
   uncaught exception; 128 + n for a rank killed by signal n, reported by the signal's name);
 * 124 when ``timeout`` passed (after printing what every PE waits on); 130 on Ctrl-C, 143 on SIGTERM.
 
+Post-mortem: when the job times out or a rank fails (an uncaught exception such as a ``CompletionError`` from an
+error CQE, a non-zero exit, a signal), the launcher first prints a short diagnosis (who waits on what, which
+queues hold WQEs the engine has not executed, which are in error), then writes the full dump of every queue,
+wait and allocation as JSON (``shmemx-dump-<job>.json`` in ``dump_dir``, ``$SHMEMX_DUMP_DIR`` or the current
+directory; ``shmemx dump --file`` reads it), all before it stops the other ranks and removes the segments.
+With ``trace=`` it merges the ranks' trace parts into one Chrome trace-event file, with ``stats=True`` it prints
+every PE's counters (``stats.JobStats.table``), both after the ranks ended and before the segments go.
+
 When one rank fails, the others are stopped (SIGTERM, then SIGKILL after 2 s) and the launcher says which rank
 failed and why. The launcher owns the job's segments: whatever way the job ends, every ``shmemx_<job>_*`` file is
 removed before ``launch`` returns (only a SIGKILL of the launcher itself can leave them; ``shmemx clean``
@@ -23,8 +31,10 @@ import os
 import runpy
 import secrets
 import selectors
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -37,6 +47,7 @@ from shmemx.control import Control, JobState, PeStatus
 from shmemx.errors import PeerFailedError
 from shmemx.inspect import JobReader
 from shmemx.segment import remove_job_segments
+from shmemx.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
 
 __all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
@@ -46,6 +57,8 @@ EXIT_TERMINATED = 143
 _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks
 _WAIT_MARGIN = 2.0  # rank waits time out this long after the job timeout, so the launcher reports first
 _PR_SET_PDEATHSIG = 1
+_DIAGNOSIS_LINES = 40  # printed at most; the dump file has everything
+_DUMP_LIMIT = 4096  # WQEs and CQEs per queue in a post-mortem dump
 
 
 def launch(
@@ -60,6 +73,10 @@ def launch(
     env: dict | None = None,
     stdout=None,
     stderr=None,
+    trace: str | None = None,
+    stats: bool = False,
+    dump_dir: str | None = None,
+    dump: bool = True,
 ) -> int:
     """Run ``target`` on ``n`` PEs and return the job's exit status.
 
@@ -73,9 +90,17 @@ def launch(
         tag_output: prefix every output line with ``[pe N]``.
         env: extra environment variables for the ranks.
         stdout, stderr: text streams for the ranks' output and the launcher's messages (default sys's).
+        trace: write a Chrome trace-event JSON of every WQE, wait, barrier and region to this path.
+        stats: print every PE's counters when the job ends.
+        dump_dir: where a post-mortem dump goes (default ``$SHMEMX_DUMP_DIR`` or the current directory).
+        dump: write a post-mortem dump at all (the diagnosis is printed either way).
     """
     job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
               env=env or {}, stdout=stdout, stderr=stderr)
+    job.trace_path = os.path.abspath(trace) if trace else None
+    job.stats = stats
+    job.dump_dir = dump_dir
+    job.dump = dump
     return job.run()
 
 
@@ -126,6 +151,13 @@ class Job:
         self.stopping_since: float | None = None
         self.interrupted: int | None = None  # the first SIGINT / SIGTERM the launcher received
         self._defer_signals = False  # inside a section that a signal must not cut short
+        self.trace_path: str | None = None
+        self.trace_dir: str | None = None
+        self.t0 = time.perf_counter_ns()
+        self.stats = False
+        self.dump_dir: str | None = None
+        self.dump = True
+        self.dump_path: str | None = None  # the post-mortem dump written, if any
 
     # --- the whole run -------------------------------------------------------------------------------------
 
@@ -135,6 +167,8 @@ class Job:
         if self.heap_size is not None:
             self.heap_size = parse_size(self.heap_size)
         handlers = self._install_signal_handlers()
+        if self.trace_path:
+            self.trace_dir = tempfile.mkdtemp(prefix=f"shmemx_{self.job_id}_trace_")
         try:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
@@ -149,6 +183,7 @@ class Job:
             self._defer_signals = True  # a second Ctrl-C must not cut the cleanup short (leaked segments)
             self._reap_all()
             self._drain_all()
+            self._finish_inspection()
             if self.ctl is not None:
                 self.ctl.close()
             remove_job_segments(self.job_id)
@@ -167,6 +202,9 @@ class Job:
             env["SHMEMX_HEAP_SIZE"] = str(self.heap_size)
         if self.timeout:
             env["SHMEMX_TIMEOUT"] = str(self.timeout + _WAIT_MARGIN)
+        if self.trace_dir:
+            env[TRACE_DIR_ENV] = self.trace_dir
+            env[TRACE_T0_ENV] = str(self.t0)
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -271,17 +309,71 @@ class Job:
             why = f"failed with exit code {r.exitcode}" + (f": {error}" if error else "")
         others = len(self._alive())
         self._message(f"pe {r.rank} {why}" + (f"; stopping the other {others} PEs" if others else ""))
+        self._post_mortem(f"pe {r.rank} {why}", "what each PE was doing:")
         self.ctl.header["failed_pe"] = r.rank
         self._stop_all(grace=_KILL_GRACE)
 
     def _report_timeout(self) -> None:
-        self._message(f"job {self.job_id} timed out after {self.timeout:g} s; what each PE waits on:")
+        self._post_mortem(f"timed out after {self.timeout:g} s",
+                          f"job {self.job_id} timed out after {self.timeout:g} s; what each PE waits on:")
+
+    def _post_mortem(self, reason: str, title: str) -> None:
+        """Print the diagnosis, then write the dump (before any rank is stopped or segment removed)."""
+        from shmemx.dump import save, snapshot
+
         reader = JobReader(self.ctl)
         try:
-            for line in reader.diagnosis():
-                self._message("  " + line)
+            doc = snapshot(reader, limit=_DUMP_LIMIT, reason=reason)
         finally:
             reader.close()
+        self._message(title)
+        lines = doc["diagnosis"]
+        for line in lines[:_DIAGNOSIS_LINES]:
+            self._message("  " + line)
+        if len(lines) > _DIAGNOSIS_LINES:
+            self._message(f"  ... {len(lines) - _DIAGNOSIS_LINES} more lines in the dump")
+        if not self.dump:
+            return
+        directory = self.dump_dir or os.environ.get("SHMEMX_DUMP_DIR") or os.getcwd()
+        path = os.path.join(directory, f"shmemx-dump-{self.job_id}.json")
+        try:
+            save(doc, path)
+        except OSError as exc:
+            self._message(f"could not write the dump to {path}: {exc}")
+            return
+        self.dump_path = path
+        relative = os.path.relpath(path)
+        shown = path if relative.startswith("..") else os.path.join(".", relative)
+        self._message(f"dump of every queue, wait and allocation: {shown} (read it with shmemx dump --file)")
+
+    def _finish_inspection(self) -> None:
+        """After the ranks ended: print the counters (--stats) and merge the trace parts (--trace)."""
+        if self.ctl is None:
+            return
+        if self.stats:
+            from shmemx.stats import JobStats
+
+            try:
+                table = JobStats.read(self.job_id, self.n).table()
+            except (OSError, ValueError) as exc:
+                self._message(f"could not read the counters: {exc}")
+            else:
+                self._message(f"counters of job {self.job_id} ({self.n} PEs):")
+                self.err.write(table + "\n")
+                self.err.flush()
+        if self.trace_dir:
+            try:
+                meta = {"job": self.job_id, "n_pes": self.n, "script": self._target_name()}
+                missing = merge_parts(self.trace_path, self.trace_dir, self.n, meta)
+            except OSError as exc:
+                self._message(f"could not write the trace to {self.trace_path}: {exc}")
+            else:
+                note = f" (no events from pe {', '.join(map(str, missing))}: stopped before finalize)" if missing \
+                    else ""
+                self._message(f"trace written to {self.trace_path}{note}; open it in Perfetto (ui.perfetto.dev)")
+            finally:
+                shutil.rmtree(self.trace_dir, ignore_errors=True)
+                self.trace_dir = None
 
     def _message(self, text: str) -> None:
         self.err.write(f"shmemx: {text}\n")

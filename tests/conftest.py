@@ -59,6 +59,18 @@ def _run_ok(n: int, target, *args, **kwargs) -> JobResult:
     return result
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _dumps_in_tmp(tmp_path_factory):
+    """Post-mortem dumps of failing jobs (``shmemx-dump-<job>.json``) go to a temporary folder, not the checkout."""
+    old = os.environ.get("SHMEMX_DUMP_DIR")
+    os.environ["SHMEMX_DUMP_DIR"] = str(tmp_path_factory.mktemp("dumps"))
+    yield
+    if old is None:
+        os.environ.pop("SHMEMX_DUMP_DIR", None)
+    else:
+        os.environ["SHMEMX_DUMP_DIR"] = old
+
+
 @pytest.fixture
 def no_leak():
     """Fail the test if a job started by this pytest process leaves a segment in /dev/shm.
