@@ -1,0 +1,532 @@
+"""``Buffer``: DeepEP's normal-mode API (layout, notify, dispatch fresh and cached, combine) on the UDMA engine.
+
+Every method that moves data is collective: every PE of the job calls it, in the same order, with the same
+buffer settings. A call gets a sequence number (the same on every PE); completion signals carry it, so a signal
+left from an earlier call can never release a later one.
+
+Buffer reuse without barriers (credits): a region a peer writes into (dispatch: notify area, rows and metadata;
+combine: the returned rows) may be written again only after its owner consumed it. When a PE has copied out (or
+reduced) the rows a source sent, it SETs its word in that source's ``credits`` to the call's sequence number
+(``aclshmemx_signal_op``); before a call writes into peers' regions of a kind, the host waits (asleep) until every
+peer's credit for the previous call of that kind arrived. In a dispatch/combine loop the credits are in long
+before they are needed, so the wait costs nothing; it is what makes back-to-back dispatches (fresh then cached)
+safe, where DeepEP's cached notify uses a barrier.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+import shmemx
+
+from .combine import CombineArgs, combine_kernel
+from .dispatch import DispatchArgs, DispatchOutputs, dispatch_kernel
+from .lanes import Lanes
+from .notify import notify_dispatch
+from .routing import DispatchLayout, channel_bounds, channel_counts, check_topk_idx, get_dispatch_layout, \
+    make_send_head
+from .schedule import POLICY_QPS, Schedule, plan_rounds
+from .measure import CallStats
+from .workspace import plan_workspace
+
+__all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
+
+bf16 = ml_dtypes.bfloat16
+_KINDS = {np.dtype(bf16): 0, np.dtype(np.int8): 1, np.dtype(ml_dtypes.float8_e4m3fn): 2}
+GE = shmemx.ACLSHMEM_CMP_GE
+DISPATCH, COMBINE = 0, 1
+
+
+@dataclass(frozen=True)
+class DispatchHandle:
+    """The routing of one dispatch, for cached dispatch and for combine (DeepEP's 6-tuple, typed).
+
+    Attributes:
+        rank_prefix_matrix: ``[P, P] int32``, ``[i][j]`` = tokens sent to j by ranks 0..i (the same on every PE);
+            rows from source i are ``[M[i-1][me], M[i][me])`` of recv_x.
+        channel_prefix_matrix: ``[P, C] int32``, this PE's inclusive prefix over channels of the tokens it sends
+            to each rank.
+        recv_channel_prefix_matrix: ``[P, C] int32``, start of source s's channel c within s's block here.
+        recv_src_idx: ``[num_recv] int32``, source token index of each received row.
+        is_token_in_rank: ``[T, P] bool``, this PE's routing mask.
+        send_head: ``[T, P] int32``, row of token t among the rows sent to rank r, -1 if not sent.
+        num_recv_tokens: rows this PE received.
+        hidden: H of the dispatch.
+    """
+
+    rank_prefix_matrix: np.ndarray
+    channel_prefix_matrix: np.ndarray
+    recv_channel_prefix_matrix: np.ndarray
+    recv_src_idx: np.ndarray
+    is_token_in_rank: np.ndarray
+    send_head: np.ndarray
+    num_recv_tokens: int
+    hidden: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.is_token_in_rank.shape[0]
+
+
+class DispatchResult(NamedTuple):
+    """What ``dispatch`` returns (DeepEP's order, without the event).
+
+    Attributes:
+        recv_x: ``[rows, H] bfloat16``, or a pair (``[rows, H]`` int8 / float8_e4m3fn, ``[rows, H/128] float32``
+            scales). rows = received tokens, or ``num_worst_tokens`` when given (tail zero).
+        recv_topk_idx: ``[rows, K] int64`` local expert index or -1 (None without top-k or when cached).
+        recv_topk_weights: ``[rows, K] float32``, 0 where the index is -1.
+        num_recv_tokens_per_expert_list: per local expert, aligned counts (empty with num_worst_tokens, None when
+            cached).
+        handle: the ``DispatchHandle``.
+    """
+
+    recv_x: object
+    recv_topk_idx: np.ndarray | None
+    recv_topk_weights: np.ndarray | None
+    num_recv_tokens_per_expert_list: list | None
+    handle: DispatchHandle | None
+
+
+class CombineResult(NamedTuple):
+    """``combined_x [T, H] bfloat16`` and ``combined_topk_weights [T, K] float32`` (None without weights)."""
+
+    combined_x: np.ndarray
+    combined_topk_weights: np.ndarray | None
+
+
+class Buffer:
+    """A DeepEP-style communication buffer over the UDMA engine. Collective.
+
+    Args:
+        max_tokens: S, the most tokens a PE passes to one dispatch.
+        hidden: H.
+        num_topk: K, the top-k width of ``topk_idx``.
+        num_experts: E, a multiple of the number of PEs.
+        num_channels: C, AIV blocks (channels) of the dispatch and combine kernels.
+        qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
+            many (``aclshmemx_set_qp_num`` before init).
+        qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
+        server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
+        history: how many recent ``CallStats`` to keep.
+
+    Raises:
+        HeapExhaustedError: the heap cannot hold the workspace; the message names the size needed.
+    """
+
+    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 8,
+                 qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
+                 aggregate: bool = True, server_size: int | None = None, history: int = 16):
+        self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
+        for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
+                                ("num_experts", num_experts, 1), ("num_channels", num_channels, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+                raise ValueError(f"pe {self.me}: moe.Buffer: {name} must be an integer >= {lo}, got {value!r}")
+        if num_experts % self.n_pes:
+            raise ValueError(f"pe {self.me}: moe.Buffer: num_experts {num_experts} is not a multiple of the "
+                             f"{self.n_pes} PEs")
+        if num_channels > 128:
+            raise ValueError(f"pe {self.me}: moe.Buffer: num_channels {num_channels} is over 128 AIV blocks")
+        schedule = Schedule(qp_policy, rotate, aggregate)
+        self.qp_num = schedule.num_qps if qp_num is None else int(qp_num)
+        if not 1 <= self.qp_num <= 32:
+            raise ValueError(f"pe {self.me}: moe.Buffer: qp_num {qp_num!r} out of range 1..32")
+        self.max_tokens, self.hidden, self.num_topk = int(max_tokens), int(hidden), int(num_topk)
+        self.num_experts, self.num_channels = int(num_experts), int(num_channels)
+        self.num_local_experts = self.num_experts // self.n_pes
+        self.server_size = server_size
+        self.layout = plan_workspace(n_pes=self.n_pes, max_tokens=self.max_tokens, hidden=self.hidden,
+                                     num_topk=self.num_topk, num_experts=self.num_experts,
+                                     num_channels=self.num_channels, qp_num=self.qp_num)
+        try:
+            self._block = shmemx.aclshmem_malloc(self.layout.total, name="moe_workspace", prefault=False)
+        except shmemx.HeapExhaustedError as exc:
+            raise shmemx.HeapExhaustedError(
+                f"pe {self.me}: moe.Buffer(max_tokens={max_tokens}, hidden={hidden}, num_topk={num_topk}, "
+                f"num_experts={num_experts}) needs a workspace of {self.layout.total} B "
+                f"({self.layout.total / 2**20:.1f} MiB) on every PE: start the job with a larger --heap-size "
+                f"({exc})") from None
+        self.views = self.layout.views(self._block)
+        self.offsets = {name: r.offset for name, r in self.layout.regions.items()}
+        for name in ("notify_signal", "credits", "signals", "config"):
+            self.views[name][...] = 0
+        self.views["combine_x"][-1] = 0
+        self.views["combine_weights"][-1] = 0
+        try:
+            self.lanes = Lanes(self._block, self.me, self.n_pes, self.qp_num)
+        except ValueError:
+            shmemx.aclshmem_free(self._block)
+            raise
+        self._seq = 0
+        self._last = [0, 0]  # sequence number of the last dispatch / combine
+        self._schedule = schedule
+        self.history: collections.deque = collections.deque(maxlen=history)
+        self.closed = False
+        self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate)
+
+    # --- settings --------------------------------------------------------------------------------------------
+
+    @property
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    def set_schedule(self, *, qp_policy: str | None = None, rotate: bool | None = None,
+                     aggregate: bool | None = None) -> Schedule:
+        """Change the QP policy, rotation or aggregation (collective: every PE the same; checked).
+
+        Raises:
+            ValueError: an unknown policy, one that needs more QPs than ``qp_num``, or PEs that disagree.
+        """
+        self._check_open()
+        old = self._schedule
+        new = Schedule(old.qp_policy if qp_policy is None else qp_policy, old.rotate if rotate is None else rotate,
+                       old.aggregate if aggregate is None else aggregate)
+        if new.num_qps > self.qp_num:
+            raise ValueError(f"pe {self.me}: qp_policy {new.qp_policy!r} needs {POLICY_QPS[new.qp_policy]} QPs "
+                             f"per peer; this Buffer was made with qp_num={self.qp_num}")
+        config = self.views["config"]
+        shmemx.aclshmem_barrier_all()  # nobody still reads the previous code
+        config[0] = new.code
+        shmemx.aclshmem_barrier_all()
+        codes = [int(shmemx.aclshmem_ptr(config, pe)[0]) for pe in range(self.n_pes)]
+        bad = [pe for pe, code in enumerate(codes) if code != new.code]
+        if bad:
+            raise ValueError(f"pe {self.me}: set_schedule: pe {bad[0]} chose [{Schedule.from_code(codes[bad[0]])}], "
+                             f"this pe [{new}]: every pe must use the same schedule")
+        self._schedule = new
+        return new
+
+    @property
+    def last_stats(self) -> CallStats | None:
+        """Measurements of the most recent call on this PE."""
+        return self.history[-1] if self.history else None
+
+    # --- layout ----------------------------------------------------------------------------------------------
+
+    def get_dispatch_layout(self, topk_idx, num_experts: int | None = None) -> DispatchLayout:
+        """``(num_tokens_per_rank [P], num_tokens_per_rdma_rank, num_tokens_per_expert [E], is_token_in_rank
+        [T, P])`` of this PE's routing (local; see ``routing.get_dispatch_layout``)."""
+        return get_dispatch_layout(topk_idx, self.num_experts if num_experts is None else num_experts,
+                                   self.n_pes, server_size=self.server_size)
+
+    # --- dispatch --------------------------------------------------------------------------------------------
+
+    def dispatch(self, x, handle: DispatchHandle | None = None, num_tokens_per_rank=None, is_token_in_rank=None,
+                 num_tokens_per_expert=None, topk_idx=None, topk_weights=None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0) -> DispatchResult:
+        """Send each token to every rank that holds one of its experts (collective).
+
+        Args:
+            x: ``[T, H] bfloat16``, or a pair (``[T, H]`` int8 or float8_e4m3fn, ``[T, ceil(H/128)] float32``
+                scales), T <= max_tokens.
+            handle: a ``DispatchHandle`` of an earlier dispatch with the same routing: skip notify (cached
+                dispatch; top-k arguments must then be None).
+            num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert: the layout (``get_dispatch_layout``);
+                computed from ``topk_idx`` when omitted.
+            topk_idx: ``[T, K] int64`` global experts (-1 = none), K = num_topk; topk_weights: ``[T, K] float32``.
+                Both or neither.
+            expert_alignment: round the per-expert counts up to a multiple of this.
+            num_worst_tokens: > 0: the outputs have exactly this many rows (tail: x 0, topk_idx -1, weights 0)
+                and the per-expert list is empty.
+
+        Returns:
+            ``DispatchResult(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle)``;
+            rows grouped by source rank, in source-token order within a source.
+
+        Raises:
+            ValueError: bad arguments; or, after the exchange completed, more rows arrived on this PE than
+                num_worst_tokens (nothing is truncated; the other PEs are not affected).
+        """
+        self._check_open()
+        start = time.perf_counter()
+        xb, kind, data_dtype, scales, n_tok = self._payload(x)
+        if not isinstance(num_worst_tokens, (int, np.integer)) or num_worst_tokens < 0:
+            raise ValueError(f"pe {self.me}: dispatch: num_worst_tokens must be an integer >= 0, got "
+                             f"{num_worst_tokens!r}")
+        if not isinstance(expert_alignment, (int, np.integer)) or expert_alignment < 1:
+            raise ValueError(f"pe {self.me}: dispatch: expert_alignment must be an integer >= 1, got "
+                             f"{expert_alignment!r}")
+        if handle is not None:
+            return self._cached_dispatch(start, x, xb, kind, data_dtype, scales, n_tok, handle, topk_idx,
+                                         topk_weights, num_worst_tokens)
+        topk_idx, topk_weights = self._topk(n_tok, topk_idx, topk_weights)
+        layout = self._layout(n_tok, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx)
+        seq, credit_wait = self._next(DISPATCH)
+        per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
+        t_notify = time.perf_counter()
+        header = dict(schedule=self._schedule.code, num_tokens=n_tok, row_bytes=xb.shape[1], x_kind=kind,
+                      with_topk=int(topk_idx is not None), num_channels=self.num_channels, num_topk=self.num_topk)
+        note = notify_dispatch(self.views, self.me, self.n_pes, seq, num_tokens_per_rank=layout.num_tokens_per_rank,
+                               num_tokens_per_expert=layout.num_tokens_per_expert, channel_counts=per_channel,
+                               header=header, expert_alignment=int(expert_alignment))
+        t_notify = time.perf_counter() - t_notify
+        result, stats = self._run_dispatch(
+            "dispatch", seq, xb, data_dtype, scales, topk_idx, topk_weights, layout.is_token_in_rank, per_channel,
+            note.rank_prefix_matrix, note.channel_prefix_matrix, note.recv_channel_prefix_matrix, num_worst_tokens,
+            None if num_worst_tokens else note.num_recv_tokens_per_expert_list)
+        stats.notify = t_notify
+        stats.extra["credit_wait"] = credit_wait
+        stats.wall = time.perf_counter() - start
+        self._raise_overflow(stats, num_worst_tokens)
+        return result
+
+    def _cached_dispatch(self, start, x, xb, kind, data_dtype, scales, n_tok, handle, topk_idx, topk_weights,
+                         num_worst_tokens) -> DispatchResult:
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"pe {self.me}: dispatch: handle must be the DispatchHandle of an earlier dispatch, "
+                            f"got {type(handle).__name__}")
+        if topk_idx is not None or topk_weights is not None:
+            raise ValueError(f"pe {self.me}: cached dispatch (handle given) takes no topk_idx/topk_weights: the "
+                             f"routing is the handle's")
+        if n_tok != handle.num_tokens or handle.hidden != self.hidden:
+            raise ValueError(f"pe {self.me}: cached dispatch: x has {n_tok} tokens of hidden {self.hidden}, the "
+                             f"handle was made for {handle.num_tokens} tokens of hidden {handle.hidden}")
+        seq, credit_wait = self._next(DISPATCH)
+        per_channel = channel_counts(handle.is_token_in_rank, self.num_channels)
+        result, stats = self._run_dispatch(
+            "cached_dispatch", seq, xb, data_dtype, scales, None, None, handle.is_token_in_rank, per_channel,
+            handle.rank_prefix_matrix, handle.channel_prefix_matrix, handle.recv_channel_prefix_matrix,
+            num_worst_tokens, None, handle=handle)
+        stats.extra["credit_wait"] = credit_wait
+        stats.wall = time.perf_counter() - start
+        self._raise_overflow(stats, num_worst_tokens)
+        return result
+
+    def _run_dispatch(self, kind_name, seq, xb, data_dtype, scales, topk_idx, topk_weights, is_token_in_rank,
+                      per_channel, prefix, channel_prefix, recv_channel_prefix, num_worst_tokens, expert_list,
+                      handle=None):
+        me, n_pes, n_ch = self.me, self.n_pes, self.num_channels
+        prefix = np.asarray(prefix, np.int64)
+        counts = np.diff(prefix, axis=0, prepend=0)
+        num_recv = int(prefix[-1, me])
+        recv_lo = np.concatenate([[0], prefix[:-1, me]])
+        plan = plan_rounds(me, n_pes, per_channel.T, self._schedule)
+        rows = num_worst_tokens if num_worst_tokens else num_recv
+        overflow = bool(num_worst_tokens) and num_recv > num_worst_tokens
+        if overflow:
+            rows = num_worst_tokens
+        alloc = np.zeros if num_worst_tokens else np.empty
+        recv_x = alloc((rows, self.hidden), data_dtype)
+        src_idx = alloc(rows, np.int32)
+        recv_scales = alloc((rows, scales.shape[1]), np.float32) if scales is not None else None
+        recv_topk = recv_w = None
+        if topk_idx is not None:
+            recv_topk = np.full((rows, self.num_topk), -1, np.int64)
+            recv_w = np.zeros((rows, self.num_topk), np.float32)
+        out = None if overflow else DispatchOutputs(recv_x.view(np.uint8).reshape(rows, xb.shape[1]), src_idx,
+                                                    recv_topk, recv_w, recv_scales)
+        stats = CallStats.empty(kind_name, me, seq, self._schedule, plan.rounds, n_ch, n_pes, plan.lane_rows.shape[1])
+        args = DispatchArgs(
+            me=me, n_pes=n_pes, seq=seq, num_local_experts=self.num_local_experts, views=self.views,
+            lanes=self.lanes, plan=plan, stats=stats, xb=xb, topk_idx=topk_idx, topk_weights=topk_weights,
+            scales=scales, is_token_in_rank=is_token_in_rank, bounds=channel_bounds(xb.shape[0], n_ch),
+            rank_base=prefix[me - 1] if me > 0 else np.zeros(n_pes, np.int64),
+            channel_start=np.asarray(channel_prefix, np.int64) - per_channel,
+            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=recv_lo, recv_hi=prefix[:, me], out=out,
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets)
+        t_kernel = time.perf_counter()
+        shmemx.launch(dispatch_kernel, n_ch, args)
+        stats.kernel = time.perf_counter() - t_kernel
+        stats.local_rows = int(counts[me, me])
+        stats.local_bytes = stats.local_rows * xb.shape[1]
+        stats.sent_rows = int(counts[me].sum() - counts[me, me])
+        stats.recv_rows = num_recv
+        stats.extra.update(num_recv=num_recv, row_bytes=xb.shape[1])
+        self._last[DISPATCH] = seq
+        self.history.append(stats)
+        if overflow:
+            return None, stats
+        if handle is None:
+            handle = DispatchHandle(prefix.astype(np.int32), np.asarray(channel_prefix, np.int32),
+                                    np.asarray(recv_channel_prefix, np.int32), src_idx[:num_recv].copy(),
+                                    is_token_in_rank, make_send_head(is_token_in_rank), num_recv, self.hidden)
+        if num_worst_tokens:
+            expert_list = []
+        x_out = (recv_x, recv_scales) if scales is not None else recv_x
+        return DispatchResult(x_out, recv_topk, recv_w, expert_list, handle), stats
+
+    def _raise_overflow(self, stats: CallStats, num_worst_tokens: int) -> None:
+        if num_worst_tokens and stats.recv_rows > num_worst_tokens:
+            raise ValueError(f"pe {self.me}: dispatch #{stats.seq}: {stats.recv_rows} tokens arrived, more than "
+                             f"num_worst_tokens={num_worst_tokens}; nothing was returned (no silent truncation): "
+                             f"call again with num_worst_tokens >= {stats.recv_rows}, or 0")
+
+    # --- combine ---------------------------------------------------------------------------------------------
+
+    def combine(self, x, handle: DispatchHandle, topk_weights=None) -> CombineResult:
+        """Send every received row back to its source token and sum there (collective).
+
+        Args:
+            x: ``[num_recv, H] bfloat16`` (more rows allowed, e.g. num_worst_tokens padding: only the first
+                ``handle.num_recv_tokens`` are used), aligned with the dispatch's recv_x; the expert outputs are
+                already weighted (as in DeepEP).
+            handle: the dispatch's ``DispatchHandle``.
+            topk_weights: ``[num_recv, K] float32`` summed back the same way, or None.
+
+        Returns:
+            ``CombineResult(combined_x [T, H] bfloat16, combined_topk_weights [T, K] float32 or None)``: per
+            token, the float32 sum in ascending rank order over the ranks it went to, rounded once to bfloat16
+            (zero for a token that went nowhere).
+        """
+        self._check_open()
+        start = time.perf_counter()
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"pe {self.me}: combine: handle must be a DispatchHandle, got {type(handle).__name__}")
+        num_recv = handle.num_recv_tokens
+        xb = self._combine_rows(x, num_recv)
+        weights = None
+        if topk_weights is not None:
+            w = np.asarray(topk_weights)
+            if w.ndim != 2 or w.shape[0] < num_recv or w.shape[1] != self.num_topk or w.dtype != np.float32:
+                raise ValueError(f"pe {self.me}: combine: topk_weights must be [{num_recv}, {self.num_topk}] "
+                                 f"float32, got {w.shape} {w.dtype}")
+            weights = np.ascontiguousarray(w[:num_recv])
+        seq, credit_wait = self._next(COMBINE)
+        me, n_pes, n_ch = self.me, self.n_pes, self.num_channels
+        prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
+        counts = np.diff(prefix, axis=0, prepend=0)
+        starts = np.asarray(handle.recv_channel_prefix_matrix, np.int64)
+        ends = np.concatenate([starts[:, 1:], counts[:, me:me + 1]], axis=1)
+        plan = plan_rounds(me, n_pes, (ends - starts).T, self._schedule)
+        n_tok = handle.num_tokens
+        out_x = np.empty((n_tok, self.hidden), bf16)
+        out_w = np.empty((n_tok, self.num_topk), np.float32) if weights is not None else None
+        stats = CallStats.empty("combine", me, seq, self._schedule, plan.rounds, n_ch, n_pes, plan.lane_rows.shape[1])
+        dest = np.cumsum(counts, axis=1) - counts
+        args = CombineArgs(
+            me=me, n_pes=n_pes, seq=seq, views=self.views, lanes=self.lanes, plan=plan, stats=stats,
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
+            recv_lo=np.concatenate([[0], prefix[:-1, me]]), recv_channel_start=starts, dest_base=dest[:, me],
+            back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
+            bounds=channel_bounds(n_tok, n_ch), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
+            out_weights=out_w)
+        t_kernel = time.perf_counter()
+        shmemx.launch(combine_kernel, n_ch, args)
+        stats.kernel = time.perf_counter() - t_kernel
+        stats.local_rows = int(counts[me, me])
+        stats.local_bytes = stats.local_rows * xb.shape[1]
+        stats.sent_rows = num_recv - stats.local_rows
+        stats.recv_rows = int(counts[me].sum())
+        stats.extra.update(credit_wait=credit_wait, num_recv=num_recv, row_bytes=xb.shape[1])
+        stats.wall = time.perf_counter() - start
+        self._last[COMBINE] = seq
+        self.history.append(stats)
+        return CombineResult(out_x, out_w)
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise shmemx.ClosedError(f"pe {self.me}: this moe.Buffer was closed")
+
+    def _next(self, kind: int) -> tuple[int, float]:
+        """The next call's sequence number, after every peer's credit for the previous call of ``kind``."""
+        self._seq += 1
+        t = time.perf_counter()
+        prev = self._last[kind]
+        if prev and self.n_pes > 1:
+            shmemx.aclshmem_wait_until_all(self.views["credits"][kind, :, 0], GE, prev,
+                                           status=(np.arange(self.n_pes) == self.me).astype(np.int32))
+        return self._seq, time.perf_counter() - t
+
+    def _payload(self, x):
+        """(row bytes ``[T, RB] uint8``, payload kind, data dtype, scales or None, T) of dispatch's ``x``."""
+        scales = None
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2:
+                raise ValueError(f"pe {self.me}: dispatch: x must be a bfloat16 array or a pair (data, scales), "
+                                 f"got a sequence of {len(x)}")
+            data, scales = np.asarray(x[0]), np.asarray(x[1])
+            if data.dtype not in (np.dtype(np.int8), np.dtype(ml_dtypes.float8_e4m3fn)):
+                raise TypeError(f"pe {self.me}: dispatch: quantised x must be int8 or float8_e4m3fn, got "
+                                f"{data.dtype}")
+        else:
+            data = np.asarray(x)
+            if data.dtype != np.dtype(bf16):
+                raise TypeError(f"pe {self.me}: dispatch: x must be bfloat16 [T, H] or a pair (int8/float8_e4m3fn "
+                                f"[T, H], float32 scales [T, H/128]), got {data.dtype}")
+        if data.ndim != 2 or data.shape[1] != self.hidden:
+            raise ValueError(f"pe {self.me}: dispatch: x must be [num_tokens, {self.hidden}], got {data.shape}")
+        n_tok = data.shape[0]
+        if n_tok > self.max_tokens:
+            raise ValueError(f"pe {self.me}: dispatch: {n_tok} tokens, more than max_tokens={self.max_tokens} of "
+                             f"this Buffer (make the Buffer with a larger max_tokens)")
+        if scales is not None:
+            cols = -(-self.hidden // 128)
+            if scales.shape != (n_tok, cols):
+                raise ValueError(f"pe {self.me}: dispatch: scales must be [{n_tok}, {cols}] float32, got "
+                                 f"{scales.shape}")
+            scales = np.ascontiguousarray(scales, np.float32)
+        data = np.ascontiguousarray(data)
+        return (data.view(np.uint8).reshape(n_tok, self.hidden * data.itemsize), _KINDS[data.dtype], data.dtype,
+                scales, n_tok)
+
+    def _topk(self, n_tok, topk_idx, topk_weights):
+        if (topk_idx is None) != (topk_weights is None):
+            raise ValueError(f"pe {self.me}: dispatch: give topk_idx and topk_weights together, or neither")
+        if topk_idx is None:
+            return None, None
+        idx = check_topk_idx(topk_idx, self.num_experts)
+        if idx.shape != (n_tok, self.num_topk):
+            raise ValueError(f"pe {self.me}: dispatch: topk_idx must be [{n_tok}, {self.num_topk}], got {idx.shape}")
+        w = np.asarray(topk_weights)
+        if w.shape != idx.shape or w.dtype != np.float32:
+            raise ValueError(f"pe {self.me}: dispatch: topk_weights must be [{n_tok}, {self.num_topk}] float32, "
+                             f"got {w.shape} {w.dtype}")
+        return np.ascontiguousarray(idx), np.ascontiguousarray(w)
+
+    def _layout(self, n_tok, per_rank, in_rank, per_expert, topk_idx) -> DispatchLayout:
+        if per_rank is None and in_rank is None and per_expert is None:
+            if topk_idx is None:
+                raise ValueError(f"pe {self.me}: fresh dispatch needs num_tokens_per_rank, is_token_in_rank and "
+                                 f"num_tokens_per_expert (get_dispatch_layout), or topk_idx to compute them")
+            return self.get_dispatch_layout(topk_idx)
+        if per_rank is None or in_rank is None or per_expert is None:
+            raise ValueError(f"pe {self.me}: dispatch: give num_tokens_per_rank, is_token_in_rank and "
+                             f"num_tokens_per_expert together")
+        in_rank = np.asarray(in_rank)
+        if in_rank.shape != (n_tok, self.n_pes) or in_rank.dtype != bool:
+            raise ValueError(f"pe {self.me}: dispatch: is_token_in_rank must be [{n_tok}, {self.n_pes}] bool, got "
+                             f"{in_rank.shape} {in_rank.dtype}")
+        per_rank = np.asarray(per_rank)
+        if per_rank.shape != (self.n_pes,) or (per_rank != in_rank.sum(0)).any():
+            raise ValueError(f"pe {self.me}: dispatch: num_tokens_per_rank {per_rank.tolist()} does not match "
+                             f"is_token_in_rank (column sums {in_rank.sum(0).tolist()})")
+        per_expert = np.asarray(per_expert)
+        if per_expert.shape != (self.num_experts,):
+            raise ValueError(f"pe {self.me}: dispatch: num_tokens_per_expert must be [{self.num_experts}], got "
+                             f"{per_expert.shape}")
+        return DispatchLayout(per_rank.astype(np.int32), None, per_expert.astype(np.int32),
+                              np.ascontiguousarray(in_rank))
+
+    def _combine_rows(self, x, num_recv: int) -> np.ndarray:
+        data = np.asarray(x)
+        if data.dtype != np.dtype(bf16) or data.ndim != 2 or data.shape[1] != self.hidden \
+                or data.shape[0] < num_recv:
+            raise ValueError(f"pe {self.me}: combine: x must be [{num_recv}, {self.hidden}] bfloat16 (the "
+                             f"dispatch's rows), got {data.shape} {data.dtype}")
+        data = np.ascontiguousarray(data[:num_recv])
+        return data.view(np.uint8).reshape(num_recv, 2 * self.hidden)
+
+    def close(self) -> None:
+        """Free the workspace (collective; idempotent)."""
+        if not self.closed:
+            self.closed = True
+            shmemx.aclshmem_free(self._block)
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"moe.Buffer(pe {self.me}/{self.n_pes}, max_tokens={self.max_tokens}, hidden={self.hidden}, "
+                f"num_topk={self.num_topk}, num_experts={self.num_experts}, channels={self.num_channels}, "
+                f"qp_num={self.qp_num}, [{self._schedule}])")

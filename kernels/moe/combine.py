@@ -1,0 +1,187 @@
+"""The combine kernel: every expert rank sends each received row back to its source, which sums them.
+
+The rows this PE received from source s are contiguous in combine's input (``[recv_lo[s], recv_hi[s])``, the
+dispatch order), and within them channel c's rows start at ``recv_channel_prefix_matrix[s][c]``. On s, the rows
+coming back from rank r land in s's ``combine_x`` region at ``sum_{r' < r} counts[s][r']`` (s's rows for the
+lower ranks first) plus the row's ``send_head`` position, which for channel c starts at the same
+``recv_channel_prefix_matrix[s][c]``. So a unit (channel c, source s) is one contiguous range on both sides:
+with ``aggregate`` one WQE straight from the input (no packing needed), without it one WQE per row; the
+``topk_weights`` rows (when given) go the same way in one WQE. Lanes, rounds, closers and completion signals are
+those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
+
+Receive side: block c waits for the sources ``c, c + C, ...``, all blocks meet, then block c reduces the tokens
+of its channel: for each token, the rows of the ranks it went to, in ascending rank order, are added in float32
+(a gather index per (token, contributor), padded with the region's last row, which stays zero) and rounded once
+to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import shmemx
+
+from .reference import bf16
+from .schedule import Plan
+from .measure import CallStats
+from .workspace import RECORD_WORD
+
+__all__ = ["CombineArgs", "combine_kernel", "REDUCE_CHUNK"]
+
+GE = shmemx.ACLSHMEM_CMP_GE
+SET = shmemx.ACLSHMEM_SIGNAL_SET
+REDUCE_CHUNK = 32  # tokens per reduction step: [32, H] float32 stays in cache
+
+
+@dataclass
+class CombineArgs:
+    """Everything the blocks of one combine read (built on the host before the launch)."""
+
+    me: int
+    n_pes: int
+    seq: int
+    views: dict
+    lanes: object
+    plan: Plan
+    stats: CallStats
+    aggregate: bool
+    region_offsets: dict
+    xb: np.ndarray  # [num_recv, 2H] uint8: the rows to send back, C-contiguous
+    weights: np.ndarray | None  # [num_recv, K] float32, C-contiguous
+    recv_lo: np.ndarray  # [P] first input row of each source's block
+    recv_channel_start: np.ndarray  # [P, C] start of channel c within source s's block
+    dest_base: np.ndarray  # [P] where this PE's rows start in source s's combine region
+    back_base: np.ndarray  # [P] where rank r's rows start in this PE's combine region
+    back_rows: np.ndarray  # [P] rows rank r sends back here
+    send_head: np.ndarray  # [T, P] int32
+    bounds: np.ndarray  # [C + 1] token bounds of this PE's channels (the reduction split)
+    zero_row: int
+    out_x: np.ndarray  # [T, H] bfloat16
+    out_weights: np.ndarray | None  # [T, K] float32
+
+
+def _unit_range(a: CombineArgs, u) -> tuple[int, int]:
+    """(first input row, first destination row) of unit u."""
+    start = int(a.recv_channel_start[u.peer, u.channel])
+    return int(a.recv_lo[u.peer]) + start, int(a.dest_base[u.peer]) + start
+
+
+def _local(a: CombineArgs, u) -> None:
+    lo, dst = _unit_range(a, u)
+    n = u.rows
+    a.views["combine_x"][dst:dst + n].view(np.uint8)[:] = a.xb[lo:lo + n]
+    if a.weights is not None:
+        a.views["combine_weights"][dst:dst + n] = a.weights[lo:lo + n]
+
+
+def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
+    peer, q, rb = u.peer, u.qp, a.xb.shape[1]
+    lanes, stats = a.lanes, a.stats
+    if u.rows:
+        lo, dst = _unit_range(a, u)
+        n = u.rows
+        rbase = int(lanes.remote_base[peer])
+        xva = lanes.local_va(peer, q, a.xb)
+        xrow = np.uint64(rbase + a.region_offsets["combine_x"] + dst * rb)
+        if a.aggregate:
+            rmt = [np.array([xrow], np.uint64)]
+            sge = [np.array([xva + lo * rb], np.uint64)]
+            length = [np.array([n * rb], np.uint64)]
+        else:
+            rmt = [xrow + np.arange(n, dtype=np.uint64) * np.uint64(rb)]
+            sge = [np.uint64(xva + lo * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb)]
+            length = [np.full(n, rb, np.uint64)]
+        if a.weights is not None:
+            wb = a.weights.shape[1] * 4
+            rmt.append(np.array([rbase + a.region_offsets["combine_weights"] + dst * wb], np.uint64))
+            sge.append(np.array([lanes.local_va(peer, q, a.weights) + lo * wb], np.uint64))
+            length.append(np.array([n * wb], np.uint64))
+        rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
+        t = timer.lap("build", t)
+        lanes.post(peer, q, rmt, sge, length)
+        stats.lane_wqes[peer, q] += len(rmt)
+        stats.lane_bytes[peer, q] += int(length.sum())
+    if u.closes:
+        v = a.views
+        record = v["send_record"][peer, q]
+        record[:4] = (a.plan.lane_rows[peer, q], stats.lane_bytes[peer, q], stats.lane_wqes[peer, q] + 1, a.seq)
+        slot = v["signals"][1, a.me, q]
+        lanes.close(peer, q, slot[RECORD_WORD:RECORD_WORD + 4], record[:4].view(np.uint64), slot[0:1], a.seq)
+        stats.lane_wqes[peer, q] += 1
+        stats.lane_bytes[peer, q] += 32
+    return timer.lap("submit", t)
+
+
+def _wait_source(a: CombineArgs, r: int) -> None:
+    v = a.views
+    n_qps = a.plan.lane_rows.shape[1]
+    shmemx.aclshmem_wait_until_all(v["signals"][1, r, :n_qps, 0], GE, a.seq)
+    records = v["signals"][1, r, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)
+    rows = int(records[:, 0].sum())
+    if rows != int(a.back_rows[r]) or (records[:, 3] != a.seq).any():
+        raise RuntimeError(f"pe {a.me}: combine #{a.seq}: the completion records from pe {r} (rows per qp "
+                           f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the "
+                           f"{int(a.back_rows[r])} rows this pe sent it")
+
+
+def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
+    """Sum the returned rows of tokens [t0, t1) in ascending rank order (float32), round once to bfloat16."""
+    if t1 <= t0:
+        return
+    head = a.send_head[t0:t1]
+    sent = head >= 0
+    rows = np.where(sent, a.back_base[None, :] + head, a.zero_row)
+    width = max(int(sent.sum(1).max()), 1)
+    order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
+    gather = np.take_along_axis(rows, order, axis=1)
+    cx, cw = a.views["combine_x"], a.views["combine_weights"]
+    hidden = cx.shape[1]
+    acc = np.empty((min(REDUCE_CHUNK, t1 - t0), hidden), np.float32)
+    for c0 in range(0, t1 - t0, REDUCE_CHUNK):
+        g = gather[c0:c0 + REDUCE_CHUNK]
+        part = acc[:len(g)]
+        part.fill(0)
+        for j in range(width):
+            np.add(part, cx[g[:, j]], out=part, casting="unsafe")
+        a.out_x[t0 + c0:t0 + c0 + len(g)] = part.astype(bf16)
+    if a.out_weights is not None:
+        w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
+        for j in range(width):
+            w += cw[gather[:, j]]
+        a.out_weights[t0:t1] = w
+
+
+def combine_kernel(a: CombineArgs) -> None:
+    """The body of every block (``shmemx.launch(combine_kernel, C, args)``)."""
+    c = shmemx.get_block_idx()
+    n_blocks = len(a.bounds) - 1
+    timer = a.stats.timer(c)
+    t = timer.mark()
+    for k in range(a.plan.rounds):
+        posted = []
+        for u in a.plan.by_block[c][k]:
+            if u.peer == a.me:
+                _local(a, u)
+                t = timer.lap("pack", t)
+                continue
+            t = _post_unit(a, u, timer, t)
+            posted.append((u.peer, u.qp))
+        for peer, q in posted:
+            a.lanes.quiet(peer, q)
+        t = timer.lap("quiet", t)
+        shmemx.sync_all()
+        t = timer.lap("sync", t)
+    sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
+    for r in sources:
+        _wait_source(a, r)
+    t = timer.lap("wait", t)
+    shmemx.sync_all()
+    t = timer.lap("sync", t)
+    _reduce(a, int(a.bounds[c]), int(a.bounds[c + 1]))
+    t = timer.lap("epilogue", t)
+    shmemx.sync_all()
+    t = timer.lap("sync", t)
+    for r in sources:
+        shmemx.aclshmemx_signal_op(a.views["credits"][1, a.me, 0:1], a.seq, SET, r)

@@ -1,0 +1,212 @@
+"""The dispatch kernel: one AIV block per channel sends its tokens to every rank, then receives and copies out.
+
+Block c owns the tokens ``[b[c], b[c+1])`` and, per destination r, a cursor: its rows for r land in r's ``x``
+region at ``rank_prefix_matrix[me-1][r] + channel_prefix[r][c-1]`` (the rows of the lower ranks first, then
+this rank's lower channels), in token order. Per round of the plan (see ``schedule``) the block:
+
+1. route scan (once): ``is_token_in_rank[b[c]:b[c+1]]`` -> the token list of each destination;
+2. per unit (destination r, QP q): packs what it sends into its staging area (with ``aggregate``: the hidden
+   rows too, so that they go in one WQE; without it, one WQE per token reads the row straight from ``x``), builds
+   the unit's WQEs in one numpy operation and posts them with one doorbell; the lane's closer then posts the
+   completion record and signal (``lanes``); rows for this PE itself are copied directly;
+3. quiets each lane it posted (which hands the lane to the next round's block), then ``sync_all``.
+
+Then the receive side: block c waits (asleep) for the completion signals of every QP from the sources
+``s = c, c + C, ...``, checks that their records add up to the rows notify announced, copies the source's rows
+out of the workspace into the outputs (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
+and gives the source its credit: the region may be written again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import shmemx
+
+from .schedule import Plan
+from .measure import CallStats
+from .workspace import RECORD_WORD
+
+__all__ = ["DispatchArgs", "DispatchOutputs", "dispatch_kernel"]
+
+GE = shmemx.ACLSHMEM_CMP_GE
+SET = shmemx.ACLSHMEM_SIGNAL_SET
+
+
+@dataclass
+class DispatchOutputs:
+    """Where the received rows go: ``x [rows, row_bytes] uint8`` (a byte view of recv_x), ``src_idx [rows]``,
+    and, when present, ``topk_idx [rows, K]``, ``topk_weights [rows, K]``, ``scales [rows, Hs]``."""
+
+    x: np.ndarray
+    src_idx: np.ndarray
+    topk_idx: np.ndarray | None
+    topk_weights: np.ndarray | None
+    scales: np.ndarray | None
+
+
+@dataclass
+class DispatchArgs:
+    """Everything the blocks of one dispatch read (built on the host before the launch)."""
+
+    me: int
+    n_pes: int
+    seq: int
+    num_local_experts: int
+    views: dict
+    lanes: object
+    plan: Plan
+    stats: CallStats
+    xb: np.ndarray  # [T, row_bytes] uint8, C-contiguous
+    topk_idx: np.ndarray | None  # [T, K] int64
+    topk_weights: np.ndarray | None  # [T, K] float32
+    scales: np.ndarray | None  # [T, Hs] float32
+    is_token_in_rank: np.ndarray  # [T, P] bool
+    bounds: np.ndarray  # [C + 1] channel token bounds
+    rank_base: np.ndarray  # [P] first row of this PE's block in each destination's x region
+    channel_start: np.ndarray  # [P, C] exclusive prefix over channels of rows sent to each destination
+    send_base: np.ndarray  # [P] first staging row of each destination's rows
+    recv_lo: np.ndarray  # [P] first row received from each source
+    recv_hi: np.ndarray  # [P]
+    out: DispatchOutputs | None  # None: the rows do not fit (num_worst_tokens overflow); receive, do not copy
+    aggregate: bool
+    region_offsets: dict  # region name -> byte offset in the workspace
+
+    @property
+    def row_bytes(self) -> int:
+        return self.xb.shape[1]
+
+
+def _meta(a: DispatchArgs):
+    """(region name, staging name, per-token source array) of the metadata this call sends."""
+    items = [("src_idx", "send_src_idx", None)]
+    if a.topk_idx is not None:
+        items += [("topk_idx", "send_topk_idx", a.topk_idx), ("topk_weights", "send_topk_weights", a.topk_weights)]
+    if a.scales is not None:
+        items.append(("x_scales", "send_x_scales", a.scales))
+    return items
+
+
+def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
+    """Rows for this PE itself: copied straight into its own workspace (no QP)."""
+    me, rb = a.me, a.row_bytes
+    pos = int(a.rank_base[me] + a.channel_start[me, c])
+    n = len(toks)
+    v = a.views
+    v["x"][pos * rb:(pos + n) * rb].reshape(n, rb)[:] = a.xb[toks]
+    v["src_idx"][pos:pos + n] = toks
+    for region, _, src in _meta(a)[1:]:
+        v[region][pos:pos + n] = src[toks]
+
+
+def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
+    """Pack, build and post one unit (channel u.channel -> peer u.peer on QP u.qp); the closer also signals."""
+    peer, q, c, rb = u.peer, u.qp, u.channel, a.row_bytes
+    n = len(toks)
+    v, lanes, stats = a.views, a.lanes, a.stats
+    if n:
+        pos = int(a.rank_base[peer] + a.channel_start[peer, c])
+        spos = int(a.send_base[peer] + a.channel_start[peer, c])
+        meta = _meta(a)
+        if a.aggregate:
+            v["send_x"][spos * rb:(spos + n) * rb].reshape(n, rb)[:] = a.xb[toks]
+        v["send_src_idx"][spos:spos + n] = toks
+        for _, staging, src in meta[1:]:
+            v[staging][spos:spos + n] = src[toks]
+        t = timer.lap("pack", t)
+        rbase = int(lanes.remote_base[peer])
+        lbase = lanes.local_base
+        rmt, sge, length = [], [], []
+        x_off = a.region_offsets["x"]
+        if a.aggregate:
+            rmt.append(np.array([rbase + x_off + pos * rb], np.uint64))
+            sge.append(np.array([lbase + a.region_offsets["send_x"] + spos * rb], np.uint64))
+            length.append(np.array([n * rb], np.uint64))
+        else:
+            xva = lanes.local_va(peer, q, a.xb)
+            rmt.append(np.uint64(rbase + x_off + pos * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb))
+            sge.append(np.uint64(xva) + toks.astype(np.uint64) * np.uint64(rb))
+            length.append(np.full(n, rb, np.uint64))
+        for region, staging, _ in meta:
+            item = v[region].itemsize * (v[region].size // v[region].shape[0])
+            rmt.append(np.array([rbase + a.region_offsets[region] + pos * item], np.uint64))
+            sge.append(np.array([lbase + a.region_offsets[staging] + spos * item], np.uint64))
+            length.append(np.array([n * item], np.uint64))
+        rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
+        t = timer.lap("build", t)
+        lanes.post(peer, q, rmt, sge, length)
+        stats.lane_wqes[peer, q] += len(rmt)
+        stats.lane_bytes[peer, q] += int(length.sum())
+    if u.closes:
+        record = v["send_record"][peer, q]
+        record[:4] = (a.plan.lane_rows[peer, q], stats.lane_bytes[peer, q], stats.lane_wqes[peer, q] + 1, a.seq)
+        slot = v["signals"][0, a.me, q]
+        lanes.close(peer, q, slot[RECORD_WORD:RECORD_WORD + 4], record[:4].view(np.uint64), slot[0:1], a.seq)
+        stats.lane_wqes[peer, q] += 1
+        stats.lane_bytes[peer, q] += 32
+    return timer.lap("submit", t)
+
+
+def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
+    """Wait for source s's lanes, check their records, copy its rows out, give it its credit."""
+    v, me = a.views, a.me
+    lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
+    n_qps = a.plan.lane_rows.shape[1]
+    if s != me:
+        shmemx.aclshmem_wait_until_all(v["signals"][0, s, :n_qps, 0], GE, a.seq)
+        t = timer.lap("wait", t)
+        records = v["signals"][0, s, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)
+        rows = int(records[:, 0].sum())
+        if rows != hi - lo or (records[:, 3] != a.seq).any():
+            raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
+                               f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the {hi - lo} "
+                               f"rows notify announced for call #{a.seq}")
+    out = a.out
+    if out is not None and hi > lo:
+        rb = a.row_bytes
+        out.x[lo:hi] = v["x"][lo * rb:hi * rb].reshape(hi - lo, rb)
+        out.src_idx[lo:hi] = v["src_idx"][lo:hi]
+        if out.topk_idx is not None:
+            raw = v["topk_idx"][lo:hi]
+            local = raw - me * a.num_local_experts
+            mine = (raw >= 0) & (local >= 0) & (local < a.num_local_experts)
+            out.topk_idx[lo:hi] = np.where(mine, local, -1)
+            out.topk_weights[lo:hi] = np.where(mine, v["topk_weights"][lo:hi], 0)
+        if out.scales is not None:
+            out.scales[lo:hi] = v["x_scales"][lo:hi]
+    t = timer.lap("epilogue", t)
+    if s != me:
+        shmemx.aclshmemx_signal_op(v["credits"][0, me, 0:1], a.seq, SET, s)
+    return t
+
+
+def dispatch_kernel(a: DispatchArgs) -> None:
+    """The body of every block (``shmemx.launch(dispatch_kernel, C, args)``)."""
+    c = shmemx.get_block_idx()
+    timer = a.stats.timer(c)
+    t = timer.mark()
+    t0 = int(a.bounds[c])
+    peers, toks = np.nonzero(a.is_token_in_rank[t0:int(a.bounds[c + 1])].T)
+    split = np.searchsorted(peers, np.arange(a.n_pes + 1))
+    toks = toks + t0
+    t = timer.lap("route", t)
+    for k in range(a.plan.rounds):
+        posted = []
+        for u in a.plan.by_block[c][k]:
+            mine = toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0]
+            assert len(mine) == u.rows, (u, len(mine))
+            if u.peer == a.me:
+                _local(a, c, mine)
+                t = timer.lap("pack", t)
+                continue
+            t = _post_unit(a, u, mine, timer, t)
+            posted.append((u.peer, u.qp))
+        for peer, q in posted:
+            a.lanes.quiet(peer, q)
+        t = timer.lap("quiet", t)
+        shmemx.sync_all()
+        t = timer.lap("sync", t)
+    for s in range(c, a.n_pes, len(a.bounds) - 1):
+        t = _receive(a, s, timer, t)

@@ -1,0 +1,119 @@
+"""notify_dispatch: every PE tells every other PE how many rows to expect, and where, before any payload moves.
+
+The kernel (one AIV block) sends each peer r, on QP 0:
+
+1. a WRITE of its exclusive channel prefix for r (``[C] int32``: where each of its channels' rows start in its
+   block at r) into r's ``recv_channel_prefix[me]``;
+2. a WRITE_WITH_NOTIFY of its record (``[W] int32``: a header, its whole ``num_tokens_per_rank [P]`` row, and its
+   counts of r's local experts) into r's ``notify[me]``, then r's ``notify_signal[me]`` = the call's sequence
+   number, fenced behind the first WRITE;
+
+then quiets, and waits (``aclshmem_wait_until_all``, asleep) until every peer's signal reached the sequence
+number. From the P records every PE computes the same ``rank_prefix_matrix [P, P]`` (the inclusive prefix over
+sources of the count matrix), its ``recv_channel_prefix_matrix [P, C]``, the rows it receives and its
+per-local-expert counts. The header also carries the schedule, row size, payload kind, top-k presence and
+channel count, so that PEs that disagree fail here with a clear message instead of hanging later.
+
+The notify area is reused by the next fresh dispatch; a peer writes it only after this PE's credit for the
+previous dispatch (see ``Buffer``), by which time this PE has long read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import shmemx
+
+from .lanes import FENCE_SO
+from .workspace import NOTIFY_HEADER
+
+__all__ = ["NotifyResult", "notify_dispatch", "HEADER_FIELDS"]
+
+HEADER_FIELDS = ("seq", "schedule", "num_tokens", "row_bytes", "x_kind", "with_topk", "num_channels", "num_topk")
+_CHECKED = ("schedule", "row_bytes", "x_kind", "with_topk", "num_channels", "num_topk")
+
+
+@dataclass
+class NotifyResult:
+    """What notify_dispatch computes on this PE.
+
+    Attributes:
+        counts: ``[P, P] int64`` tokens sent from rank i to rank j.
+        rank_prefix_matrix: ``[P, P] int32`` inclusive prefix of ``counts`` over sources (the same on every PE).
+        channel_prefix_matrix: ``[P, C] int32`` this PE's inclusive prefix over channels, per destination.
+        recv_channel_prefix_matrix: ``[P, C] int32`` start of channel c within source s's block here.
+        num_recv_tokens: rows this PE receives.
+        num_recv_tokens_per_expert_list: per local expert, (token, slot) selections aligned up.
+    """
+
+    counts: np.ndarray
+    rank_prefix_matrix: np.ndarray
+    channel_prefix_matrix: np.ndarray
+    recv_channel_prefix_matrix: np.ndarray
+    num_recv_tokens: int
+    num_recv_tokens_per_expert_list: list
+
+
+def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, prefixes: np.ndarray) -> None:
+    width, n_channels = records.shape[1], prefixes.shape[1]
+    peers = [(me + i) % n_pes for i in range(1, n_pes)]
+    for peer in peers:
+        if n_channels:
+            shmemx.aclshmemx_udma_qp_put_nbi(views["recv_channel_prefix"][me], prefixes[peer], n_channels, peer, 0)
+        shmemx.aclshmemx_udma_qp_put_signal_nbi(views["notify"][me], records[peer], width,
+                                                views["notify_signal"][me, 0:1], seq, peer, 0, config=FENCE_SO)
+    views["notify"][me] = records[me]
+    views["recv_channel_prefix"][me] = prefixes[me]
+    for peer in peers:
+        shmemx.aclshmemx_udma_qp_quiet(peer, 0)
+    if peers:
+        shmemx.aclshmem_wait_until_all(views["notify_signal"][:, 0], shmemx.ACLSHMEM_CMP_GE, seq,
+                                       status=(np.arange(n_pes) == me).astype(np.int32))
+
+
+def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_per_rank: np.ndarray,
+                    num_tokens_per_expert: np.ndarray, channel_counts: np.ndarray, header: dict,
+                    expert_alignment: int = 1) -> NotifyResult:
+    """Run the notify kernel and compute the prefix matrices (collective: every PE of the buffer calls it).
+
+    Args:
+        views: the workspace regions of this PE.
+        seq: the call's sequence number (the same on every PE, larger than any before).
+        num_tokens_per_rank: ``[P]`` this PE's tokens per destination.
+        num_tokens_per_expert: ``[E]`` this PE's selections per global expert.
+        channel_counts: ``[P, C]`` tokens each channel sends to each destination.
+        header: the values of ``HEADER_FIELDS`` but seq.
+        expert_alignment: round each local expert's count up to a multiple of this.
+
+    Raises:
+        ValueError: a peer's header disagrees with this PE's (schedule, row size, payload kind, ...).
+    """
+    width = views["notify"].shape[1]
+    n_experts = len(num_tokens_per_expert)
+    local = n_experts // n_pes
+    head = np.array([seq & 0x7FFF_FFFF] + [header[f] for f in HEADER_FIELDS[1:]], np.int32)
+    records = np.zeros((n_pes, width), np.int32)
+    records[:, :NOTIFY_HEADER] = head
+    records[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes] = num_tokens_per_rank
+    records[:, NOTIFY_HEADER + n_pes:NOTIFY_HEADER + n_pes + local] = \
+        np.asarray(num_tokens_per_expert).reshape(n_pes, local)
+    excl = np.cumsum(channel_counts, axis=1) - channel_counts
+    prefixes = np.ascontiguousarray(excl, np.int32)
+    shmemx.launch(_kernel, 1, views, me, n_pes, seq, records, prefixes)
+
+    got = views["notify"].copy()
+    for name in _CHECKED:
+        i = HEADER_FIELDS.index(name)
+        bad = np.flatnonzero(got[:, i] != head[i])
+        if len(bad):
+            raise ValueError(f"pe {me}: dispatch: pe {int(bad[0])} dispatches with {name} {int(got[bad[0], i])}, "
+                             f"this pe with {int(head[i])}: every pe must call dispatch with the same kind of "
+                             f"payload, top-k presence and buffer schedule")
+    counts = got[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes].astype(np.int64)
+    per_expert = got[:, NOTIFY_HEADER + n_pes:NOTIFY_HEADER + n_pes + local].sum(0, dtype=np.int64)
+    aligned = [int(-(-c // expert_alignment) * expert_alignment) for c in per_expert]
+    prefix = np.cumsum(counts, axis=0).astype(np.int32)
+    return NotifyResult(counts, prefix, np.cumsum(channel_counts, axis=1).astype(np.int32),
+                        views["recv_channel_prefix"].copy(), int(prefix[-1, me]), aligned)

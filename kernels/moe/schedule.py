@@ -1,0 +1,178 @@
+"""Which block posts what to which (peer, QP), and when: QP policies, source-rank rotation, rounds.
+
+A dispatch (or combine) call on one PE is a set of *units*: channel c sends its rows for peer r. A unit runs on
+the channel's AIV block and is posted on one QP of the peer, chosen by the QP policy:
+
+============  ==========================================================================================
+``one``       every channel on QP 0
+``two_1_1``   two QPs, channel & 1
+``two_3_1``   two QPs 3:1 as in ascend_deepep (``channel & 3 == 3`` -> QP 1, the rest QP 0)
+``two_1_3``   the mirror, 1:3 (``channel & 3 == 3`` -> QP 0, the rest QP 1)
+``bytes``     two QPs, per peer: the units, largest first, each to the QP with fewer bytes so far
+``four_rr``   four QPs round-robin, channel % 4
+============  ==========================================================================================
+
+A *lane* is one (peer, QP): one send queue, which has one submitter at a time (as on the hardware; a second block
+posting while the first has WQEs in flight gets ``SubmitterError``). The channels that use a lane take turns in
+*rounds*: in round k the m sharers of a lane are served in a Latin-square order, sharer j in round
+``(l - j) mod m`` where l is the peer's logical index, so that no lane has two blocks in one round and every block
+works on about ``lanes / m`` lanes per round. A block posts its units of a round, quiets each lane it posted
+(the quiet retires its WQEs and so releases the lane), and all blocks meet (``sync_all``) before the next round.
+The number of rounds is the largest number of sharers of a lane: 8 for ``one`` with 8 channels, 2 for
+``four_rr``. ``rotate`` makes logical index ``l = (peer - me) mod P`` (each source rank starts at itself and
+wraps, so the ranks do not all hit peer 0 first); without it ``l = peer``.
+
+Each lane gets exactly one completion signal per call, posted by its *closer*: the unit of the lane's last round
+(a lane with no rows gets an empty closer unit). The closer posts its rows and then the signal, with a fence, on
+the same QP; since the earlier rounds' units of that lane were quieted before the closer's round began, the
+signal lands after every row of the lane. The own rank (``peer == me``) is a local copy: no QP, no signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["QP_POLICIES", "POLICY_QPS", "Schedule", "Unit", "Plan", "channel_qp", "plan_rounds"]
+
+POLICY_QPS = {"one": 1, "two_1_1": 2, "two_3_1": 2, "two_1_3": 2, "bytes": 2, "four_rr": 4}
+QP_POLICIES = tuple(POLICY_QPS)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a ``Buffer`` posts its units; the same on every PE (``Buffer.set_schedule`` checks it).
+
+    Attributes:
+        qp_policy: one of ``QP_POLICIES``.
+        rotate: source-rank rotation of the peer order.
+        aggregate: True = a channel's rows for a peer are packed contiguously and sent with one WQE;
+            False = one WQE per (token, peer) for the hidden rows (the small per-token metadata is packed either
+            way).
+    """
+
+    qp_policy: str = "two_3_1"
+    rotate: bool = True
+    aggregate: bool = True
+
+    def __post_init__(self):
+        if self.qp_policy not in POLICY_QPS:
+            raise ValueError(f"qp_policy {self.qp_policy!r} is not one of {', '.join(QP_POLICIES)}")
+        for name in ("rotate", "aggregate"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def num_qps(self) -> int:
+        return POLICY_QPS[self.qp_policy]
+
+    @property
+    def code(self) -> int:
+        """A small integer that identifies the schedule (exchanged by notify to check agreement)."""
+        return QP_POLICIES.index(self.qp_policy) << 2 | int(self.rotate) << 1 | int(self.aggregate)
+
+    @classmethod
+    def from_code(cls, code: int) -> "Schedule":
+        return cls(QP_POLICIES[code >> 2], bool(code >> 1 & 1), bool(code & 1))
+
+    def __str__(self) -> str:
+        return (f"{self.qp_policy}, rotate {'on' if self.rotate else 'off'}, "
+                f"aggregate {'on' if self.aggregate else 'off'}")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Channel ``channel`` sends ``rows`` rows to ``peer`` on ``qp`` in ``round``.
+
+    ``closes``: this unit posts the lane's completion signal after its rows (the lane's last unit).
+    """
+
+    channel: int
+    peer: int
+    qp: int
+    rows: int
+    round: int
+    closes: bool = False
+
+
+@dataclass
+class Plan:
+    """The units of one call, by block and round (``by_block[c][k]``: block c's units of round k, in posting
+    order), and each lane's expected row count."""
+
+    rounds: int
+    by_block: list
+    lane_rows: np.ndarray  # [P, num_qps] int64: rows sent on each lane
+    units: list = field(default_factory=list)
+
+
+def channel_qp(policy: str, channel: int) -> int:
+    """The QP of a channel under a static policy (not ``bytes``, which depends on the data)."""
+    if policy == "one":
+        return 0
+    if policy == "two_1_1":
+        return channel & 1
+    if policy == "two_3_1":
+        return int(channel & 3 == 3)
+    if policy == "two_1_3":
+        return int(channel & 3 != 3)
+    if policy == "four_rr":
+        return channel & 3
+    raise ValueError(f"qp_policy {policy!r} assigns QPs per unit, not per channel")
+
+
+def _assign_qps(schedule: Schedule, rows: np.ndarray) -> np.ndarray:
+    """``[C, P]`` QP of each (channel, peer) unit."""
+    n_channels, n_peers = rows.shape
+    if schedule.qp_policy != "bytes":
+        per_channel = np.array([channel_qp(schedule.qp_policy, c) for c in range(n_channels)], np.int64)
+        return np.repeat(per_channel[:, None], n_peers, axis=1)
+    qps = np.zeros(rows.shape, np.int64)
+    for peer in range(n_peers):
+        load = [0, 0]
+        for c in np.argsort(-rows[:, peer], kind="stable"):  # largest first; ties by channel
+            q = int(load[1] < load[0])
+            qps[c, peer] = q
+            load[q] += int(rows[c, peer])
+    return qps
+
+
+def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+    """Assign the units of one call to blocks and rounds.
+
+    Args:
+        me: this PE.
+        n_pes: P.
+        rows: ``[C, P]`` rows channel c sends to peer r (``[C, P]`` int).
+        schedule: policy, rotation, aggregation.
+
+    Returns:
+        A ``Plan``. Invariants (tested): every unit with rows > 0 appears once; no lane has two blocks in a
+        round; every lane to another PE has exactly one closing unit, in its last round.
+    """
+    rows = np.asarray(rows, np.int64)
+    n_channels = rows.shape[0]
+    n_qps = schedule.num_qps
+    qps = _assign_qps(schedule, rows)
+    logical = [(peer - me) % n_pes if schedule.rotate else peer for peer in range(n_pes)]
+    units: list[Unit] = []
+    lane_rows = np.zeros((n_pes, n_qps), np.int64)
+    for peer in range(n_pes):
+        for q in range(n_qps):
+            sharers = [c for c in range(n_channels) if qps[c, peer] == q and rows[c, peer] > 0]
+            lane_rows[peer, q] = int(rows[sharers, peer].sum()) if sharers else 0
+            m = len(sharers)
+            lane = [Unit(c, peer, q, int(rows[c, peer]), (logical[peer] - j) % m) for j, c in enumerate(sharers)]
+            if peer != me:
+                if not lane:  # nothing to send on this lane: an empty unit carries its completion signal
+                    lane = [Unit((logical[peer] * n_qps + q) % n_channels, peer, q, 0, 0)]
+                last = max(range(len(lane)), key=lambda i: lane[i].round)
+                u = lane[last]
+                lane[last] = Unit(u.channel, u.peer, u.qp, u.rows, u.round, True)
+            units.extend(lane)
+    n_rounds = max([u.round + 1 for u in units], default=1)
+    by_block = [[[] for _ in range(n_rounds)] for _ in range(n_channels)]
+    for u in sorted(units, key=lambda u: (logical[u.peer], u.qp)):
+        by_block[u.channel][u.round].append(u)
+    return Plan(n_rounds, by_block, lane_rows, units)
