@@ -1,0 +1,79 @@
+"""Every example in scripts/examples/ at 2, 4 and 8 PEs, through the real ``shmemx run`` command in a subprocess.
+
+Each example checks itself (it prints PASS or FAIL per PE and exits non-zero on a failure); the test requires
+exit status 0 and one PASS line from every PE, so an example that silently skipped its check fails here too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "scripts" / "examples"
+N_PES = [2, 4, 8]
+
+
+def _shmemx_command() -> list[str]:
+    """The installed ``shmemx`` console script beside this Python (what users run), else ``python -m shmemx``."""
+    script = Path(sys.executable).parent / "shmemx"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("shmemx")
+    return [found] if found else [sys.executable, "-m", "shmemx"]
+
+
+def _run(n: int, script: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+    cmd = [*_shmemx_command(), "run", "-n", str(n), "--timeout", "60", str(EXAMPLES / script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _check_passed(proc: subprocess.CompletedProcess, n: int, pass_line: str) -> None:
+    report = f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    assert proc.returncode == 0, report
+    passed = {int(m.group(1)) for m in re.finditer(rf"^\[pe (\d+)\] {pass_line}", proc.stdout, re.M)}
+    assert passed == set(range(n)), report
+    assert "FAIL" not in proc.stdout, report
+
+
+@pytest.mark.parametrize("n", N_PES)
+@pytest.mark.parametrize("script", ["udma_allgather.py", "udma_put_signal.py"])
+def test_udma_allgather_examples(n, script):
+    _check_passed(_run(n, script), n, r"PASS: pe \d+: all \d+ blocks hold 10 \+ block")
+
+
+@pytest.mark.parametrize("n", N_PES)
+@pytest.mark.parametrize("op", ["put", "get", "put_signal"])
+def test_udma_qp_demo(n, op):
+    proc = _run(n, "udma_qp_demo.py", "--op", op, "--qp-count", "4")
+    suffix = r" signals=4/4" if op == "put_signal" else ""
+    _check_passed(proc, n, rf"\[PASS\] op={op} pe=\d+ elements=1048576{suffix}$")
+
+
+@pytest.mark.parametrize("qp_count, op", [(1, "put_signal"), (32, "get"), (3, "put")])
+def test_udma_qp_demo_qp_counts(qp_count, op):
+    elems = str(3 << 16) if qp_count == 3 else str(1 << 20)
+    proc = _run(4, "udma_qp_demo.py", "--op", op, "--qp-count", str(qp_count), "--elems", elems)
+    _check_passed(proc, 4, rf"\[PASS\] op={op} pe=\d+ elements={elems}")
+
+
+def test_udma_qp_demo_rejects_bad_arguments():
+    proc = _run(2, "udma_qp_demo.py", "--qp-count", "3")  # 1 MiB is not divisible by 3
+    assert proc.returncode != 0 and "divisible by --qp-count 3" in proc.stderr, proc.stderr
+    proc = _run(2, "udma_qp_demo.py", "--qp-count", "33")
+    assert proc.returncode != 0 and "--qp-count 33 out of range 1..32" in proc.stderr, proc.stderr
+    proc = _run(1, "udma_qp_demo.py")
+    assert proc.returncode == 2 and "needs at least 2 PEs" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("n", N_PES)
+def test_mte_allgather_example(n):
+    dtype = {2: "int32", 4: "float16", 8: "bfloat16"}[n]
+    proc = _run(n, "mte_allgather.py", "--dtype", dtype, "--len", "2048", "--blocks", "4", "--iters", "3")
+    _check_passed(proc, n, rf"PASS: pe \d+: 3 iterations, {n} x 2048 {dtype} gathered, 4 blocks")
