@@ -26,7 +26,8 @@ def main() -> None:
 @click.option("-m", "module", default=None, metavar="MODULE", help="Run a module as a script (like python -m).")
 @click.option("--trace", "trace", default=None, metavar="FILE",
               help="Record every WQE, wait, barrier and region; write Chrome trace-event JSON (Perfetto) to FILE.")
-@click.option("--stats", is_flag=True, help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
+@click.option("--stats", is_flag=True,
+              help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
 @click.option("--dump-dir", default=None, metavar="DIR",
               help="Where the post-mortem dump goes on a timeout or failure (default $SHMEMX_DUMP_DIR or .).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)

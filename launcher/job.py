@@ -15,7 +15,7 @@ queues hold WQEs the engine has not executed, which are in error), then writes t
 wait and allocation as JSON (``shmemx-dump-<job>.json`` in ``dump_dir``, ``$SHMEMX_DUMP_DIR`` or the current
 directory; ``shmemx dump --file`` reads it), all before it stops the other ranks and removes the segments.
 With ``trace=`` it merges the ranks' trace parts into one Chrome trace-event file, with ``stats=True`` it prints
-every PE's counters (``stats.JobStats.table``), both after the ranks ended and before the segments go.
+every PE's counters (``counters.JobStats.table``), both after the ranks ended and before the segments go.
 
 When one rank fails, the others are stopped (SIGTERM, then SIGKILL after 2 s) and the launcher says which rank
 failed and why. The launcher owns the job's segments: whatever way the job ends, every ``shmemx_<job>_*`` file is
@@ -351,7 +351,7 @@ class Job:
         if self.ctl is None:
             return
         if self.stats:
-            from shmemx.stats import JobStats
+            from shmemx.counters import JobStats
 
             try:
                 table = JobStats.read(self.job_id, self.n).table()

@@ -31,6 +31,8 @@ from .amo import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_and, aclshmem
 from .kernel import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub, launch,
                      sync_all)
 from .raw import RawQueue, aclshmemx_udma_raw_queue
+from .counters import JobStats, count, stats
+from .trace import region
 from .host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
                    aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes)
 
@@ -75,4 +77,6 @@ __all__ = [
     "aclshmemx_barrier_all_vec",
     # raw WQE path
     "RawQueue", "aclshmemx_udma_raw_queue",
+    # inspection: trace regions, counters
+    "region", "count", "stats", "JobStats",
 ]

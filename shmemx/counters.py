@@ -1,5 +1,8 @@
 """Per-(pe, block) counters: WQEs and bytes per queue, time in quiet, barriers and waits, and user counters.
 
+The public side is ``shmemx.stats()`` (every PE's counters as arrays), ``shmemx.count(name, n)`` (a user
+counter) and ``shmemx run --stats`` (a table at the end of the job).
+
 Each PE owns one stats segment (``shmemx_<job>_stats<pe>``). After a 4 KiB header (the slots in use and the names
 of the user counters) it holds one record per wait slot of the PE (slot = AIV block index, 0 = the main thread,
 the last = the DMA engine), each written by its own thread only, so no word is shared and no atomic is needed:

@@ -50,7 +50,7 @@ def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: b
         all_queues: list idle queues too.
         limit: WQEs and CQEs listed per queue (0 = none, -1 = all); the counts are always complete.
         reason: why the dump was taken ("timeout", "pe 3 failed: ..."), for post-mortem files.
-        stats: include every PE's counters (``stats.JobStats.per_pe``).
+        stats: include every PE's counters (``counters.JobStats.per_pe``).
     """
     ctl = reader.ctl
     hdr = ctl.header
@@ -231,7 +231,7 @@ def _wqe_text(raw: bytes, vamap: VaMap, pe: int) -> str:
 
 
 def _stats(reader: JobReader) -> dict | None:
-    from .stats import JobStats
+    from .counters import JobStats
 
     try:
         return JobStats.read(reader.job_id, reader.n_pes).to_json()

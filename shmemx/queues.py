@@ -34,7 +34,7 @@ from .control import WaitCall
 from .errors import CompletionError, ShmemError, SubmitterError
 from .layout import _WRITE, CqeStatus, Opcode, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
 from .resources import (CQ_TAIL, CREDIT_GUARD, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
-from .stats import T_QUIET
+from .counters import T_QUIET
 from .trace import batch_rows
 from .waits import block_until, thread_slot
 
@@ -108,7 +108,7 @@ class QueuePair:
         self.head = self.tail = self.cqe_cnt = self.cq_tail = 0
         self.owner: int | None = None
         self.owner_block = -1
-        # inspection: WQEs and bytes posted since the owner last published them (stats.py), and the trace list
+        # inspection: WQEs and bytes posted since the owner last published them (counters.py), and the trace list
         self.n_posted = self.b_posted = 0
         self.trace: list | None = None
         # engine side

@@ -111,7 +111,7 @@ class Runtime:
         self.engine_type = engine_type
         self.qp_num = 1
         self.udma = None  # the data plane (queues + engine), see udma.py
-        self.stats = None  # this PE's counters (stats.StatsSegment)
+        self.stats = None  # this PE's counters (counters.StatsSegment)
         self.tracer = None  # the WQE/wait recorder when the job is traced (trace.Tracer), else None
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
@@ -232,7 +232,7 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     _rt = rt
     try:
         from . import udma  # the data plane; creates this PE's queues and URMA identity
-        from .stats import StatsSegment
+        from .counters import StatsSegment
         from .trace import Tracer
 
         rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)

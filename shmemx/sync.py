@@ -21,7 +21,7 @@ import time
 
 from . import atomics
 from .control import WaitCall
-from .stats import BARRIER_CALLS, T_BARRIER
+from .counters import BARRIER_CALLS, T_BARRIER
 from .waits import block_until, thread_slot
 
 __all__ = ["barrier"]

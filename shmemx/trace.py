@@ -282,7 +282,7 @@ class _Region:
         return self
 
     def __exit__(self, *exc) -> None:
-        from .stats import T_REGION
+        from .counters import T_REGION
 
         tracer = self.tracer
         if tracer is not None:

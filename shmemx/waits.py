@@ -29,7 +29,7 @@ from typing import Callable
 from . import atomics
 from .control import MAX_WAIT_SLOTS, JobState, WaitCall
 from .errors import PeerFailedError, WaitTimeoutError
-from .stats import T_WAIT, WAIT_CALLS
+from .counters import T_WAIT, WAIT_CALLS
 
 __all__ = ["block_until", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
 
