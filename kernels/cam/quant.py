@@ -10,7 +10,8 @@ CAM sources', README A14), all in float32::
 
 The stored scale equals the issue's ``amax / 127`` up to float32 rounding and the 1e-12 guard (which makes it
 about 7.9e-15, not 0, for an all-zero row). Dequantisation, ``float32(q) * scale``, is off from x by at most
-``scale / 2`` per element (half a quantisation step). Combine takes bf16/fp16 only, so the dequantisation
+half a quantisation step per element, ``scale / 2 * (1 + 1e-5)`` (the 1e-5 covers float32 rounding; about
+``amax / 254``): the int8 path's documented tolerance. Combine takes bf16/fp16 only, so the dequantisation
 "before combine" is the expert side's job (README A15): ``dequantize`` gives float32, ``dequantize_for_combine``
 the bf16 rows combine expects.
 """
