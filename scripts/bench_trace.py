@@ -1,0 +1,178 @@
+"""What tracing and the counters cost: the 64-byte put loop untraced, traced, and (optionally) before the hooks.
+
+    python scripts/bench_trace.py                 # 2 PEs x 200,000 WQEs, 3 interleaved rounds
+    python scripts/bench_trace.py --quick         # a smoke run (tests use it)
+    python scripts/bench_trace.py --baseline REV  # also the same loop on commit REV (a git worktree), e.g. the
+                                                  # commit before the inspection hooks: f677b9b^
+
+Every PE runs the small-put benchmark of the data plane: ``aclshmemx_udma_qp_put_nbi`` of 64 bytes to the next
+PE, one ``aclshmemx_udma_qp_quiet`` per 1024 WQEs. Variants run in interleaved rounds (noise on this shared
+2-core machine drifts over seconds) and the table shows the best round of each (the median in brackets):
+
+* untraced: the current code, tracing off (the counters are always on);
+* traced: the same with ``launch(trace=...)`` (= ``shmemx run --trace``), the loop time and the whole job's
+  time (which includes writing and merging the trace file at finalize);
+* baseline: the same untraced loop on commit REV, i.e. before the hooks ("cost when off").
+
+The ratios are against the untraced variant of the same run. Loop time is the slowest PE's, from its first
+post to its last quiet; WQE/s is per PE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+QUIET_EVERY = 1024
+PAYLOAD = 64
+
+
+def _put_loop(wqes: int) -> None:
+    """The rank body: the 64-B qp_put_nbi loop, timed; prints one JSON line."""
+    import numpy as np
+
+    import shmemx
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    slots = QUIET_EVERY
+    dst = shmemx.zeros((slots, PAYLOAD), np.uint8, name="dst")
+    src = np.full((slots, PAYLOAD), me, np.uint8)
+    peer = (me + 1) % n
+    put, quiet = shmemx.aclshmemx_udma_qp_put_nbi, shmemx.aclshmemx_udma_qp_quiet
+    shmemx.aclshmem_barrier_all()
+    start = time.perf_counter()
+    for i in range(wqes):
+        j = i & (slots - 1)
+        put(dst[j], src[j], PAYLOAD, peer, 0)
+        if j == slots - 1:
+            quiet(peer, 0)
+    quiet(peer, 0)
+    seconds = time.perf_counter() - start
+    shmemx.aclshmem_barrier_all()
+    assert (dst == (me - 1) % n).all(), "payload from the previous PE did not arrive"
+    print(json.dumps({"pe": me, "loop_s": seconds}))
+
+
+def _child(args) -> None:
+    """One job of one variant; prints {"loop_s": slowest PE, "rate": mean WQE/s per PE, "job_s": ...}."""
+    if args.worktree:
+        _use_worktree(args.worktree)
+    from shmemx.launcher import launch
+
+    out, err = io.StringIO(), io.StringIO()
+    kwargs = {}
+    trace_path = None
+    if args.traced:
+        fd, trace_path = tempfile.mkstemp(suffix=".trace.json")
+        os.close(fd)
+        kwargs["trace"] = trace_path
+    started = time.perf_counter()
+    code = launch(args.n, _put_loop, (args.wqes,), timeout=600, tag_output=False, stdout=out, stderr=err, **kwargs)
+    job_s = time.perf_counter() - started
+    if code != 0:
+        sys.exit(f"variant failed (exit {code}):\n{out.getvalue()}\n{err.getvalue()}")
+    loops = [json.loads(line)["loop_s"] for line in out.getvalue().splitlines() if line.startswith("{")]
+    trace_mb = 0.0
+    if trace_path:
+        trace_mb = os.path.getsize(trace_path) / 1e6
+        os.unlink(trace_path)
+    print(json.dumps({"loop_s": max(loops), "rate": statistics.mean(args.wqes / s for s in loops), "job_s": job_s,
+                      "trace_mb": trace_mb}))
+
+
+def _use_worktree(path: str) -> None:
+    """Import shmemx (and shmemx.launcher, which lives in launcher/) from a checkout of another commit."""
+    import importlib.util
+
+    sys.path.insert(0, path)
+    spec = importlib.util.spec_from_file_location("shmemx.launcher", os.path.join(path, "launcher", "__init__.py"),
+                                                  submodule_search_locations=[os.path.join(path, "launcher")])
+    import shmemx
+
+    assert shmemx.__file__.startswith(path), shmemx.__file__
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shmemx.launcher"] = module
+    spec.loader.exec_module(module)
+
+
+def _run_variant(name: str, args, worktree: str | None = None, traced: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--child", "-n", str(args.n), "--wqes", str(args.wqes)]
+    if traced:
+        cmd.append("--traced")
+    if worktree:
+        cmd += ["--worktree", worktree]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=worktree or os.getcwd())
+    if proc.returncode != 0:
+        sys.exit(f"{name}: {proc.stderr or proc.stdout}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _worktree(rev: str) -> tuple[str, str]:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tempfile.mkdtemp(prefix="shmemx_bench_base_")
+    os.rmdir(path)
+    subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", path, rev], check=True, capture_output=True)
+    return repo, path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=2, help="PEs (default 2)")
+    parser.add_argument("--wqes", type=int, default=200_000, help="WQEs per PE (default 200,000)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--baseline", metavar="REV", help="also run the untraced loop on git commit REV")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 WQEs, 1 round")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worktree", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    if args.quick:
+        args.wqes, args.rounds = 20_000, 1
+    variants = [("untraced", None, False), ("traced (--trace)", None, True)]
+    repo = base = None
+    if args.baseline:
+        repo, base = _worktree(args.baseline)
+        variants.append((f"before the hooks ({args.baseline})", base, False))
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    try:
+        for _ in range(args.rounds):
+            for name, worktree, traced in variants:
+                results[name].append(_run_variant(name, args, worktree, traced))
+    finally:
+        if base:
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", base], capture_output=True)
+    _table(args, results)
+
+
+def _table(args, results: dict[str, list[dict]]) -> None:
+    ref = min(r["loop_s"] for r in results["untraced"])
+    ref_job = min(r["job_s"] for r in results["untraced"])
+    print(f"64-B aclshmemx_udma_qp_put_nbi loop, one qp_quiet per {QUIET_EVERY}: {args.n} PEs x {args.wqes:,} WQEs, "
+          f"{args.rounds} interleaved round(s); best round [median]")
+    head = (f"{'variant':<34} {'loop s':>16} {'WQE/s per PE':>20} {'loop ratio':>11} {'job s':>15} "
+            f"{'job ratio':>10} {'trace MB':>9}")
+    print(head)
+    print("-" * len(head))
+    for name, rows in results.items():
+        loop = [r["loop_s"] for r in rows]
+        rate = [r["rate"] for r in rows]
+        job = [r["job_s"] for r in rows]
+        print(f"{name:<34} {min(loop):7.3f} [{statistics.median(loop):6.3f}] "
+              f"{max(rate):9,.0f} [{statistics.median(rate):8,.0f}] {min(loop) / ref:11.2f} "
+              f"{min(job):6.2f} [{statistics.median(job):6.2f}] {min(job) / ref_job:10.2f} "
+              f"{max(r['trace_mb'] for r in rows):9.1f}")
+
+
+if __name__ == "__main__":
+    main()
