@@ -1,0 +1,397 @@
+"""DeepEP-style MoE dispatch and combine (``shmemx.kernels.moe``) against the plain-numpy reference.
+
+The oracles are DeepEP's (reference/deepep.md section 2.2), with payloads that encode their origin: x rows say
+(source rank, token) exactly in bfloat16 (``reference.origin_x``), so a misrouted row fails the exact comparison
+with the reference. Every rank regenerates every rank's inputs from per-rank seeds and computes the reference of
+what it must receive locally, so the checks need no extra communication.
+
+Pure functions (layout, channels, schedule rounds, workspace layout, casts) are tested without a job. The
+multi-rank tests run one launch per PE count with several schedules inside it (a launch per schedule would cost
+more in start-up than the kernels); the exhaustive sweep of every QP policy x rotate x aggregate is marked slow,
+CI runs every policy once at P = 8 and a few at P = 2 and 4.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import shmemx
+from shmemx.kernels import moe
+from shmemx.kernels.moe import reference as ref
+from shmemx.kernels.moe.routing import channel_bounds, channel_counts, make_send_head
+from shmemx.kernels.moe.schedule import QP_POLICIES, Schedule, channel_qp, plan_rounds
+from shmemx.kernels.moe.workspace import REGION_ALIGN, plan_workspace
+
+T, H, K, E = 48, 256, 4, 32  # CI shapes: 48 tokens per rank, 2 scale columns, 4 of 32 experts
+CHANNELS = 4
+FP8_TOL, INT8_TOL, BF16_TOL = 1e-3, 1e-4, 5e-6  # calc_diff of combine(dispatch(x)) / #ranks vs x (documented)
+ALL_SCHEDULES = [Schedule(p, r, a) for p, r, a in itertools.product(QP_POLICIES, (True, False), (True, False))]
+
+
+# --- pure functions ----------------------------------------------------------------------------------------
+
+
+def _random_topk(rng, n_tok, k, n_exp, none_rate=0.15):
+    idx = np.argsort(rng.random((n_tok, n_exp)), axis=1)[:, :k].astype(np.int64)
+    idx[rng.random((n_tok, k)) < none_rate] = -1
+    return idx
+
+
+def test_layout_matches_loops():
+    rng = np.random.default_rng(1)
+    for n_pes in (1, 2, 4, 8):
+        idx = _random_topk(rng, 37, 6, 64)
+        idx[3] = -1  # a token routed nowhere
+        idx[4] = [0, 1, 2, -1, -1, 3]  # four experts of rank 0: counted once for the rank
+        lay = moe.get_dispatch_layout(idx, 64, n_pes, server_size=2 if n_pes % 2 == 0 else None)
+        local = 64 // n_pes
+        in_rank = np.zeros((37, n_pes), bool)
+        per_expert = np.zeros(64, np.int64)
+        for t in range(37):
+            for e in idx[t]:
+                if e >= 0:
+                    in_rank[t, e // local] = True
+                    per_expert[e] += 1
+        np.testing.assert_array_equal(lay.is_token_in_rank, in_rank)
+        np.testing.assert_array_equal(lay.num_tokens_per_rank, in_rank.sum(0))
+        np.testing.assert_array_equal(lay.num_tokens_per_expert, per_expert)
+        assert lay.num_tokens_per_rank.dtype == np.int32 and lay.num_tokens_per_expert.dtype == np.int32
+        if n_pes % 2 == 0:
+            servers = in_rank.reshape(37, n_pes // 2, 2).any(2).sum(0)
+            np.testing.assert_array_equal(lay.num_tokens_per_rdma_rank, servers)
+        else:
+            assert lay.num_tokens_per_rdma_rank is None
+
+
+def test_layout_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"topk_idx\[1, 0\] = 64 is not an expert"):
+        moe.get_dispatch_layout(np.array([[0, 1], [64, 2]]), 64, 4)
+    with pytest.raises(ValueError, match="-2"):
+        moe.get_dispatch_layout(np.array([[-2, 1]]), 64, 4)
+    with pytest.raises(TypeError, match="integer"):
+        moe.get_dispatch_layout(np.zeros((2, 2), np.float32), 64, 4)
+    with pytest.raises(ValueError, match="multiple"):
+        moe.get_dispatch_layout(np.zeros((2, 2), np.int64), 10, 4)
+
+
+def test_channels_and_send_head():
+    np.testing.assert_array_equal(channel_bounds(10, 4), [0, 3, 6, 9, 10])
+    np.testing.assert_array_equal(channel_bounds(2, 4), [0, 1, 2, 2, 2])
+    np.testing.assert_array_equal(channel_bounds(0, 3), [0, 0, 0, 0])
+    rng = np.random.default_rng(2)
+    mask = rng.random((23, 5)) < 0.5
+    counts = channel_counts(mask, 4)
+    b = channel_bounds(23, 4)
+    for c in range(4):
+        np.testing.assert_array_equal(counts[:, c], mask[b[c]:b[c + 1]].sum(0))
+    head = make_send_head(mask)
+    for r in range(5):
+        np.testing.assert_array_equal(head[mask[:, r], r], np.arange(mask[:, r].sum()))
+        assert (head[~mask[:, r], r] == -1).all()
+
+
+def test_policy_channel_to_qp():
+    assert [channel_qp("one", c) for c in range(8)] == [0] * 8
+    assert [channel_qp("two_1_1", c) for c in range(8)] == [0, 1] * 4
+    assert [channel_qp("two_3_1", c) for c in range(8)] == [0, 0, 0, 1] * 2
+    assert [channel_qp("two_1_3", c) for c in range(8)] == [1, 1, 1, 0] * 2
+    assert [channel_qp("four_rr", c) for c in range(8)] == [0, 1, 2, 3] * 2
+    with pytest.raises(ValueError, match="per unit"):
+        channel_qp("bytes", 0)
+    with pytest.raises(ValueError, match="qp_policy 'three'"):
+        Schedule("three")
+    for s in ALL_SCHEDULES:
+        assert Schedule.from_code(s.code) == s
+
+
+@pytest.mark.parametrize("schedule", ALL_SCHEDULES, ids=str)
+def test_plan_rounds_invariants(schedule):
+    """Every unit once, one block per lane per round, one closer per remote lane in its last round."""
+    rng = np.random.default_rng(3)
+    for n_pes, n_ch in ((1, 1), (2, 8), (4, 3), (8, 8), (8, 4)):
+        for me in {0, n_pes - 1}:
+            rows = rng.integers(0, 5, (n_ch, n_pes))
+            rows[0, :] = 0  # a channel with nothing to send
+            plan = plan_rounds(me, n_pes, rows, schedule)
+            seen = {}
+            for c in range(n_ch):
+                for k in range(plan.rounds):
+                    for u in plan.by_block[c][k]:
+                        assert u.channel == c and u.round == k
+                        if u.rows:
+                            assert (c, u.peer) not in seen
+                            seen[c, u.peer] = u
+                        if schedule.qp_policy != "bytes" and u.rows:
+                            assert u.qp == channel_qp(schedule.qp_policy, c)
+            assert {key: u.rows for key, u in seen.items()} == {
+                (c, r): int(rows[c, r]) for c in range(n_ch) for r in range(n_pes) if rows[c, r]}
+            lanes_in_round = {}
+            for u in plan.units:
+                if u.peer != me:
+                    key = (u.round, u.peer, u.qp)
+                    assert key not in lanes_in_round, f"two blocks on lane {u.peer}/{u.qp} in round {u.round}"
+                    lanes_in_round[key] = u.channel
+            for peer in range(n_pes):
+                for q in range(schedule.num_qps):
+                    lane = [u for u in plan.units if (u.peer, u.qp) == (peer, q)]
+                    closers = [u for u in lane if u.closes]
+                    if peer == me:
+                        assert not closers
+                    else:
+                        assert len(closers) == 1 and closers[0].round == max(u.round for u in lane)
+                    assert plan.lane_rows[peer, q] == sum(u.rows for u in lane)
+
+
+def test_bytes_policy_balances_each_peer():
+    rows = np.array([[10, 1], [1, 1], [6, 1], [5, 1]])
+    plan = plan_rounds(0, 2, rows, Schedule("bytes"))
+    np.testing.assert_array_equal(plan.lane_rows, [[11, 11], [2, 2]])  # LPT: 10+1 / 6+5 and 1+1 / 1+1
+
+
+def test_rotation_starts_each_rank_at_itself():
+    rows = np.ones((8, 8), np.int64)
+    for me in range(8):
+        first = [u.peer for u in plan_rounds(me, 8, rows, Schedule("one", rotate=True)).by_block[0][0]]
+        plain = [u.peer for u in plan_rounds(me, 8, rows, Schedule("one", rotate=False)).by_block[0][0]]
+        assert first == [me] and plain == [0]
+
+
+def test_workspace_regions_do_not_overlap():
+    ws = plan_workspace(n_pes=8, max_tokens=512, hidden=7168, num_topk=8, num_experts=256, num_channels=8,
+                        qp_num=4)
+    regions = sorted(ws.regions.values(), key=lambda r: r.offset)
+    for a, b in zip(regions, regions[1:]):
+        assert a.offset + a.nbytes <= b.offset, (a.name, b.name)
+    assert all(r.offset % REGION_ALIGN == 0 for r in regions)
+    assert ws["signals"].shape == (2, 8, 4, 64) and ws["signals"].nbytes == 2 * 8 * 4 * 512  # 512 B a slot
+    assert ws["x"].nbytes == 512 * 8 * 7168 * 2 and ws["combine_x"].shape == (512 * 8 + 1, 7168)
+    assert regions[-1].offset + regions[-1].nbytes == ws.total
+    assert "x_scales" in ws.describe()
+
+
+def test_reference_helpers():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 300)).astype(np.float32)
+    assert ref.calc_diff(x, x) == 0.0
+    assert ref.calc_diff(x, -x) > 0.5
+    for cast, tol in ((ref.per_token_cast_to_fp8, 2e-3), (ref.per_token_cast_to_int8, 2e-4)):
+        data, scales = cast(x)
+        assert data.shape == x.shape and scales.shape == (16, 3) and scales.dtype == np.float32
+        assert ref.calc_diff(ref.per_token_cast_back(data, scales), x) < tol
+    o = ref.origin_x(5, 300, 16)
+    assert o.dtype == ref.bf16
+    assert (o.astype(np.float32)[:, 0] == 6).all()
+    np.testing.assert_array_equal(o.astype(np.float32)[:, 1] * 128 + o.astype(np.float32)[:, 2], np.arange(300))
+
+
+# --- multi-rank: dispatch and combine against the reference -------------------------------------------------
+
+
+def _inputs(rank: int, n_pes: int, variant: str = "random"):
+    """Rank ``rank``'s (x, topk_idx, topk_weights) for a routing ``variant``; the same on every PE."""
+    rng = np.random.default_rng(1000 + rank)
+    n_tok = T
+    if variant == "silent" and rank == n_pes - 1:
+        n_tok = 0  # a PE that sends nothing
+    idx = _random_topk(rng, n_tok, K, E)
+    if variant == "random" and n_tok > 5:
+        idx[5] = -1  # a token routed nowhere
+    if variant == "one_expert":
+        idx[:] = -1
+        idx[:, 0] = 3  # every token of every PE to expert 3
+    w = rng.random((n_tok, K)).astype(np.float32) + 0.5
+    return ref.origin_x(rank, n_tok, H), idx, w
+
+
+def _expected_qp_totals(buf, is_token_in_rank, schedule, metadata_wqes: int, row_bytes: int, meta_bytes: int):
+    """WQEs and bytes per QP that a dispatch must post: from the channel counts and the policy."""
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    rows = channel_counts(is_token_in_rank, buf.num_channels)  # [P, C]
+    plan = plan_rounds(me, n, rows.T, schedule)
+    wqes = np.zeros(schedule.num_qps, np.int64)
+    nbytes = np.zeros(schedule.num_qps, np.int64)
+    for u in plan.units:
+        if u.peer == me:
+            continue
+        if u.rows:
+            wqes[u.qp] += (1 if schedule.aggregate else u.rows) + metadata_wqes
+            nbytes[u.qp] += u.rows * (row_bytes + meta_bytes)
+        if u.closes:
+            wqes[u.qp] += 1
+            nbytes[u.qp] += 32
+    if schedule.qp_policy not in ("bytes",):  # static policies: QP q carries exactly its channels' rows
+        for q in range(schedule.num_qps):
+            mine = [c for c in range(buf.num_channels) if channel_qp(schedule.qp_policy, c) == q]
+            remote = np.delete(rows[:, mine], me, axis=0).sum()
+            assert nbytes[q] == remote * (row_bytes + meta_bytes) + 32 * (n - 1)
+    return wqes, nbytes
+
+
+def _check_dispatch_combine(buf, allin, schedule, num_experts=E):
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    x, idx, w = allin[me]
+    xs, idxs, ws = [a[0] for a in allin], [a[1] for a in allin], [a[2] for a in allin]
+    want = ref.reference_dispatch(xs, idxs, ws, num_experts, me, expert_alignment=4)
+    lay = buf.get_dispatch_layout(idx)
+    res = buf.dispatch(x, None, lay.num_tokens_per_rank, lay.is_token_in_rank, lay.num_tokens_per_expert, idx, w,
+                       expert_alignment=4)
+    stats = buf.last_stats
+    # every row is what its source sent, rank-ordered blocks, token order within a block
+    np.testing.assert_array_equal(res.recv_x.view(np.uint16), want.recv_x.view(np.uint16))
+    np.testing.assert_array_equal(res.handle.recv_src_idx, want.recv_src_idx)
+    np.testing.assert_array_equal(res.handle.rank_prefix_matrix, want.rank_prefix_matrix)
+    prefix = res.handle.rank_prefix_matrix
+    for s in range(n):
+        lo = prefix[s - 1, me] if s else 0
+        assert (res.recv_x[lo:prefix[s, me], 0].astype(np.float32) == s + 1).all()
+    np.testing.assert_array_equal(res.recv_topk_idx, want.recv_topk_idx)
+    np.testing.assert_array_equal(res.recv_topk_weights, want.recv_topk_weights)
+    assert res.num_recv_tokens_per_expert_list == want.num_recv_tokens_per_expert_list
+    local = num_experts // n
+    assert ((res.recv_topk_idx == -1) | ((res.recv_topk_idx >= 0) & (res.recv_topk_idx < local))).all()
+    for j in range(local):
+        count = int((res.recv_topk_idx == j).sum())
+        assert -(-count // 4) * 4 == res.num_recv_tokens_per_expert_list[j]
+    assert (res.recv_topk_weights[res.recv_topk_idx < 0] == 0).all()
+    np.testing.assert_array_equal(res.handle.send_head, make_send_head(lay.is_token_in_rank))
+    # the measurements say what went on each QP
+    wqes, nbytes = _expected_qp_totals(buf, lay.is_token_in_rank, schedule, 3, 2 * H, 4 + 12 * K)
+    np.testing.assert_array_equal(stats.qp_wqes, wqes)
+    np.testing.assert_array_equal(stats.qp_bytes, nbytes)
+    assert stats.recv_rows == len(want.recv_src_idx) and stats.schedule == str(schedule)
+
+    # cached dispatch skips notify and gives the fresh result; a new x through the handle is rerouted alike
+    cached = buf.dispatch(x, handle=res.handle)
+    np.testing.assert_array_equal(cached.recv_x.view(np.uint16), res.recv_x.view(np.uint16))
+    assert cached.recv_topk_idx is None and cached.num_recv_tokens_per_expert_list is None
+    x2 = [ref.origin_x(r + n, len(a[0]), H) for r, a in enumerate(allin)]
+    cached2 = buf.dispatch(x2[me], handle=res.handle)
+    np.testing.assert_array_equal(cached2.recv_x.view(np.uint16),
+                                  ref.reference_dispatch(x2, idxs, None, num_experts, me).recv_x.view(np.uint16))
+
+    # num_worst_tokens: fixed rows, the fresh result first, padding after, no per-expert list
+    worst = T * n
+    padded = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
+    rows = len(want.recv_src_idx)
+    assert padded.recv_x.shape == (worst, H) and padded.recv_topk_idx.shape == (worst, K)
+    assert padded.num_recv_tokens_per_expert_list == []
+    np.testing.assert_array_equal(padded.recv_x[:rows].view(np.uint16), res.recv_x.view(np.uint16))
+    np.testing.assert_array_equal(padded.recv_topk_idx[:rows], res.recv_topk_idx)
+    assert (padded.recv_x[rows:].view(np.uint16) == 0).all() and (padded.recv_topk_idx[rows:] == -1).all()
+    assert (padded.recv_topk_weights[rows:] == 0).all()
+
+    # combine (of the padded rows: only the first num_recv count) = x times the ranks each token went to
+    comb = buf.combine(padded.recv_x, padded.handle, padded.recv_topk_weights)
+    went = lay.is_token_in_rank.sum(1)
+    sent = went > 0
+    if sent.any():
+        got = comb.combined_x[sent].astype(np.float64) / went[sent, None]
+        assert ref.calc_diff(got, x[sent].astype(np.float64)) < BF16_TOL
+    assert (comb.combined_x[~sent].astype(np.float32) == 0).all()  # tokens routed nowhere
+    recv_all = [ref.reference_dispatch(xs, idxs, ws, num_experts, r) for r in range(n)]
+    want_x, want_w = ref.reference_combine([d.recv_x for d in recv_all], idxs, num_experts, me,
+                                           [d.recv_topk_weights for d in recv_all])
+    np.testing.assert_array_equal(comb.combined_x.view(np.uint16), want_x.view(np.uint16))
+    np.testing.assert_array_equal(comb.combined_topk_weights, want_w)
+    np.testing.assert_array_equal(comb.combined_topk_weights, np.where(idx >= 0, w, 0))  # each slot from its rank
+    cstats = buf.last_stats
+    assert cstats.kind == "combine" and cstats.recv_rows == int(lay.num_tokens_per_rank.sum())
+
+
+def _check_quantised(buf, allin):
+    """int8 and float8 payloads: data and scales arrive as sent; combine of the dequantised rows ~ x."""
+    me = shmemx.my_pe()
+    xr = [np.random.default_rng(77 + r).standard_normal((len(a[0]), H)).astype(ref.bf16) for r, a in
+          enumerate(allin)]
+    idxs = [a[1] for a in allin]
+    for cast, tol in ((ref.per_token_cast_to_int8, INT8_TOL), (ref.per_token_cast_to_fp8, FP8_TOL)):
+        qs = [cast(v) for v in xr]
+        res = buf.dispatch(qs[me], topk_idx=idxs[me], topk_weights=allin[me][2])
+        want = ref.reference_dispatch(qs, idxs, None, E, me)
+        data, scales = res.recv_x
+        assert data.dtype == qs[me][0].dtype and scales.dtype == np.float32
+        np.testing.assert_array_equal(data.view(np.uint8), want.recv_x[0].view(np.uint8))
+        np.testing.assert_array_equal(scales, want.recv_x[1])
+        expert_out = ref.per_token_cast_back(data, scales).astype(ref.bf16)
+        comb = buf.combine(expert_out, res.handle)
+        went = res.handle.is_token_in_rank.sum(1)
+        ok = went > 0
+        diff = ref.calc_diff(comb.combined_x[ok].astype(np.float64) / went[ok, None], xr[me][ok].astype(np.float64))
+        assert diff < tol, (cast.__name__, diff)
+
+
+def _moe_job(schedules, variants, quantised, errors):
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = moe.Buffer(T, H, K, E, num_channels=CHANNELS, qp_num=4)
+    for variant in variants:
+        allin = [_inputs(r, n, variant) for r in range(n)]
+        for schedule in schedules:
+            buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
+            _check_dispatch_combine(buf, allin, schedule)
+    if quantised:
+        _check_quantised(buf, [_inputs(r, n) for r in range(n)])
+    if errors:
+        _check_errors(buf)
+    buf.close()
+    shmemx.finalize()
+
+
+def _check_errors(buf):
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    allin = [_inputs(r, n, "one_expert") for r in range(n)]  # every token to rank 0
+    x, idx, w = allin[me]
+    # overflow of num_worst_tokens: only rank 0 receives more than T rows; it raises, nobody hangs
+    if me == 0 and n > 1:
+        with pytest.raises(ValueError, match=rf"{T * n} tokens arrived, more than num_worst_tokens={T}"):
+            buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=T)
+    else:
+        res = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=T)
+        assert res.recv_x.shape == (T, H) and (res.recv_topk_idx == -1).all()
+    # the buffer still works afterwards (credits were given even by the failing rank)
+    _check_dispatch_combine(buf, [_inputs(r, n) for r in range(n)], buf.schedule)
+    with pytest.raises(ValueError, match=f"more than max_tokens={T}"):
+        buf.dispatch(ref.origin_x(me, T + 1, H))
+    with pytest.raises(TypeError, match="bfloat16"):
+        buf.dispatch(np.zeros((4, H), np.float32))
+    with pytest.raises(ValueError, match="together"):
+        buf.dispatch(x, topk_idx=idx)
+    with pytest.raises(ValueError, match="takes no topk_idx"):
+        buf.dispatch(x, handle=buf.dispatch(x, topk_idx=idx, topk_weights=w).handle, topk_idx=idx)
+    with pytest.raises(ValueError, match="needs 4 QPs per peer; this Buffer was made with qp_num=2"):
+        moe.Buffer(T, H, K, E, qp_num=2, qp_policy="one").set_schedule(qp_policy="four_rr")
+    if n > 1:  # PEs that disagree on the schedule fail on every PE, naming the other choice
+        policy = "one" if me == 0 else "four_rr"
+        with pytest.raises(ValueError, match="every pe must use the same schedule"):
+            buf.set_schedule(qp_policy=policy)
+    with pytest.raises(shmemx.HeapExhaustedError, match=r"needs a workspace of \d+ B \(.* MiB\) on every PE"):
+        moe.Buffer(1 << 20, 7168, 8, 256)
+
+
+# CI: every policy once at P = 8 (rotate and aggregate alternating), a few at P = 2 and 4
+CI_SCHEDULES = {
+    2: [Schedule("two_3_1", True, True), Schedule("one", False, False)],
+    4: [Schedule("four_rr", True, False), Schedule("bytes", False, True)],
+    8: [Schedule(p, i % 2 == 0, i % 3 != 1) for i, p in enumerate(QP_POLICIES)],
+}
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_dispatch_combine_against_reference(run_ok, n):
+    run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, timeout=150)
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_edge_routings_and_errors(run_ok, n):
+    """Tokens routed nowhere, every token to one expert, a PE that sends nothing; overflow and bad input."""
+    run_ok(n, _moe_job, [Schedule("two_3_1", True, True)], ["one_expert", "silent"], False, True, timeout=150)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_every_schedule(run_ok, n):
+    run_ok(n, _moe_job, ALL_SCHEDULES, ["random"], False, False, timeout=900)
