@@ -202,7 +202,7 @@ class _Words:
         n_active = int(self.active.sum())
         met = int(self.matches().sum())
         return (f"pe {rt.my_pe}: {self.name} on {n_active} words at {where} (pe {self.pe}) "
-                f"{CMP_NAMES[self.cmp]} {self.values if np.ndim(self.values) == 0 else list(self.values)}: "
+                f"{CMP_NAMES[self.cmp]} {self.values if np.ndim(self.values) == 0 else self.values.tolist()}: "
                 f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
 
     def block(self, rt, call: WaitCall, ready) -> None:
