@@ -438,3 +438,28 @@ def _stale_flag_is_accepted_and_caught(K, E_loc):
 
 def test_a_stale_flag_would_be_caught(run_ok):
     run_ok(2, _stale_flag_is_accepted_and_caught, 3, 3, heap_size=HEAP, timeout=60)
+
+
+def _missing_sender_is_named():
+    from shmemx.runtime import runtime
+
+    shmemx.init()
+    me, R = shmemx.my_pe(), shmemx.n_pes()
+    ctx = _ctx(3, aiv_num=2)
+    x, topk, w = _inputs(0, me, R, 3, 2 * R)
+    route = cam.notify_dispatch(ctx, topk, 2 * R)
+    if me == 0:  # pe 1 never dispatches: pe 0's WaitStatus must say which flags are missing
+        runtime().timeout = 1.5  # this PE's wait deadline only (pe 1 waits in the barrier meanwhile)
+        with pytest.raises(shmemx.WaitTimeoutError, match=r"pe 0: moe_dispatch_normal WaitStatus \(block \d, half "
+                                                          r"0, slots \d\.\.\d\): 1 flag missing: \(local expert "
+                                                          r"\d, src rank 1\); .*wait_until_any on 16 words at "
+                                                          r"'HCCL windowsExp EP'\+0x[0-9a-f]+ \(pe 0\) != \[") as err:
+            cam.moe_dispatch_normal(ctx, x, topk, *route, moe_expert_num=2 * R, global_bs=MAX_BS * R)
+        assert "np.int32(" not in str(err.value)  # the values print as plain numbers
+        runtime().timeout = 30.0
+    shmemx.aclshmem_barrier_all()
+    ctx.close()
+
+
+def test_a_missing_sender_is_named_in_the_timeout(run_ok):
+    run_ok(2, _missing_sender_is_named, heap_size=HEAP, timeout=30)

@@ -192,7 +192,7 @@ def _set_status(run: _Run, b: int, B: int, data_state: int) -> None:
 def _missing(run: _Run, start: int, bits: np.ndarray) -> str:
     lost = [(int(s) // run.R, int(s) % run.R) for s in start + np.flatnonzero(bits == 0)]
     shown = ", ".join(f"(local expert {le}, src rank {src})" for le, src in lost[:8])
-    return f"{len(lost)} flags missing: {shown}{' ...' if len(lost) > 8 else ''}"
+    return f"{len(lost)} flag{'s' if len(lost) != 1 else ''} missing: {shown}{' ...' if len(lost) > 8 else ''}"
 
 
 def _wait_status(run: _Run, b: int, B: int, data_state: int, stats: np.ndarray) -> None:
@@ -201,24 +201,27 @@ def _wait_status(run: _Run, b: int, B: int, data_state: int, stats: np.ndarray) 
         shmemx.sync_all()
         return
     flags = run.flags(run.me, data_state)
-    bits = flags.view(np.int32)[start:end, 0]  # float[0] of each slot, as int32 words the waits can watch
+    # the block's slots as contiguous int32 words (all 8 per slot), so that the wait (and a hang report) covers
+    # exactly the memory the block owns; the seed's sum counts float[0] of each slot
+    words = flags.view(np.int32)[start:end].reshape(-1)
     target = np.float32(end - start)  # compareTarget = 1.0f * statusNumPerCore
     seen = np.zeros(end - start, np.int32)
     t0 = time.perf_counter()
     while True:
-        snap = bits.copy()
+        snap = words.copy()
+        first = snap[::FLOAT_NUM_PER_ALIGN]
         if run.diagnose:
             now_us = int((time.perf_counter() - t0) * 1e6)
-            new = np.flatnonzero(snap != seen)
+            new = np.flatnonzero(first != seen)
             np.add.at(stats, (start + new) % run.R, now_us)  # by source rank s % R
-            seen = snap
-        if snap.view(np.float32).sum(dtype=np.float32) == target:
+            seen = first
+        if first.view(np.float32).sum(dtype=np.float32) == target:
             break
         try:
-            shmemx.aclshmem_wait_until_any(bits, shmemx.ACLSHMEM_CMP_NE, snap)
+            shmemx.aclshmem_wait_until_any(words, shmemx.ACLSHMEM_CMP_NE, snap)
         except shmemx.WaitTimeoutError as exc:
             raise shmemx.WaitTimeoutError(f"pe {run.me}: moe_dispatch_normal WaitStatus (block {b}, half "
-                                          f"{data_state}, slots {start}..{end - 1}): {_missing(run, start, snap)}; "
+                                          f"{data_state}, slots {start}..{end - 1}): {_missing(run, start, first)}; "
                                           f"{exc}") from None
     flags[start:end] = 0  # clear all 32 B of each slot (README A3)
     shmemx.sync_all()
