@@ -463,3 +463,27 @@ def _missing_sender_is_named():
 
 def test_a_missing_sender_is_named_in_the_timeout(run_ok):
     run_ok(2, _missing_sender_is_named, heap_size=HEAP, timeout=30)
+
+
+# --- as a user runs them ---------------------------------------------------------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_demo_passes_on_8_ranks_through_shmemx_run(python):
+    import subprocess
+
+    out = subprocess.run([python, "-m", "shmemx", "run", "-n", "8", "--heap-size", "440M", "--timeout", "60",
+                          str(ROOT / "scripts/examples/cam_moe_demo.py")], capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("PASS: pe") == 8 and "FAIL" not in out.stdout
+
+
+def test_bench_quick_prints_its_table(python):
+    import subprocess
+
+    out = subprocess.run([python, str(ROOT / "scripts/bench_cam.py"), "--quick"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "CAM window mode (bf16, aiv 2)" in out.stdout and "pair/bound" in out.stdout
