@@ -7,7 +7,7 @@ and the two ops ping-pong between the two halves of the window from one call to 
 
 Typical use (every rank, collective)::
 
-    ctx = cam.WindowContext(hccl_buffsize=cam.needed_mb(max_bs, K, H) , aiv_num=4)
+    ctx = cam.WindowContext(hccl_buffsize=cam.needed_mb(max_bs, K, H), aiv_num=4)
     route = cam.notify_dispatch(ctx, topk_idx, E)
     d = cam.moe_dispatch_normal(ctx, x, topk_idx, *route, moe_expert_num=E, global_bs=max_bs * R)
     y = expert(d.recv_x)                                  # rows in (local expert, source rank) order
