@@ -291,10 +291,10 @@ def render(doc: dict, *, pes=None, peers=None, qps=None) -> str:
                                  for p in doc["pes"]}, doc.get("udma_layout"))
     started = datetime.datetime.fromtimestamp(job["start_time"]).strftime("%Y-%m-%d %H:%M:%S")
     taken = datetime.datetime.fromtimestamp(doc["taken_at"]).strftime("%H:%M:%S")
-    launcher = "alive" if job["launcher_alive"] else "gone"
+    launcher = "alive" if job["launcher_alive"] else "gone"  # when the dump was taken
     out = [f"job {job['id']}: {job['n_pes']} PEs, {job['script'] or '(no script)'}; launcher pid "
-           f"{job['launcher_pid']} ({launcher}), state {job['state']}, started {started}, dump taken {taken} "
-           f"({doc['taken_at'] - job['start_time']:.1f} s in)"]
+           f"{job['launcher_pid']} ({launcher} at the dump), state {job['state']}, started {started}, dump taken "
+           f"{taken} ({doc['taken_at'] - job['start_time']:.1f} s in)"]
     if doc.get("reason"):
         out.append(f"reason: {doc['reason']}")
     out.append("diagnosis:")

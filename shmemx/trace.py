@@ -147,24 +147,22 @@ class _Export:
 
     def _metadata(self, queues: list[int]) -> list[str]:
         pid = self.pid
-        out = [f'{{"ph":"M","pid":{pid},"name":"process_name","args":{{"name":"pe {self.pe}"}}}}',
-               f'{{"ph":"M","pid":{pid},"name":"process_sort_index","args":{{"sort_index":{self.pe}}}}}']
+
+        def meta(name: str, args: dict, tid: int | None = None) -> str:
+            where = f'"pid":{pid}' + (f',"tid":{tid}' if tid is not None else "")
+            return f'{{"ph":"M",{where},"name":"{name}","args":{json.dumps(args)}}}'
+
+        def thread(tid: int, name: str, order: int) -> list[str]:
+            return [meta("thread_name", {"name": name}, tid), meta("thread_sort_index", {"sort_index": order}, tid)]
+
+        out = [meta("process_name", {"name": f"pe {self.pe}"}), meta("process_sort_index", {"sort_index": self.pe})]
         for slot in sorted(self.blocks):
-            tid = pid * _TID_STRIDE + slot
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name","args":{{"name":"block {slot}"}}}}')
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index","args":{{"sort_index":{slot}}}}}')
+            out += thread(pid * _TID_STRIDE + slot, f"block {slot}", slot)
         if self.tr.engine:
-            tid = pid * _TID_STRIDE + _ENGINE_TID
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name","args":{{"name":"DMA engine"}}}}')
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index",'
-                       f'"args":{{"sort_index":{_ENGINE_TID}}}}}')
+            out += thread(pid * _TID_STRIDE + _ENGINE_TID, "DMA engine", _ENGINE_TID)
         for index in queues:
-            tid = self.tid_queue(index)
             peer, qp = divmod(index, self.qp_num)
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name",'
-                       f'"args":{{"name":"-> pe {peer} qp {qp}"}}}}')
-            out.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index",'
-                       f'"args":{{"sort_index":{_QUEUE_TID + index}}}}}')
+            out += thread(self.tid_queue(index), f"-> pe {peer} qp {qp}", _QUEUE_TID + index)
         return out
 
     def _batches(self) -> dict[int, np.ndarray]:
