@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .atomics import fetch_add_u32
+from .atomics import fetch_add_u32, futex_wake
 from .segment import Segment, segment_name
 
 __all__ = [
@@ -187,6 +187,11 @@ class Control:
         self.n_pes = n
         self.job_id = self.header["job_id"].item().decode()
         self.pes = [segment.view(PE_DTYPE, HEADER_SIZE + p * PE_STRIDE, (1,)).reshape(()) for p in range(n)]
+        # The wake path runs on every signal and put: its addresses and words, computed once.
+        self.u32 = segment.view("<u4", 0, (segment.size // 4,))
+        self.wake_addrs = [self.pe_addr(p, "wake_seq") for p in range(n)]
+        self.sleepers_addrs = [self.pe_addr(p, "n_sleepers") for p in range(n)]
+        self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]
 
     # --- creation / attachment -----------------------------------------------------------------------------
 
@@ -214,6 +219,7 @@ class Control:
     def close(self) -> None:
         self.header = None
         self.pes = []
+        self.u32 = None
         self.segment.close()
 
     # --- addresses of shared words -------------------------------------------------------------------------
@@ -228,11 +234,9 @@ class Control:
 
     def wake(self, pe: int) -> None:
         """Tell PE ``pe`` that its memory changed: bump its wake word, wake its sleepers if it has any."""
-        from .atomics import futex_wake  # local: keeps the hot names below bound once
-
-        addr = self.pe_addr(pe, "wake_seq")
+        addr = self.wake_addrs[pe]
         fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first
-        if self.pes[pe]["n_sleepers"]:
+        if self.u32[self._sleepers_idx[pe]]:
             futex_wake(addr)
 
     def live_allocations(self, pe: int) -> np.ndarray:

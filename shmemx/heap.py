@@ -150,6 +150,14 @@ class Heap:
             return True
         return False
 
+    def allocation_start(self, offset: int) -> int:
+        """Start offset of the live allocation holding heap byte ``offset``, or -1."""
+        starts = self._alloc_starts
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset < starts[i] + max(self.allocations[starts[i]][0], 1):
+            return starts[i]
+        return -1
+
     def check_allocated(self, offset: int, nbytes: int, what: str, pe: int) -> None:
         """Raise ValueError unless ``[offset, offset+nbytes)`` lies inside one live allocation."""
         starts = self._alloc_starts

@@ -14,12 +14,12 @@ entries that are nonzero exclude that word; an empty set makes ``*_all`` return 
 from __future__ import annotations
 
 import operator
+import weakref
 
 import numpy as np
 
 from . import atomics
 from .control import WaitCall
-from .heap import data_address
 from .runtime import runtime
 from .waits import block_until
 
@@ -52,16 +52,44 @@ ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
 _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
 CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
 _WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
+_BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES}
+_U64 = 2**64 - 1
 
 
 def _check_cmp(cmp) -> int:
+    if type(cmp) is int and 0 <= cmp <= 5:
+        return cmp
     if isinstance(cmp, bool) or not isinstance(cmp, (int, np.integer)) or not 0 <= cmp <= 5:
         raise ValueError(f"comparison {cmp!r} is not one of ACLSHMEM_CMP_EQ..ACLSHMEM_CMP_LE (0..5)")
     return int(cmp)
 
 
-def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
-    """(pe, heap offset, 0-d view of the first element) of a signal/wait word given as a heap view."""
+# --- resolving a word: which PE, which offset, a view of it -------------------------------------------------
+#
+# A signal or wait word is resolved on every call (a wait, a signal_op); the full resolution (locate the view,
+# check it lies in a live allocation, build a 0-d view) costs ~6 us, more than a futex wake-up. Words are
+# mostly the same array object call after call, so the resolution is cached per array object and reused while
+# that object is alive, keeps its dtype, shape and strides, and the allocation it lies in is still the same
+# live allocation (freeing it or reusing its memory misses the cache, so freed memory still raises).
+
+
+class _Word:
+    __slots__ = ("ref", "dtype", "shape", "strides", "start", "record", "pe", "offset", "view", "dtype_str")
+
+
+_cache: dict[int, _Word] = {}
+_cache_heap = None  # the heap the cache belongs to (a new init starts a new cache)
+_CACHE_MAX = 4096
+
+
+def _word(rt, arr: np.ndarray, what: str) -> _Word:
+    """Resolve the signal/wait word given as a heap view (its first element); see above for the cache."""
+    global _cache_heap
+    heap = rt.heap
+    w = _cache.get(id(arr))
+    if (w is not None and _cache_heap is heap and w.ref() is arr and arr.dtype is w.dtype and arr.shape == w.shape
+            and arr.strides == w.strides and heap.allocations.get(w.start) is w.record):
+        return w
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"pe {rt.my_pe}: {what} must be a heap array view, got {type(arr).__name__}")
     if arr.dtype not in _WORD_DTYPES:
@@ -69,22 +97,55 @@ def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
                         f"int64 or uint64")
     if arr.size == 0:
         raise ValueError(f"pe {rt.my_pe}: {what} is empty")
-    pe, offset = rt.heap.locate(arr, what)
+    pe, offset = heap.locate(arr, what)
     if offset % arr.itemsize:
         raise ValueError(f"pe {rt.my_pe}: {what} at heap+{offset:#x} is not {arr.itemsize}-byte aligned")
-    return pe, offset, rt.heap.view(pe, offset, (), arr.dtype)
+    w = _Word()
+    w.dtype, w.shape, w.strides, w.pe, w.offset = arr.dtype, arr.shape, arr.strides, pe, offset
+    w.view = heap.view(pe, offset, (), arr.dtype)
+    w.dtype_str = arr.dtype.str.encode()
+    w.start = heap.allocation_start(offset)
+    w.record = heap.allocations.get(w.start)
+    if _cache_heap is not heap or len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+        _cache_heap = heap
+    w.ref = weakref.ref(arr)
+    _cache[id(arr)] = w
+    return w
+
+
+def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
+    """(pe, heap offset, 0-d view of the first element) of a signal/wait word given as a heap view."""
+    w = _word(rt, arr, what)
+    return w.pe, w.offset, w.view
+
+
+def _as_int(rt, value, dtype: np.dtype, what: str) -> int:
+    """``value`` as an int that fits the word's dtype; ValueError quoting it when it does not."""
+    if type(value) is int:
+        v = value
+    else:
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} is not an integer") from None
+    lo, hi = _BOUNDS[dtype]
+    if v < lo or v > hi:
+        raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} does not fit the word's dtype {dtype}")
+    return v
 
 
 def _as_word(rt, value, dtype: np.dtype, what: str):
     """``value`` as a numpy scalar of the word's dtype; ValueError quoting it when it does not fit."""
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} is not an integer") from None
-    info = np.iinfo(dtype)
-    if not info.min <= v <= info.max:
-        raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} does not fit the word's dtype {dtype}")
-    return dtype.type(v)
+    return dtype.type(_as_int(rt, value, dtype, what))
+
+
+def _check_pe(rt, pe, what: str) -> int:
+    if type(pe) is int and 0 <= pe < rt.n_pes:
+        return pe
+    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
+        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
+    return int(pe)
 
 
 def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int) -> None:
@@ -99,20 +160,18 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     The update is visible, and PE ``pe``'s waiters are woken, when the call returns.
     """
     rt = runtime()
-    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: pe {pe!r} out of range 0..{rt.n_pes - 1}")
+    pe = _check_pe(rt, pe, "aclshmemx_signal_op")
     if sig_op not in (ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD):
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
-    _, offset, _ = word_view(rt, sig_addr, "aclshmemx_signal_op sig_addr")
-    target = rt.heap.view(int(pe), offset, (), sig_addr.dtype)
-    value = int(_as_word(rt, signal, sig_addr.dtype, "aclshmemx_signal_op"))
-    addr = data_address(target)
+    w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
+    value = _as_int(rt, signal, w.dtype, "aclshmemx_signal_op")
+    addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
     if sig_op == ACLSHMEM_SIGNAL_SET:
-        atomics.exchange(addr, value, sig_addr.itemsize)
+        atomics.exchange(addr, value, w.dtype.itemsize)
     else:
-        atomics.fetch_op("add", addr, value, sig_addr.itemsize)
-    rt.ctl.wake(int(pe))
+        atomics.fetch_op("add", addr, value, w.dtype.itemsize)
+    rt.ctl.wake(pe)
 
 
 def _describe_word(rt, call: str, pe: int, offset: int, cond: str, word) -> str:
@@ -124,9 +183,13 @@ def _describe_word(rt, call: str, pe: int, offset: int, cond: str, word) -> str:
 def _wait_word(call: WaitCall, name: str, ivar, cmp, value):
     rt = runtime()
     cmp = _check_cmp(cmp)
-    pe, offset, word = word_view(rt, ivar, f"{name} ivar")
-    target = _as_word(rt, value, ivar.dtype, name)
-    op = _OPS[cmp]
+    w = _word(rt, ivar, name + " ivar")
+    target_int = _as_int(rt, value, w.dtype, name)
+    target = w.dtype.type(target_int)
+    word, op = w.view, _OPS[cmp]
+    v = word[()]
+    if op(v, target) and rt.tracer is None:  # met already: nothing to record (block_until traces the instant)
+        return v
     seen = [None]
 
     def ready() -> bool:
@@ -136,10 +199,10 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value):
             return True
         return False
 
-    cond = f"{CMP_NAMES[cmp]} {int(target)}"
-    block_until(rt, ready, call=call, pe=pe, offset=offset, cmp=cmp, value=int(target) & (2**64 - 1),
-                dtype=ivar.dtype.str.encode(), word_pe=pe,
-                describe=lambda: _describe_word(rt, name, pe, offset, cond, word))
+    pe, offset = w.pe, w.offset
+    block_until(rt, ready, call=call, pe=pe, offset=offset, cmp=cmp, value=target_int & _U64, dtype=w.dtype_str,
+                word_pe=pe,
+                describe=lambda: _describe_word(rt, name, pe, offset, f"{CMP_NAMES[cmp]} {target_int}", word))
     return seen[0]
 
 

@@ -22,12 +22,13 @@ peer or an abort goes unnoticed.
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from typing import Callable
 
 from . import atomics
-from .control import MAX_WAIT_SLOTS, JobState, WaitCall
+from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_DTYPE, JobState, WaitCall
 from .errors import PeerFailedError, WaitTimeoutError
 from .counters import T_WAIT, WAIT_CALLS
 
@@ -36,12 +37,26 @@ __all__ = ["block_until", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 _BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
 
-_tls = threading.local()
+# A wait slot is written with one pack (0.2 us) instead of nine structured-field stores (~8 us): every field but
+# ``call``, which is stored last, so that a reader that sees the call sees the whole record.
+_SLOT_FIELDS = ("cmp", "pe", "qp", "offset", "value", "dtype", "count", "target", "since")
+_SLOT_REST = struct.Struct("<iiiQQ8sIId")
+assert [WAIT_DTYPE.fields[f][1] for f in _SLOT_FIELDS] == [4, 8, 12, 16, 24, 32, 40, 44, 48]
+assert WAIT_DTYPE.fields["call"][1] == 0
+_STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
+_ABORTING = int(JobState.ABORTING)
+
+
+class _ThreadSlot(threading.local):
+    slot = 0  # a class default: reading it costs 40 ns, a getattr(..., default) that misses 340 ns
+
+
+_tls = _ThreadSlot()
 
 
 def thread_slot() -> int:
     """The wait slot of the calling thread: its AIV block index in a launch, 0 for the main thread."""
-    return getattr(_tls, "slot", 0)
+    return _tls.slot
 
 
 def set_thread_slot(slot: int) -> None:
@@ -97,21 +112,21 @@ def block_until(
         spin_end = time.perf_counter() + spin
         while time.perf_counter() < spin_end:
             if pred():
-                _account(rt, call, started, thread_slot(), (pe, offset, cmp, value, dtype.decode(), count))
+                _account(rt, call, started, thread_slot(), pe, offset, cmp, value, dtype, count)
                 return
     ctl = rt.ctl
-    me = ctl.pes[rt.my_pe]
+    u32 = ctl.u32
     slot_idx = thread_slot()
-    slot = me["waits"][slot_idx]
-    slot["pe"], slot["qp"], slot["offset"], slot["cmp"] = pe, qp, offset, cmp
-    slot["value"], slot["dtype"], slot["count"], slot["target"] = value, dtype, count, target
-    slot["since"] = time.time()
-    slot["call"] = call
+    slot_off = _slots_offset(rt) + slot_idx * WAIT_DTYPE.itemsize
+    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, qp, offset, value, dtype, count, target,
+                         time.time())
+    call_idx = slot_off // 4
+    u32[call_idx] = call
     sleepers_addr = None
     if word_addr is None:
         word_pe = rt.my_pe if word_pe is None else word_pe
-        word_addr = ctl.pe_addr(word_pe, "wake_seq")
-        sleepers_addr = ctl.pe_addr(word_pe, "n_sleepers") if sleepers else None
+        word_addr = ctl.wake_addrs[word_pe]
+        sleepers_addr = ctl.sleepers_addrs[word_pe] if sleepers else None
     word = rt.word_view(word_addr)
     timeout = rt.timeout if timeout is None else timeout
     start = time.monotonic()
@@ -126,18 +141,18 @@ def block_until(
             now = time.monotonic()
             if now >= deadline:
                 raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
-            if ctl.header["state"] == JobState.ABORTING:
+            if u32[_STATE_IDX] == _ABORTING:
                 failed = int(ctl.header["failed_pe"])
                 raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
             atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
     finally:
         if sleepers_addr is not None:
             atomics.fetch_add_u32(sleepers_addr, -1)
-        slot["call"] = WaitCall.NONE
-        _account(rt, call, started, slot_idx, (pe, offset, cmp, value, dtype.decode(), count))
+        u32[call_idx] = 0  # WaitCall.NONE
+        _account(rt, call, started, slot_idx, pe, offset, cmp, value, dtype, count)
 
 
-def _account(rt, call: WaitCall, started: int, slot: int, args: tuple) -> None:
+def _account(rt, call: WaitCall, started: int, slot: int, pe, offset, cmp, value, dtype: bytes, count) -> None:
     """A wait_until-family call that blocked: its time in the thread's stats slot, and a span in the trace.
 
     (Quiets and barriers account for themselves, around the whole call.)"""
@@ -145,4 +160,13 @@ def _account(rt, call: WaitCall, started: int, slot: int, args: tuple) -> None:
         if rt.stats is not None:
             rt.stats.add_time(slot, T_WAIT, time.perf_counter_ns() - started)
         if rt.tracer is not None:
-            rt.tracer.wait(started, slot, call, args)
+            rt.tracer.wait(started, slot, call, (pe, offset, cmp, value, dtype.decode(), count))
+
+
+def _slots_offset(rt) -> int:
+    """Byte offset of this PE's wait slots in the control segment (computed once per runtime)."""
+    off = rt.__dict__.get("_wait_slots_offset")
+    if off is None:
+        ctl = rt.ctl
+        off = rt._wait_slots_offset = ctl.pe_addr(rt.my_pe, "waits") - ctl.segment.addr
+    return off
