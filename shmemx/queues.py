@@ -231,6 +231,32 @@ class QueuePair:
             self.trace.append((_now(), self.owner_block, head, length, wqe[5]))
         return head
 
+    def _count_batch(self, n: int) -> None:
+        """Count (and trace) the WQEs in the ``n`` BBs a doorbell publishes from ``self.head`` (raw / submit path).
+
+        Small batches are read word by word (~0.2 us per WQE), large ones with numpy (~10 us + 15 ns per WQE).
+        """
+        if n > 32 or self.trace is not None:
+            positions, lengths, ops = batch_rows(self.sq32, self.mask, self.head, n)
+            self.n_posted += len(positions)
+            self.b_posted += int(lengths.sum())
+            if self.trace is not None:
+                self.trace.append((_now(), self.owner_block, positions, lengths, ops))
+            return
+        w, base, mask, head = self._w, self.sq_base // 4, self.mask, self.head
+        i = wqes = nbytes = 0
+        while i < n:
+            row = base + ((head + i) & mask) * 16
+            op = w[row + 1] >> 8 & 0xFF
+            if op == Opcode.WRITE_WITH_NOTIFY:  # its SGE is in the second BB (bytes 80-95)
+                nbytes += w[base + ((head + i + 1) & mask) * 16 + 4]
+            else:
+                nbytes += w[row + 12]
+            i += wqe_bbs(op)
+            wqes += 1
+        self.n_posted += wqes
+        self.b_posted += nbytes
+
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
         """A WQE for this queue's peer (its TP, tokenId, EID and token) as bytes."""
         return pack_wqe(opcode=opcode, flag=flag, tp_id=self.tpn, rmt_seg_id=self.tid, rmt_eid=self.eid,
@@ -258,11 +284,7 @@ class QueuePair:
         if n:
             slots = (self.head + np.arange(n)) & self.mask
             self.sidecar[slots] = api | thread_slot() << 8
-            positions, lengths, ops = batch_rows(self.sq32, self.mask, self.head, n)
-            self.n_posted += len(positions)
-            self.b_posted += int(lengths.sum())
-            if self.trace is not None:
-                self.trace.append((_now(), self.owner_block, positions, lengths, ops))
+            self._count_batch(n)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:

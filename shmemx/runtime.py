@@ -339,8 +339,11 @@ def _close_inspection(rt: Runtime) -> None:
     if rt.tracer is not None:
         try:
             rt.tracer.write(rt.my_pe, rt.qp_num, rt.ctl.describe_offset)
-        except OSError as exc:  # the job's result stands; the trace is lost, and we say so
-            print(f"shmemx: pe {rt.my_pe}: could not write the trace part: {exc}", file=sys.stderr)
+        except Exception:  # the job's result stands; the trace part is lost, and we say why
+            import traceback
+
+            print(f"shmemx: pe {rt.my_pe}: could not write the trace part:\n{traceback.format_exc()}",
+                  file=sys.stderr)
         rt.tracer = None
     if rt.stats is not None:
         rt.stats.close()

@@ -242,16 +242,14 @@ class _Export:
 
 
 def _expand_posts(posts: list) -> list[tuple]:
-    """Per-WQE rows (t, block, pos, bytes, opcode) from post records; doorbell batches carry arrays."""
-    if all(len(p) == 5 for p in posts):
-        return posts
+    """Per-WQE rows (t, block, pos, bytes, opcode) from post records; a doorbell's record carries arrays."""
     rows = []
     for p in posts:
-        if len(p) == 5:
-            rows.append(p)
-        else:
+        if isinstance(p[2], np.ndarray):
             t, block, positions, lengths, ops = p
-            rows.extend((t, block, int(a), int(b), int(c)) for a, b, c in zip(positions, lengths, ops))
+            rows.extend((t, block, a, b, c) for a, b, c in zip(positions.tolist(), lengths.tolist(), ops.tolist()))
+        else:
+            rows.append(p)
     return rows
 
 

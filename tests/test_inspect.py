@@ -322,6 +322,49 @@ def _check_counters(s, n: int) -> None:
     assert set(totals) >= {f"{t.replace('_ns', '_s')}" for t in TIMERS} | {"user:puts"}
 
 
+def _every_posting_path():
+    """pe 0 posts to pe 1 qp 0 through every path: raw doorbells (small and large), defer/submit, FAA, put_signal."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    dst = shmemx.zeros(4096, np.uint8, name="dst")
+    word = shmemx.zeros(2, np.int64, name="word")
+    src = shmemx.full(4096, 3, np.uint8, name="src")
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        q = shmemx.aclshmemx_udma_raw_queue(1, 0)
+        for lengths in (np.arange(1, 6), np.full(40, 10)):  # 5 WQEs read word by word, 40 through numpy
+            wqes = q.build_writes(rmt_va=q.remote_va(dst) + 64 * np.arange(len(lengths)), sge_len=lengths,
+                                  sge_va=q.local_va(src))
+            q.ring_doorbell(q.write(q.reserve(len(wqes)), wqes), cqes=len(wqes))
+            q.poll()
+        state = shmemx.aclshmemx_submit_state_t()
+        for i in range(3):
+            kind = shmemx.aclshmemx_submit_t if i == 2 else shmemx.aclshmemx_defer_t
+            shmemx.aclshmemx_udma_put_nbi(dst[64 * i:], src, 16, 1, batch=kind(state))
+        shmemx.aclshmemx_udma_quiet(1)
+        assert shmemx.aclshmemx_udma_atomic_fetch_add(word, 5, 1) == 0  # one FAA (two BBs), quieted
+        shmemx.aclshmemx_udma_put_signal_nbi(dst[1024:], src, 24, word[1:], 9, 1)  # two BBs
+        shmemx.aclshmemx_udma_quiet(1)
+    shmemx.aclshmem_barrier_all()
+    s = shmemx.stats()
+    want = (5 + 40 + 3 + 1 + 1, 15 + 400 + 3 * 16 + 8 + 24)
+    for name, got in (("posted", (s.posted_wqes[0, 1, 0], s.posted_bytes[0, 1, 0])),
+                      ("completed", (s.completed_wqes[0, 1, 0], s.completed_bytes[0, 1, 0]))):
+        assert tuple(map(int, got)) == want, f"{name} WQEs, bytes {tuple(map(int, got))} != {want}"
+    assert int(s.posted_wqes.sum()) == want[0] and int(s.block_posted_wqes[0, 0]) == want[0]
+    shmemx.aclshmem_barrier_all()
+
+
+def test_counters_and_trace_of_every_posting_path(run_ok, no_leak, tmp_path):
+    run_ok(2, _every_posting_path, trace=str(tmp_path / "t.json"))
+    with open(tmp_path / "t.json") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "wqe" and e["pid"] == 1]
+    posts = sorted((e["args"]["pos"], e["args"]["bytes"], e["name"]) for e in events if e["ph"] == "i")
+    done = sorted((e["args"]["pos"], e["args"]["bytes"], "post " + e["name"]) for e in events if e["ph"] == "X")
+    assert posts == done and len(posts) == 50 and sum(p[1] for p in posts) == 495
+    assert [p[2] for p in posts[-2:]] == ["post FAA", "post WRITE_WITH_NOTIFY"] and posts[-1][0] == posts[-2][0] + 2
+
+
 N_TRACE = 3
 
 
