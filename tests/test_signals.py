@@ -149,6 +149,44 @@ def test_signal_set(run_ok, n):
     run_ok(n, _signal_set)
 
 
+def _word_resolution_follows_the_heap():
+    """signal_op and the waits cache where a word lives per array object: the cache must follow the heap."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    flags = shmemx.zeros(4, np.int64, name="flags")
+    sig, retyped, unsigned = flags[1:2], flags[2:3], flags[3:4]
+    for word in (sig, retyped, unsigned):  # each resolved (and cached) once
+        shmemx.aclshmemx_signal_op(word, 2**40 + me, SET, me)
+        assert shmemx.aclshmem_signal_wait_until(word, EQ, 2**40 + me) == 2**40 + me
+    retyped.dtype = np.int32  # the same object, now two int32 words: the int32 rules apply
+    with pytest.raises(ValueError, match="does not fit the word's dtype int32"):
+        shmemx.aclshmemx_signal_op(retyped, 2**40, SET, me)
+    unsigned.dtype = np.uint64  # same shape and strides, other dtype
+    with pytest.raises(ValueError, match="value -1 does not fit the word's dtype uint64"):
+        shmemx.aclshmemx_signal_op(unsigned, -1, SET, me)
+    shmemx.aclshmemx_signal_op(retyped, -3, SET, me)
+    assert int(flags[2]) & 0xFFFF_FFFF == 2**32 - 3
+    shmemx.aclshmem_barrier_all()
+    shmemx.aclshmem_free(flags)
+    for call in (lambda: shmemx.aclshmemx_signal_op(sig, 1, SET, me), lambda: shmemx.aclshmem_test(sig, EQ, 0),
+                 lambda: shmemx.aclshmem_signal_wait_until(sig, EQ, 2**40 + me)):
+        with pytest.raises(ValueError, match="freed, or never allocated"):
+            call()
+    # the block is allocated again: the old view resolves into the new allocation, as any view of it would
+    again = shmemx.full(4, 7, np.int64, name="again")
+    assert again.__array_interface__["data"][0] == sig.__array_interface__["data"][0] - 8
+    shmemx.aclshmem_barrier_all()
+    shmemx.aclshmemx_signal_op(sig, 100 + me, SET, (me + 1) % n)
+    assert shmemx.aclshmem_signal_wait_until(again[1:2], EQ, 100 + (me - 1) % n) == 100 + (me - 1) % n
+    assert "'again'+0x8" in runtime().ctl.describe_offset(me, _offset(sig))
+    shmemx.aclshmem_barrier_all()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_word_resolution_follows_the_heap(run_ok, n):
+    run_ok(n, _word_resolution_follows_the_heap)
+
+
 def _bad_signal_arguments():
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
