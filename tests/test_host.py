@@ -167,6 +167,38 @@ def test_barrier_no_pe_leaves_before_the_last_arrives(run_ok, n, order):
     run_ok(n, _barrier_waits_for_last, order, 10)
 
 
+def _barrier_times_out():
+    """PE n-1 stays out of a barrier: the others' barrier raises after 1 s naming it. Then it arrives late, which
+    completes the abandoned barrier, and the next barrier works for everyone."""
+    shmemx.init(timeout=1)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    flags = shmemx.zeros(2, np.int64, name="flags")  # [0]: PEs that timed out (on PE n-1), [1]: PE n-1 arrived
+    shmemx.aclshmem_barrier_all()
+    number = int(runtime().ctl.pes[me]["barriers"]) + 1
+    if me != n - 1:
+        started = time.monotonic()
+        with pytest.raises(shmemx.WaitTimeoutError) as info:
+            shmemx.aclshmem_barrier_all()
+        assert 1.0 <= time.monotonic() - started < 3.0
+        assert str(info.value).startswith(f"pe {me}: barrier_all (barrier #{number}): pe {n - 1} has not arrived "
+                                          f"(waited 1."), str(info.value)
+        shmemx.aclshmemx_signal_op(flags[0:1], 1, shmemx.ACLSHMEM_SIGNAL_ADD, n - 1)
+        shmemx.aclshmem_signal_wait_until(flags[1:2], shmemx.ACLSHMEM_CMP_EQ, 1)
+    else:
+        deadline = time.monotonic() + 10  # longer than the 1 s wait deadline: poll instead of waiting
+        while not shmemx.aclshmem_test(flags[0:1], shmemx.ACLSHMEM_CMP_EQ, n - 1):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        shmemx.aclshmem_barrier_all()  # the last arrival of the barrier the others gave up on: returns at once
+        for p in range(n - 1):
+            shmemx.aclshmemx_signal_op(flags[1:2], 1, shmemx.ACLSHMEM_SIGNAL_SET, p)
+    shmemx.aclshmem_barrier_all()
+
+
+def test_barrier_timeout_names_the_missing_pe(run_ok):
+    run_ok(4, _barrier_times_out)
+
+
 # --- single-process mode -----------------------------------------------------------------------------------
 
 SINGLE = textwrap.dedent("""
