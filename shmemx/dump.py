@@ -72,6 +72,9 @@ def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: b
         "taken_at": time.time(),
         "reason": reason,
         "udma_layout": vamap.udma,
+        # every PE's allocations, also those of PEs filtered out: they name the remote VAs of the WQEs shown
+        "va_names": {str(pe): [[name, off, size] for off, size, name in allocs]
+                     for pe, allocs in vamap.allocations.items()},
         "filters": {"pes": pes if len(pes) < reader.n_pes else None,
                     "peers": sorted(set(peers)) if peers is not None else None,
                     "qps": sorted(set(qps)) if qps is not None else None, "all_queues": all_queues, "limit": limit},
@@ -95,7 +98,7 @@ def _pe(reader: JobReader, pe: int, vamap: VaMap, waits: list, peers, qps, all_q
         "pe": pe,
         "pid": int(rec["pid"]),
         "status": PeStatus(int(rec["status"])).name,
-        "state": reader.pe_state(pe),
+        "state": f"waits in {waits[0]['call']}" if waits else reader.pe_state(pe),
         "error": rec["error"].item().decode(errors="replace"),
         "eid": f"{eid[1] << 64 | eid[0]:#034x}",
         "heap_tid": int(rec["heap_tid"]),
@@ -287,8 +290,7 @@ def render(doc: dict, *, pes=None, peers=None, qps=None) -> str:
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"not a shmemx dump (schema {doc.get('schema')!r}, expected {SCHEMA!r})")
     job = doc["job"]
-    vamap = VaMap(job["n_pes"], {p["pe"]: [(a["name"], a["offset"], a["size"]) for a in p["allocations"]]
-                                 for p in doc["pes"]}, doc.get("udma_layout"))
+    vamap = VaMap(job["n_pes"], {int(pe): allocs for pe, allocs in doc["va_names"].items()}, doc["udma_layout"])
     started = datetime.datetime.fromtimestamp(job["start_time"]).strftime("%Y-%m-%d %H:%M:%S")
     taken = datetime.datetime.fromtimestamp(doc["taken_at"]).strftime("%H:%M:%S")
     launcher = "alive" if job["launcher_alive"] else "gone"  # when the dump was taken

@@ -130,6 +130,7 @@ def _stalled_queue(out_dir: str):
         doc = json.loads(_shmemx("dump", job, "--json").stdout)
         text = _shmemx("dump", job).stdout
         every = json.loads(_shmemx("dump", job, "--json", "--all-queues", "--pe", "0").stdout)
+        pe0_text = _shmemx("dump", job, "--pe", "0", "--peer", "1", "--qp", "1").stdout
         snap = dumps.snapshot(_reader(job), limit=-1)  # in-process, then saved and read back by another process
         dumps.save(snap, os.path.join(out_dir, "saved.json"))
         reread = _shmemx("dump", "--file", os.path.join(out_dir, "saved.json")).stdout
@@ -137,7 +138,7 @@ def _stalled_queue(out_dir: str):
         shmemx.aclshmemx_udma_qp_quiet(1, 1)
         with open(os.path.join(out_dir, "live.json"), "w") as f:
             json.dump({"doc": doc, "text": text, "every": every, "rendered": dumps.render(snap), "reread": reread,
-                       "expect": _expected(rt)}, f)
+                       "pe0_text": pe0_text, "expect": _expected(rt)}, f)
     shmemx.aclshmem_barrier_all()
     if me == 1:
         assert (recv[0x40:0x80] == 0x50).all() and flags[8] == 7  # the stalled WQEs did run after resume()
@@ -206,6 +207,8 @@ def test_live_dump_shows_the_stalled_wqes_field_by_field(run_ok, no_leak, tmp_pa
     # --all-queues lists the idle queue pair too; --pe narrows to one PE
     assert [(q["peer"], q["qp"]) for q in got["every"]["pes"][0]["queues"]] == [(1, 0), (1, 1)]
     assert [p["pe"] for p in got["every"]["pes"]] == [0]
+    assert "remote=pe 1 heap +0x80 ('recv_x'+0x80) len=100" in got["pe0_text"]  # named though pe 1 is not shown
+    assert "\npe 1:" not in got["pe0_text"] and "pe 0 has 6 WQEs posted" in got["pe0_text"]
     # a saved dump renders exactly as the live document it was saved from
     assert got["reread"] == got["rendered"]
 
