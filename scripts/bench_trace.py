@@ -5,8 +5,9 @@
     python scripts/bench_trace.py --baseline REV  # also the same loop on commit REV (a git worktree), e.g. the
                                                   # commit before the inspection hooks: f677b9b^
 
-Every PE runs the small-put benchmark of the data plane: ``aclshmemx_udma_qp_put_nbi`` of 64 bytes to the next
-PE, one ``aclshmemx_udma_qp_quiet`` per 1024 WQEs. Variants run in interleaved rounds (noise on this shared
+PE 0 runs the small-put benchmark of the data plane (``scripts/bench_rma.py``'s 64-byte message rate):
+``aclshmemx_udma_qp_put_nbi`` of 64 bytes to PE 1, one ``aclshmemx_udma_qp_quiet`` per 1024 WQEs, timed until
+the last quiet returned (every WQE executed and completed); with ``--all`` every PE sends to the next one. Variants run in interleaved rounds (noise on this shared
 2-core machine drifts over seconds) and the table shows the best round of each (the median in brackets):
 
 * untraced: the current code, tracing off (the counters are always on);
@@ -34,8 +35,8 @@ QUIET_EVERY = 1024
 PAYLOAD = 64
 
 
-def _put_loop(wqes: int) -> None:
-    """The rank body: the 64-B qp_put_nbi loop, timed; prints one JSON line."""
+def _put_loop(wqes: int, all_send: bool) -> None:
+    """The rank body: the 64-B qp_put_nbi loop, timed; prints one JSON line per sending PE."""
     import numpy as np
 
     import shmemx
@@ -47,18 +48,22 @@ def _put_loop(wqes: int) -> None:
     src = np.full((slots, PAYLOAD), me, np.uint8)
     peer = (me + 1) % n
     put, quiet = shmemx.aclshmemx_udma_qp_put_nbi, shmemx.aclshmemx_udma_qp_quiet
+    sender = me == 0 or all_send
     shmemx.aclshmem_barrier_all()
-    start = time.perf_counter()
-    for i in range(wqes):
-        j = i & (slots - 1)
-        put(dst[j], src[j], PAYLOAD, peer, 0)
-        if j == slots - 1:
-            quiet(peer, 0)
-    quiet(peer, 0)
-    seconds = time.perf_counter() - start
+    if sender:
+        start = time.perf_counter()
+        for i in range(wqes):
+            j = i & (slots - 1)
+            put(dst[j], src[j], PAYLOAD, peer, 0)
+            if j == slots - 1:
+                quiet(peer, 0)
+        quiet(peer, 0)
+        seconds = time.perf_counter() - start
     shmemx.aclshmem_barrier_all()
-    assert (dst == (me - 1) % n).all(), "payload from the previous PE did not arrive"
-    print(json.dumps({"pe": me, "loop_s": seconds}))
+    if me == 1 % n or all_send:
+        assert (dst == (me - 1) % n).all(), "payload from the previous PE did not arrive"
+    if sender:
+        print(json.dumps({"pe": me, "loop_s": seconds}))
 
 
 def _child(args) -> None:
@@ -75,7 +80,7 @@ def _child(args) -> None:
         os.close(fd)
         kwargs["trace"] = trace_path
     started = time.perf_counter()
-    code = launch(args.n, _put_loop, (args.wqes,), timeout=600, tag_output=False, stdout=out, stderr=err, **kwargs)
+    code = launch(args.n, _put_loop, (args.wqes, args.all), timeout=600, tag_output=False, stdout=out, stderr=err, **kwargs)
     job_s = time.perf_counter() - started
     if code != 0:
         sys.exit(f"variant failed (exit {code}):\n{out.getvalue()}\n{err.getvalue()}")
@@ -105,6 +110,8 @@ def _use_worktree(path: str) -> None:
 
 def _run_variant(name: str, args, worktree: str | None = None, traced: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", "-n", str(args.n), "--wqes", str(args.wqes)]
+    if args.all:
+        cmd.append("--all")
     if traced:
         cmd.append("--traced")
     if worktree:
@@ -129,6 +136,7 @@ def main() -> None:
     parser.add_argument("--wqes", type=int, default=200_000, help="WQEs per PE (default 200,000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--baseline", metavar="REV", help="also run the untraced loop on git commit REV")
+    parser.add_argument("--all", action="store_true", help="every PE sends (default: PE 0 only, as bench_rma.py)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 WQEs, 1 round")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
@@ -158,8 +166,9 @@ def main() -> None:
 def _table(args, results: dict[str, list[dict]]) -> None:
     ref = min(r["loop_s"] for r in results["untraced"])
     ref_job = min(r["job_s"] for r in results["untraced"])
-    print(f"64-B aclshmemx_udma_qp_put_nbi loop, one qp_quiet per {QUIET_EVERY}: {args.n} PEs x {args.wqes:,} WQEs, "
-          f"{args.rounds} interleaved round(s); best round [median]")
+    who = f"every PE of {args.n} sends" if args.all else f"PE 0 sends to PE 1 ({args.n} PEs)"
+    print(f"64-B aclshmemx_udma_qp_put_nbi loop, one qp_quiet per {QUIET_EVERY}: {who}, {args.wqes:,} WQEs per "
+          f"sender, {args.rounds} interleaved round(s); best round [median]")
     head = (f"{'variant':<34} {'loop s':>16} {'WQE/s per PE':>20} {'loop ratio':>11} {'job s':>15} "
             f"{'job ratio':>10} {'trace MB':>9}")
     print(head)
