@@ -150,7 +150,7 @@ class _Export:
 
         def meta(name: str, args: dict, tid: int | None = None) -> str:
             where = f'"pid":{pid}' + (f',"tid":{tid}' if tid is not None else "")
-            return f'{{"ph":"M",{where},"name":"{name}","args":{json.dumps(args)}}}'
+            return f'{{"ph":"M",{where},"ts":0,"name":"{name}","args":{json.dumps(args)}}}'
 
         def thread(tid: int, name: str, order: int) -> list[str]:
             return [meta("thread_name", {"name": name}, tid), meta("thread_sort_index", {"sort_index": order}, tid)]
