@@ -64,9 +64,8 @@ class RawQueue:
 
     def local_va(self, arr: np.ndarray, *, writable: bool = False) -> int:
         """Local VA of ``arr`` (this PE's heap, or a local array registered while this queue uses it)."""
-        va, reg = self._qp.udma.registry.va_of(arr, writable, "raw local_va argument")
-        if reg is not None:
-            reg.uses[self._qp.index] = (self._qp.head + self.depth) & M32  # until the ring turned over once
+        pin = (self._qp.index, (self._qp.head + self.depth) & M32)  # until the ring turned over once
+        va, _ = self._qp.udma.registry.va_of(arr, writable, "raw local_va argument", pin=pin)
         return va
 
     def describe_va(self, va: int) -> str:

@@ -232,11 +232,14 @@ class LocalRegistry:
         self._lock = threading.Lock()
         self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
 
-    def va_of(self, arr: np.ndarray, writable: bool, what: str) -> tuple[int, Registration | None]:
+    def va_of(self, arr: np.ndarray, writable: bool, what: str,
+              pin: tuple[int, int] | None = None) -> tuple[int, Registration | None]:
         """Local VA of a C-contiguous array's first byte; registers it when it is not on this PE's heap.
 
         Returns (va, registration or None for heap memory). ValueError for another PE's heap memory. ``what``
-        (a string, or a function making it) names the argument in errors.
+        (a string, or a function making it) names the argument in errors. ``pin`` = (queue index, BB position):
+        record that use under the registry's lock, so that a ``collect`` by another thread (a quiet of another
+        queue) cannot drop the registration between this lookup and the caller's post.
         """
         addr = data_address(arr)
         off = addr - self.heap.base_addr
@@ -262,20 +265,23 @@ class LocalRegistry:
         root_addr = data_address(root)
         if not root_addr <= addr <= addr + arr.nbytes <= root_addr + root.nbytes:
             root, root_addr = arr, addr
-        reg = self._by_address.get((root_addr, root.nbytes))
-        if reg is None:
-            reg = self._register(root, root_addr)
+        with self._lock:
+            reg = self._by_address.get((root_addr, root.nbytes))
+            if reg is None:
+                reg = self._register(root, root_addr)
+            if pin is not None:
+                reg.uses[pin[0]] = pin[1]
         return reg.va + (addr - root_addr), reg
 
     def _register(self, root: np.ndarray, root_addr: int) -> Registration:
+        """A new registration (the caller holds the lock)."""
         data = root.reshape(-1).view(np.uint8) if root.nbytes else np.zeros(0, np.uint8)
-        with self._lock:
-            va = self._next_va + root_addr % PAGE_SIZE
-            self._next_va = _align(va + max(data.nbytes, 1), PAGE_SIZE)
-            reg = Registration(va, data, self._next_tid, root_addr)
-            self._next_tid = (self._next_tid + 1) & 0xFFFFF or 1
-            self._by_address[(root_addr, root.nbytes)] = reg
-            self._publish()
+        va = self._next_va + root_addr % PAGE_SIZE
+        self._next_va = _align(va + max(data.nbytes, 1), PAGE_SIZE)
+        reg = Registration(va, data, self._next_tid, root_addr)
+        self._next_tid = (self._next_tid + 1) & 0xFFFFF or 1
+        self._by_address[(root_addr, root.nbytes)] = reg
+        self._publish()
         return reg
 
     def _publish(self) -> None:

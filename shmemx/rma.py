@@ -95,11 +95,11 @@ def _remote(rt, what: str, arr: np.ndarray, nbytes: int, pe: int, where: str, ro
     return HEAP_VA_BASE + pe * HEAP_VA_STRIDE + off
 
 
-def _pin(reg, qp) -> None:
-    """Keep a local registration alive while the WQE that uses it is being posted (posting may drain the CQ,
-    which collects retired registrations): pin it one ring lap ahead until the post records its position."""
-    if reg is not None:
-        reg.uses[qp.index] = (qp.head + qp.depth) & M32
+def _pin(qp) -> tuple[int, int]:
+    """The ``pin`` for ``LocalRegistry.va_of``: keep a local registration alive while the WQE that uses it is
+    being posted (posting may drain the CQ, which collects retired registrations, and other blocks' quiets
+    collect too): one ring lap ahead, until the post records its position."""
+    return qp.index, (qp.head + qp.depth) & M32
 
 
 def _config(rt, what: str, config) -> OpConfig:
@@ -134,9 +134,8 @@ def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, con
             udma = rt.udma
             qp = udma.qps[pe * rt.qp_num + qp_idx]
             local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
-                                                lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array")
-            if reg is not None:
-                reg.uses[qp.index] = (qp.head + qp.depth) & M32
+                                                lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
+                                                pin=(qp.index, (qp.head + qp.depth) & M32))
             pos = qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
             if reg is not None:
                 reg.uses[qp.index] = (pos + 1) & M32
@@ -155,10 +154,10 @@ def _rw_checked(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp
     remote_role = "dst" if opcode == Opcode.WRITE else "src"
     remote_va = _remote(rt, what, remote_arr, nbytes, pe, where, remote_role)
     udma = rt.udma
-    local_va, reg = udma.registry.va_of(local_arr, writable=opcode == Opcode.READ,
-                                        what=f"{what}{where} {'src' if opcode == Opcode.WRITE else 'dst'}")
     qp = udma.qp(int(pe), int(qp_idx))
-    _pin(reg, qp)
+    local_va, reg = udma.registry.va_of(local_arr, writable=opcode == Opcode.READ,
+                                        what=f"{what}{where} {'src' if opcode == Opcode.WRITE else 'dst'}",
+                                        pin=_pin(qp))
     if batch is not None:
         batch._add(rt, qp, api, opcode, config, buf, what + where,
                    dict(rmt_va=remote_va, sge_len=nbytes, sge_va=local_va), reg)
@@ -231,9 +230,8 @@ def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config
     if value is None:
         raise ValueError(f"pe {rt.my_pe}: {what}{where}: signal {signal!r} is not a 64-bit integer")
     udma = rt.udma
-    local_va, reg = udma.registry.va_of(src, writable=False, what=f"{what}{where} src")
     qp = udma.qp(int(pe), int(qp_idx))
-    _pin(reg, qp)
+    local_va, reg = udma.registry.va_of(src, writable=False, what=f"{what}{where} src", pin=_pin(qp))
     wqe = qp.build(Opcode.WRITE_WITH_NOTIFY, config.flag, remote_va, sge_len=nbytes, sge_va=local_va,
                    notify_tid=qp.tid, notify_token=qp.token, notify_va=sig_va, notify_value=value)
     pos = qp.post_bytes(wqe, config.flag, api, what)

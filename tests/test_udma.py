@@ -1262,3 +1262,62 @@ def _mixed_batch():
 
 def test_mixed_batch_executes_in_order(run_ok):
     run_ok(2, _mixed_batch)
+
+
+# --- local registrations shared by blocks -------------------------------------------------------------------
+
+
+def _registration_pinned_under_the_lock():
+    """A registration looked up with ``pin`` survives a collect that runs right after the lookup (the window
+    in which another block's quiet used to drop it: the WQE then failed with LOCAL_ACCESS)."""
+    shmemx.init()
+    rt = runtime()
+    registry, qp = rt.udma.registry, rt.udma.qp(1 - shmemx.my_pe(), 0)
+    arr = np.arange(256, dtype=np.uint8)
+    va, reg = registry.va_of(arr, False, "test array", pin=(qp.index, qp.head + qp.depth))
+    registry.collect({i: q.tail for i, q in rt.udma.qps.items()})  # what a quiet of another queue does
+    assert registry.resolve(va, 256) is not None
+    assert reg.uses == {qp.index: qp.head + qp.depth}
+    other = np.arange(64, dtype=np.uint8)
+    va2, _ = registry.va_of(other, False, "unpinned array")
+    registry.collect({i: q.tail for i, q in rt.udma.qps.items()})
+    assert registry.resolve(va2, 64) is None  # the unpinned one goes: callers must pin in va_of
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_registration_pinned_under_the_lock(run_ok):
+    run_ok(2, _registration_pinned_under_the_lock)
+
+
+def _blocks_share_a_local_source(rounds: int):
+    """Four blocks, one QP each, put from one fresh local array at the same time (each launch a new one, so
+    each launch registers it anew while the blocks race to look it up) and quiet. Two blocks used to register
+    the same array twice; the registration the dict forgot left its WQEs with LOCAL_ACCESS."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    dst = shmemx.zeros((rounds, 4, 64), np.int64, name="dst")
+
+    def kernel(i, src):
+        qp = shmemx.get_block_idx()
+        for p in _others(me, n):
+            q = shmemx.aclshmemx_udma_raw_queue(p, qp)
+            head = q.reserve(1)
+            q.write(head, q.build_writes(rmt_va=q.remote_va(dst[i, qp]), sge_len=64 * 8, sge_va=q.local_va(src[qp])))
+            q.ring_doorbell(head + 1, cqes=1)
+            shmemx.aclshmemx_udma_qp_quiet(p, qp)
+
+    for i in range(rounds):
+        shmemx.launch(kernel, 4, i, _stamp(me, i, np.arange(4 * 64)).reshape(4, 64))
+    shmemx.aclshmem_barrier_all()
+    for p in _others(me, n):
+        for i in range(rounds):
+            np.testing.assert_array_equal(shmemx.aclshmem_ptr(dst, p)[i],
+                                          _stamp(me, i, np.arange(4 * 64)).reshape(4, 64))
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_blocks_share_a_local_source(run_ok):
+    run_ok(2, _blocks_share_a_local_source, 100, timeout=60)
