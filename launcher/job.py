@@ -324,6 +324,10 @@ class Job:
         reader = JobReader(self.ctl)
         try:
             doc = snapshot(reader, limit=_DUMP_LIMIT, reason=reason)
+        except Exception:  # a bug in the dump must not keep the launcher from stopping the job: say it, go on
+            self._message(f"{title}\n(could not read the job for the diagnosis, a shmemx bug:\n"
+                          f"{traceback.format_exc()})")
+            return
         finally:
             reader.close()
         self._message(title)

@@ -499,3 +499,24 @@ def test_ps_shows_a_stale_job_and_clean_removes_it(no_leak):
         for name in os.listdir("/dev/shm"):
             if name.startswith(f"shmemx_{job}_"):
                 os.unlink(f"/dev/shm/{name}")
+
+
+# --- a bug in the dump never keeps the launcher from stopping the job --------------------------------------------
+
+
+def _pe1_fails():
+    shmemx.init()
+    if shmemx.my_pe() == 1:
+        raise RuntimeError("pe 1 fails on purpose")
+    shmemx.aclshmem_barrier_all()
+
+
+def test_a_failing_snapshot_does_not_stop_the_launcher(run_job, no_leak, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("broken snapshot")
+
+    monkeypatch.setattr(dumps, "snapshot", broken)
+    result = run_job(2, _pe1_fails)
+    assert result.code == 1 and result.seconds < 10, result.report()
+    assert "shmemx: pe 1 failed with exit code 1: RuntimeError: pe 1 fails on purpose" in result.err
+    assert "(could not read the job for the diagnosis, a shmemx bug:" in result.err and "KeyError" in result.err
