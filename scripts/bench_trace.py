@@ -15,8 +15,11 @@ the last quiet returned (every WQE executed and completed); with ``--all`` every
   time (which includes writing and merging the trace file at finalize);
 * baseline: the same untraced loop on commit REV, i.e. before the hooks ("cost when off").
 
-The ratios are against the untraced variant of the same run. Loop time is the slowest PE's, from its first
-post to its last quiet; WQE/s is per PE.
+The ratios are against the untraced variant of the same run. Loop time is the slowest sender's, from its first
+post to its last quiet; WQE/s is per sending PE; CPU is the sender process's CPU time (posting thread and DMA
+engine) per WQE over the loop, which other processes on a loaded host disturb less than wall time. "post us"
+is the posting path alone: the posting thread's CPU per ``qp_put_nbi`` while its engine is paused (best of 3 x
+30,000; "-" for a commit without the pause hook), the most direct measure of what the hooks cost when off.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 
 QUIET_EVERY = 1024
 PAYLOAD = 64
+POST_ONLY = 30_000  # WQEs posted with the engine paused (they fit the default 32768-deep SQ)
 
 
 def _put_loop(wqes: int, all_send: bool) -> None:
@@ -50,20 +54,43 @@ def _put_loop(wqes: int, all_send: bool) -> None:
     put, quiet = shmemx.aclshmemx_udma_qp_put_nbi, shmemx.aclshmemx_udma_qp_quiet
     sender = me == 0 or all_send
     shmemx.aclshmem_barrier_all()
+    post_us = _post_only(put, quiet, dst, src, peer) if sender else None
     if sender:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for i in range(wqes):
             j = i & (slots - 1)
             put(dst[j], src[j], PAYLOAD, peer, 0)
             if j == slots - 1:
                 quiet(peer, 0)
         quiet(peer, 0)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     shmemx.aclshmem_barrier_all()
     if me == 1 % n or all_send:
         assert (dst == (me - 1) % n).all(), "payload from the previous PE did not arrive"
     if sender:
-        print(json.dumps({"pe": me, "loop_s": seconds}))
+        print(json.dumps({"pe": me, "loop_s": seconds, "cpu_us": cpu / wqes * 1e6, "post_us": post_us}))
+
+
+def _post_only(put, quiet, dst, src, peer: int) -> float | None:
+    """The posting thread's CPU per put with the engine paused (nothing competes for the GIL): the cost of the
+    posting path alone, best of 3; None when this version of shmemx has no engine pause hook."""
+    from shmemx.runtime import runtime
+
+    engine = runtime().udma.engine
+    if not hasattr(engine, "pause"):
+        return None
+    best = None
+    for _ in range(3):
+        engine.pause()
+        start = time.thread_time()
+        for i in range(POST_ONLY):
+            j = i & (QUIET_EVERY - 1)
+            put(dst[j], src[j], PAYLOAD, peer, 0)
+        us = (time.thread_time() - start) / POST_ONLY * 1e6
+        engine.resume()
+        quiet(peer, 0)
+        best = us if best is None else min(best, us)
+    return best
 
 
 def _child(args) -> None:
@@ -84,13 +111,15 @@ def _child(args) -> None:
     job_s = time.perf_counter() - started
     if code != 0:
         sys.exit(f"variant failed (exit {code}):\n{out.getvalue()}\n{err.getvalue()}")
-    loops = [json.loads(line)["loop_s"] for line in out.getvalue().splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    loops = [r["loop_s"] for r in rows]
     trace_mb = 0.0
     if trace_path:
         trace_mb = os.path.getsize(trace_path) / 1e6
         os.unlink(trace_path)
     print(json.dumps({"loop_s": max(loops), "rate": statistics.mean(args.wqes / s for s in loops), "job_s": job_s,
-                      "trace_mb": trace_mb}))
+                      "cpu_us": statistics.mean(r["cpu_us"] for r in rows), "trace_mb": trace_mb,
+                      "post_us": rows[0]["post_us"]}))
 
 
 def _use_worktree(path: str) -> None:
@@ -169,18 +198,29 @@ def _table(args, results: dict[str, list[dict]]) -> None:
     who = f"every PE of {args.n} sends" if args.all else f"PE 0 sends to PE 1 ({args.n} PEs)"
     print(f"64-B aclshmemx_udma_qp_put_nbi loop, one qp_quiet per {QUIET_EVERY}: {who}, {args.wqes:,} WQEs per "
           f"sender, {args.rounds} interleaved round(s); best round [median]")
-    head = (f"{'variant':<34} {'loop s':>16} {'WQE/s per PE':>20} {'loop ratio':>11} {'job s':>15} "
-            f"{'job ratio':>10} {'trace MB':>9}")
+    ref_cpu = min(r["cpu_us"] for r in results["untraced"])
+    head = (f"{'variant':<30} {'loop s':>16} {'WQE/s per PE':>20} {'loop ratio':>10} {'CPU us/WQE':>15} "
+            f"{'CPU ratio':>9} {'job s':>15} {'job ratio':>9} {'trace MB':>8} {'post us':>15}")
     print(head)
     print("-" * len(head))
     for name, rows in results.items():
         loop = [r["loop_s"] for r in rows]
         rate = [r["rate"] for r in rows]
         job = [r["job_s"] for r in rows]
-        print(f"{name:<34} {min(loop):7.3f} [{statistics.median(loop):6.3f}] "
-              f"{max(rate):9,.0f} [{statistics.median(rate):8,.0f}] {min(loop) / ref:11.2f} "
-              f"{min(job):6.2f} [{statistics.median(job):6.2f}] {min(job) / ref_job:10.2f} "
-              f"{max(r['trace_mb'] for r in rows):9.1f}")
+        cpu = [r["cpu_us"] for r in rows]
+        print(f"{name:<30} {min(loop):7.3f} [{statistics.median(loop):6.3f}] "
+              f"{max(rate):9,.0f} [{statistics.median(rate):8,.0f}] {min(loop) / ref:10.2f} "
+              f"{min(cpu):6.2f} [{statistics.median(cpu):6.2f}] {min(cpu) / ref_cpu:9.2f} "
+              f"{min(job):6.2f} [{statistics.median(job):6.2f}] {min(job) / ref_job:9.2f} "
+              f"{max(r['trace_mb'] for r in rows):8.1f} {_post_column(rows, results['untraced'])}")
+
+
+def _post_column(rows: list[dict], ref_rows: list[dict]) -> str:
+    posts = [r["post_us"] for r in rows if r["post_us"] is not None]
+    refs = [r["post_us"] for r in ref_rows if r["post_us"] is not None]
+    if not posts or not refs:
+        return f"{'-':>15}"
+    return f"{min(posts):5.2f} ({min(posts) / min(refs):4.2f}x)"
 
 
 if __name__ == "__main__":
