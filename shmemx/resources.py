@@ -200,7 +200,7 @@ class UdmaSegment:
 class Registration:
     """Local memory registered as an URMA segment: ``[va, va + nbytes)`` maps to ``data`` (uint8)."""
 
-    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses")
+    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable")
 
     def __init__(self, va: int, data: np.ndarray, tid: int, address: int):
         self.va = va
@@ -208,6 +208,7 @@ class Registration:
         self.tid = tid
         self.data = data
         self.address = address
+        self.writable = bool(data.flags.writeable)
         self.uses: dict[int, int] = {}  # queue index -> BB position after its last WQE that used this
 
 
@@ -231,17 +232,28 @@ class LocalRegistry:
         self._by_address: dict[tuple[int, int], Registration] = {}
         self._lock = threading.Lock()
         self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
+        self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
 
-    def va_of(self, arr: np.ndarray, writable: bool, what: str,
-              pin: tuple[int, int] | None = None) -> tuple[int, Registration | None]:
+    def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
+              addr: int | None = None) -> tuple[int, Registration | None]:
         """Local VA of a C-contiguous array's first byte; registers it when it is not on this PE's heap.
 
         Returns (va, registration or None for heap memory). ValueError for another PE's heap memory. ``what``
         (a string, or a function making it) names the argument in errors. ``pin`` = (queue index, BB position):
         record that use under the registry's lock, so that a ``collect`` by another thread (a quiet of another
-        queue) cannot drop the registration between this lookup and the caller's post.
+        queue) cannot drop the registration between this lookup and the caller's post. ``addr``: ``arr``'s
+        address, when the caller has it.
         """
-        addr = data_address(arr)
+        if addr is None:
+            addr = data_address(arr)
+        last = self._last  # rows of the array used last: no heap lookups, no root walk
+        if (last is not None and last.address <= addr and addr + arr.nbytes <= last.address + last.nbytes
+                and (last.writable or not writable)):
+            with self._lock:
+                if last is self._last:  # not collected meanwhile
+                    if pin is not None:
+                        last.uses[pin[0]] = pin[1]
+                    return last.va + (addr - last.address), last
         off = addr - self.heap.base_addr
         if 0 <= off and self.heap.allocated(off, arr.nbytes):
             return self.heap_va + off, None
@@ -271,6 +283,7 @@ class LocalRegistry:
                 reg = self._register(root, root_addr)
             if pin is not None:
                 reg.uses[pin[0]] = pin[1]
+            self._last = reg
         return reg.va + (addr - root_addr), reg
 
     def _register(self, root: np.ndarray, root_addr: int) -> Registration:
@@ -312,7 +325,8 @@ class LocalRegistry:
                     if all(((retired.get(q, 0) - pos) & 0xFFFF_FFFF) < 0x8000_0000 for q, pos in reg.uses.items())]
             if dead:
                 for key in dead:
-                    del self._by_address[key]
+                    if self._by_address.pop(key) is self._last:
+                        self._last = None
                 self._publish()
 
     def __len__(self) -> int:
