@@ -257,6 +257,11 @@ class QueuePair:
         self.n_posted += wqes
         self.b_posted += nbytes
 
+    def rw_bytes(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int) -> bytes:
+        """The 64 bytes ``post_rw`` would write for this WRITE or READ (a defer batch stages them)."""
+        return _WRITE.pack(flag << 16 | _JETTY_TOKEN, opcode << 8, self._dw2, self.tid, self.eid_lo, self.eid_hi,
+                           self.token, 0, rmt_va, length, 0, local_va)
+
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
         """A WQE for this queue's peer (its TP, tokenId, EID and token) as bytes."""
         return pack_wqe(opcode=opcode, flag=flag, tp_id=self.tpn, rmt_seg_id=self.tid, rmt_eid=self.eid,

@@ -116,26 +116,38 @@ _CALLS = {api: api.call for api in Api}
 
 
 def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, config, batch, buf) -> None:
-    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src).
+    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``.
 
     The common case is checked in one expression (this runs per token in MoE kernels); anything unusual goes to
     ``_rw_checked``, which checks the same things one by one and names what is wrong.
     """
     rt = runtime()
-    if (batch is None and type(config) is OpConfig and type(pe) is int and type(qp_idx) is int
-            and type(nelems) is int and 0 <= qp_idx < rt.qp_num and 0 <= pe < rt.n_pes and pe != rt.my_pe
-            and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
+    if ((batch is None or type(batch) in _BATCH_CALLS) and type(config) is OpConfig and type(pe) is int
+            and type(qp_idx) is int and type(nelems) is int and 0 <= qp_idx < rt.qp_num and 0 <= pe < rt.n_pes
+            and pe != rt.my_pe and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
             and remote_arr.dtype == local_arr.dtype and remote_arr.flags.c_contiguous
             and local_arr.flags.c_contiguous and 0 < nelems <= remote_arr.size and nelems <= local_arr.size):
         heap = rt.heap
         nbytes = nelems * remote_arr.itemsize
-        off = data_address(remote_arr) - heap.base_addr
+        base = heap.base_addr
+        off = data_address(remote_arr) - base
         if nbytes <= MAX_MSG_BYTES and 0 <= off and heap.allocated(off, nbytes):
             udma = rt.udma
             qp = udma.qps[pe * rt.qp_num + qp_idx]
-            local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
-                                                lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
-                                                pin=(qp.index, (qp.head + qp.depth) & M32))
+            loff = data_address(local_arr) - base
+            if 0 <= loff and heap.allocated(loff, nbytes):  # the local side is on this PE's heap: no registration
+                local_va, reg = udma.registry.heap_va + loff, None
+                if batch is None:
+                    qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
+                    return
+            else:
+                local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
+                                                    lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
+                                                    pin=(qp.index, (qp.head + qp.depth) & M32), addr=loff + base)
+            if batch is not None:
+                batch._add(rt, qp, api, opcode, config, buf, f"{_CALLS[api]} to pe {pe} qp {qp_idx}",
+                           dict(rmt_va=qp.remote_base + off, sge_len=nbytes, sge_va=local_va), reg)
+                return
             pos = qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
             if reg is not None:
                 reg.uses[qp.index] = (pos + 1) & M32
@@ -344,7 +356,7 @@ class _BatchCall:
         if n + 10 >= qp.depth:
             raise ValueError(f"pe {rt.my_pe}: {what}: {n} WQEs in one batch do not fit an SQ of depth {qp.depth} "
                              f"(a batch, submit included, must leave the 10-BB credit guard free)")
-        wqe = qp.build(opcode, config.flag, **fields)
+        wqe = qp.rw_bytes(opcode, config.flag, fields["rmt_va"], fields["sge_len"], fields["sge_va"])
         if buf is not None:
             if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.nbytes < 64 * n:
                 raise ValueError(f"pe {rt.my_pe}: {what}: buf must be a uint8 array of at least 64 * {n} bytes "
@@ -387,6 +399,9 @@ class aclshmemx_submit_t(_BatchCall):
     """``batch=aclshmemx_submit_t(state)``: add this WQE (with the batch's one CQE) and post the whole batch."""
 
     submit = True
+
+
+_BATCH_CALLS = (aclshmemx_defer_t, aclshmemx_submit_t)
 
 
 # --- MTE: direct copies by the calling thread ---------------------------------------------------------------
