@@ -786,15 +786,21 @@ def _bad_input():
          f"{P} to pe {nxt} qp 1 local array is pe {nxt}'s heap memory; it must be local"),
         (lambda: get(np.frombuffer(bytes(256), np.int32), dst, 4, nxt, 1), ValueError,
          f"{G} to pe {nxt} qp 1 local array is read-only"),
+        (lambda: get(frozen[4:], dst, 4, nxt, 1), ValueError,  # registered by a put just before: still refused
+         f"{G} to pe {nxt} qp 1 local array is read-only"),
         (lambda: put(dst, src, 4, nxt, 1, config=0x20), TypeError, f"{P}: config must be an OpConfig"),
         (lambda: shmemx.aclshmemx_udma_qp_quiet(nxt, 5), ValueError, f"aclshmemx_udma_qp_quiet to pe {nxt}: qp_idx 5"),
         (lambda: shmemx.aclshmemx_udma_quiet(me), ValueError, "aclshmemx_udma_quiet to itself"),
     ]
+    frozen = np.frombuffer(np.arange(64, dtype=np.int32).tobytes(), np.int32)
+    shmemx.aclshmemx_udma_qp_put_nbi(dst, frozen, 4, nxt, 0)  # a read-only array is a fine put source
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 0)
     queues = [shmemx.aclshmemx_udma_raw_queue(p, q) for p in range(n) if p != me for q in range(2)]
+    before = [(q.head, q.cqe_cnt) for q in queues]
     for call, kind, pattern in cases:
         with pytest.raises(kind, match=f"^pe {me}: {pattern}"):
             call()
-        assert all(q.head == 0 and q.cqe_cnt == 0 for q in queues), f"posted despite {pattern!r}"
+        assert [(q.head, q.cqe_cnt) for q in queues] == before, f"posted despite {pattern!r}"
     shmemx.aclshmem_barrier_all()
     del big
     shmemx.finalize()
@@ -802,6 +808,55 @@ def _bad_input():
 
 def test_bad_input_is_rejected_before_posting(run_ok):
     run_ok(2, _bad_input)
+
+
+def test_data_address_matches_array_interface():
+    """The posting path reads an array's data pointer from the ndarray struct: it must agree with numpy."""
+    from shmemx.heap import data_address
+
+    base = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
+    frozen = np.frombuffer(bytes(96), np.int16)
+
+    class Sub(np.ndarray):
+        pass
+
+    for arr in (base, base[1], base[2, 3:], base[:, ::2], base[::-1], base[..., 5], frozen[3:], base.view(Sub)[1],
+                base.T, np.zeros(0), base[1:1]):
+        assert data_address(arr) == arr.__array_interface__["data"][0]
+
+
+def _local_arrays_in_batches():
+    """defer/submit batches whose local sides are not on the heap (registered arrays): puts from rows of one
+    array, gets into rows of another; every registration is dropped once the quiet retired its WQEs."""
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    dst = shmemx.zeros((16, 8), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(128)).reshape(16, 8), name="src")
+    rows = _stamp(me, nxt, np.arange(128)).reshape(16, 8) + 1  # local
+    back = np.zeros((16, 8), np.int64)  # local
+    registry = runtime().udma.registry
+    shmemx.aclshmem_barrier_all()
+    state = shmemx.aclshmemx_submit_state_t()
+    for k in range(15):
+        shmemx.aclshmemx_udma_put_nbi(dst[k], rows[k], 8, nxt, batch=shmemx.aclshmemx_defer_t(state))
+    shmemx.aclshmemx_udma_put_nbi(dst[15], rows[15], 8, nxt, batch=shmemx.aclshmemx_submit_t(state))
+    assert len(registry) == 1
+    shmemx.aclshmemx_udma_quiet(nxt)
+    assert len(registry) == 0
+    for k in range(15):
+        shmemx.aclshmemx_udma_get_nbi(back[k], src[k], 8, nxt, batch=shmemx.aclshmemx_defer_t(state))
+    shmemx.aclshmemx_udma_get_nbi(back[15], src[15], 8, nxt, batch=shmemx.aclshmemx_submit_t(state))
+    shmemx.aclshmemx_udma_quiet(nxt)
+    assert len(registry) == 0
+    np.testing.assert_array_equal(back, _stamp(nxt, (nxt + 1) % n, np.arange(128)).reshape(16, 8))
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst, _stamp(prev, me, np.arange(128)).reshape(16, 8) + 1)
+    shmemx.finalize()
+
+
+def test_defer_submit_with_local_arrays(run_ok):
+    run_ok(2, _local_arrays_in_batches)
 
 
 # --- what does and does not complete UDMA work ------------------------------------------------------------------
