@@ -67,7 +67,16 @@ def list_jobs() -> list[dict]:
                "start_time": None, "state": "NO_CONTROL_SEGMENT", "launcher_pid": 0, "pes": {}, "stale": True}
         try:
             ctl = Control.attach(job, readonly=True)
-        except (FileNotFoundError, ValueError, OSError):
+        except PermissionError:  # another user's job (segments are mode 0600): not ours to judge or clean
+            rec.update(state="OTHER_USER", stale=False)
+            jobs.append(rec)
+            continue
+        except ValueError:  # no magic yet: a job being created right now, or the remains of a crash
+            young = _age(segment_name(job, "ctl")) < 10.0
+            rec.update(state="CREATING" if young else "BROKEN_CONTROL_SEGMENT", stale=not young)
+            jobs.append(rec)
+            continue
+        except OSError:
             jobs.append(rec)
             continue
         try:
@@ -84,6 +93,14 @@ def list_jobs() -> list[dict]:
             ctl.close()
         jobs.append(rec)
     return jobs
+
+
+def _age(name: str) -> float:
+    """Seconds since the segment file ``name`` was last modified (infinite when it is gone)."""
+    try:
+        return time.time() - os.stat(os.path.join(SHM_DIR, name)).st_mtime
+    except FileNotFoundError:
+        return float("inf")
 
 
 def _disk_bytes(names: list[str]) -> int:
