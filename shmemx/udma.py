@@ -137,8 +137,9 @@ class Udma:
 
 
 def create(rt) -> None:
-    sq = _depth("sq_depth", os.environ.get("SHMEMX_SQ_DEPTH", rt.sq_depth or DEFAULT_DEPTH))
-    cq = _depth("cq_depth", os.environ.get("SHMEMX_CQ_DEPTH", rt.cq_depth or sq))
+    # as for the heap size: an argument of init beats the environment, which beats the default
+    sq = _depth("sq_depth", rt.sq_depth or os.environ.get("SHMEMX_SQ_DEPTH") or DEFAULT_DEPTH)
+    cq = _depth("cq_depth", rt.cq_depth or os.environ.get("SHMEMX_CQ_DEPTH") or sq)
     if cq < sq:
         raise ValueError(f"cq_depth {cq} must be at least sq_depth {sq}")
     rt.udma = Udma(rt, sq, cq)
