@@ -4,13 +4,12 @@ kernel launch, the one-submitter rule and the raw WQE path.
 Every body is a module-level function run in every rank through ``launch`` (conftest's ``run_ok``) and works for
 any rank count. Payloads encode their origin (``_stamp(src_pe, dst_pe, i)``), so a misrouted, lost or overwritten
 element names the put it came from. Tests that must see the engine *not* having run something pause it
-(``_EngineGate``) instead of racing it.
+(``Engine.pause``) instead of racing it.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import numpy as np
@@ -33,26 +32,6 @@ def _stamp(src: int, dst: int, i) -> np.ndarray:
 
 def _others(me: int, n: int) -> list[int]:
     return [(me + k) % n for k in range(1, n)]
-
-
-class _EngineGate:
-    """Hold this PE's DMA engine before it executes anything, until ``open()`` (tests that must observe the state
-    *before* execution: what quiet/fence do not wait for, what sits in the ring)."""
-
-    def __init__(self):
-        self.engine = runtime().udma.engine
-        self.event = threading.Event()
-        self._service = self.engine._service
-
-        def gated(qp):
-            self.event.wait(20)
-            return self._service(qp)
-
-        self.engine._service = gated
-
-    def open(self) -> None:
-        self.engine._service = self._service
-        self.event.set()
 
 
 def _wait_for(pred, what: str, timeout: float = 10.0) -> None:
@@ -1376,3 +1355,72 @@ def _blocks_share_a_local_source(rounds: int):
 
 def test_blocks_share_a_local_source(run_ok):
     run_ok(2, _blocks_share_a_local_source, 100, timeout=60)
+
+
+# --- ring depths and deadlines ---------------------------------------------------------------------------------
+
+
+def _depths(expect_sq: int, expect_cq: int, init: dict):
+    shmemx.init(**init)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    assert (q.depth, int(q.wq_ctx["depth"]), int(q.cq_ctx["depth"])) == (expect_sq, expect_sq, expect_cq)
+    dst = shmemx.zeros((300, 4), np.int32, name="dst")
+    for k in range(300):  # the CQ laps at its own depth, independently of the SQ
+        shmemx.aclshmemx_udma_put_nbi(dst[k], np.full(4, me * 1000 + k, np.int32), 4, nxt)
+        if k % 7 == 6:
+            shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    assert (dst[:, 0] == ((me - 1) % n) * 1000 + np.arange(300)).all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("init, env, sq, cq", [
+    ({"sq_depth": 16, "cq_depth": 64}, {}, 16, 64),
+    ({"sq_depth": 16}, {"SHMEMX_SQ_DEPTH": "64", "SHMEMX_CQ_DEPTH": "128"}, 16, 128),  # the argument wins
+    ({}, {"SHMEMX_SQ_DEPTH": "32"}, 32, 32),
+])
+def test_ring_depths_from_init_and_environment(run_ok, init, env, sq, cq):
+    run_ok(2, _depths, sq, cq, init, env=env)
+
+
+def _bad_depths():
+    for kwargs, pattern in (({"sq_depth": 100}, "sq_depth must be a power of two in 16..65536, got 100"),
+                            ({"sq_depth": 8}, "got 8"),
+                            ({"sq_depth": 64, "cq_depth": 32}, "cq_depth 32 must be at least sq_depth 64")):
+        with pytest.raises(ValueError, match=pattern):
+            shmemx.init(**kwargs)
+        assert not shmemx.is_initialized()
+    shmemx.init(sq_depth=16)
+    shmemx.finalize()
+
+
+def test_bad_ring_depths_are_refused(run_ok):
+    run_ok(2, _bad_depths)
+
+
+def _quiet_deadline():
+    shmemx.init(timeout=0.3)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros(8, np.int64, name="dst")
+    engine = runtime().udma.engine
+    engine.pause()
+    shmemx.aclshmemx_udma_qp_put_nbi(dst, np.ones(8, np.int64), 8, nxt, 0)
+    start = time.monotonic()
+    with pytest.raises(shmemx.WaitTimeoutError) as info:
+        shmemx.aclshmemx_udma_qp_quiet(nxt, 0)
+    assert time.monotonic() - start >= 0.3
+    assert re.fullmatch(rf"pe {me}: aclshmemx_udma_qp_quiet on pe {nxt} qp 0: 1 CQEs outstanding \(cqe_cnt 1, CQ "
+                        rf"tail 0\); the engine executed 0 of 1 posted BBs \(waited \d+\.\d s\)", str(info.value))
+    engine.resume()
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 0)  # the queue is intact: the late completion is consumed
+    shmemx.aclshmem_barrier_all()
+    assert (dst == 1).all()
+    shmemx.finalize()
+
+
+def test_quiet_has_a_deadline_naming_the_queue(run_ok):
+    run_ok(2, _quiet_deadline)
