@@ -3,7 +3,7 @@
     python scripts/bench_trace.py                 # 2 PEs x 200,000 WQEs, 3 interleaved rounds
     python scripts/bench_trace.py --quick         # a smoke run (tests use it)
     python scripts/bench_trace.py --baseline REV  # also the same loop on commit REV (a git worktree), e.g. the
-                                                  # commit before the inspection hooks: f677b9b^
+                                                  # commit before the inspection hooks: --baseline f677b9b^
 
 PE 0 runs the small-put benchmark of the data plane (``scripts/bench_rma.py``'s 64-byte message rate):
 ``aclshmemx_udma_qp_put_nbi`` of 64 bytes to PE 1, one ``aclshmemx_udma_qp_quiet`` per 1024 WQEs, timed until
@@ -164,7 +164,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2, help="PEs (default 2)")
     parser.add_argument("--wqes", type=int, default=200_000, help="WQEs per PE (default 200,000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--baseline", metavar="REV", help="also run the untraced loop on git commit REV")
+    parser.add_argument("--baseline", metavar="REV", action="append", default=[],
+                        help="also run the untraced loop on git commit REV (repeatable)")
     parser.add_argument("--all", action="store_true", help="every PE sends (default: PE 0 only, as bench_rma.py)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 WQEs, 1 round")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -177,17 +178,18 @@ def main() -> None:
     if args.quick:
         args.wqes, args.rounds = 20_000, 1
     variants = [("untraced", None, False), ("traced (--trace)", None, True)]
-    repo = base = None
-    if args.baseline:
-        repo, base = _worktree(args.baseline)
-        variants.append((f"before the hooks ({args.baseline})", base, False))
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    worktrees = []
     try:
+        for rev in args.baseline:
+            repo, base = _worktree(rev)
+            worktrees.append((repo, base))
+            variants.append((f"untraced at {rev}", base, False))
+        results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
         for _ in range(args.rounds):
             for name, worktree, traced in variants:
                 results[name].append(_run_variant(name, args, worktree, traced))
     finally:
-        if base:
+        for repo, base in worktrees:
             subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", base], capture_output=True)
     _table(args, results)
 
