@@ -32,7 +32,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-__all__ = ["run_window_mode", "run_deepep_style", "copy_bandwidth_gbps", "print_rows"]
+__all__ = ["run_window_mode", "run_paired", "copy_bandwidth_gbps", "print_rows", "print_paired"]
 
 BF16 = ml_dtypes.bfloat16
 
@@ -168,70 +168,115 @@ def run_window_mode(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: in
     return res
 
 
-def _deepep_body(T, H, K, E, iters, warmup, channels, policy, out_path):
+def _paired_body(T, H, K, E, iters, warmup, aiv_num, channels, policies, hccl_mb, out_path):
+    """Both designs in one job: every iteration runs the CAM pair and each DeepEP-style configuration on the same
+    data, in an order that rotates, so that machine noise hits them alike."""
     import shmemx
-    from shmemx.kernels import moe
+    from shmemx.kernels import cam, moe
 
-    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, moe.POLICY_QPS[policy])
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, max(moe.POLICY_QPS[p] for p in policies))
     shmemx.init()
     me, P = shmemx.my_pe(), shmemx.n_pes()
-    buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_policy=policy)
-    times = shmemx.zeros((P, iters, 3), np.float64, name="bench_deepep times")
-    counts = shmemx.zeros((P, 4), np.int64, name="bench_deepep counts")
-    for it in range(warmup + iters):
-        x, topk, w = _inputs(it, me, T, H, K, E)
+    ctx = cam.WindowContext(hccl_buffsize=hccl_mb, aiv_num=aiv_num)
+    buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=max(moe.POLICY_QPS[p] for p in policies),
+                     qp_policy=policies[0])
+    n = 1 + len(policies)
+    times = shmemx.zeros((P, iters, n, 3), np.float64, name="bench_paired times")
+    cap = T * K * P
+    outs = dict(recv_x_out=np.zeros((cap, H), BF16), assist_info_out=np.zeros(3 * cap, np.int32))
+    x_out = np.zeros((T, H), BF16)
+
+    def timed(fn):
         shmemx.aclshmem_barrier_all()
         t0 = time.perf_counter()
-        d = buf.dispatch(x, topk_idx=topk.astype(np.int64), topk_weights=w)  # fresh: notify included
-        t1 = time.perf_counter()
-        shmemx.aclshmem_barrier_all()
-        t2 = time.perf_counter()
-        buf.dispatch(x, handle=d.handle)  # cached: no notify
-        t3 = time.perf_counter()
-        shmemx.aclshmem_barrier_all()
-        t4 = time.perf_counter()
-        c = buf.combine(d.recv_x, d.handle)
-        t5 = time.perf_counter()
-        if it >= warmup:
-            times[me, it - warmup] = (t1 - t0, t3 - t2, t5 - t4)
-        if it == warmup:
-            counts[me] = (len(d.recv_x), 0, 0, int(np.isfinite(c.combined_x.astype(np.float32)).all()))
+        result = fn()
+        return result, time.perf_counter() - t0
+
+    def cam_pair(x, topk, w):
+        route, t_notify = timed(lambda: cam.notify_dispatch(ctx, topk, E))
+        d, t_dispatch = timed(lambda: cam.moe_dispatch_normal(ctx, x, topk, *route, moe_expert_num=E,
+                                                              global_bs=T * P, **outs))
+        _, t_combine = timed(lambda: cam.moe_combine_normal(ctx, d.recv_x, d.assist_info_for_combine,
+                                                            d.ep_recv_counts, w, moe_expert_num=E,
+                                                            global_bs=T * P, x_out=x_out))
+        return t_notify + t_dispatch, t_dispatch, t_combine
+
+    def deepep_pair(policy, x, topk, w):
+        buf.set_schedule(qp_policy=policy)
+        d, t_fresh = timed(lambda: buf.dispatch(x, topk_idx=topk.astype(np.int64), topk_weights=w))
+        _, t_cached = timed(lambda: buf.dispatch(x, handle=d.handle))
+        _, t_combine = timed(lambda: buf.combine(d.recv_x, d.handle))
+        return t_fresh, t_cached, t_combine
+
+    for it in range(warmup + iters):
+        x, topk, w = _inputs(it, me, T, H, K, E)
+        runs = [lambda: cam_pair(x, topk, w)] + [lambda p=p: deepep_pair(p, x, topk, w) for p in policies]
+        order = [(i + it) % n for i in range(n)]
+        for i in order:
+            result = runs[i]()
+            if it >= warmup:
+                times[me, it - warmup, i] = result
     for p in range(P):
         if p != me:
             shmemx.aclshmemx_mte_put_nbi(times[me], times[me], times[me].size, p)
-            shmemx.aclshmemx_mte_put_nbi(counts[me], counts[me], counts[me].size, p)
     shmemx.aclshmem_barrier_all()
     if me == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": times.tolist(), "counts": counts.tolist()}, f)
+            json.dump({"times": times.tolist()}, f)
     buf.close()
+    ctx.close()
 
 
-def run_deepep_style(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: int = 8, *, iters: int = 5,
-                     warmup: int = 2, channels: int = 8, policy: str = "two_3_1", timeout: float = 900.0) -> dict:
-    """The DeepEP-style pair (``shmemx.kernels.moe.Buffer``) timed exactly as ``run_window_mode`` times its own:
-    a stand-in for scripts/bench_moe.py's rows so that this script alone can report the issue's ratio.
+def run_paired(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: int = 8, *, iters: int = 5,
+               warmup: int = 2, aiv_num: int = 2, channels: int = 8, policies=("one", "two_1_1", "four_rr"),
+               timeout: float = 1800.0) -> dict:
+    """The window-mode pair and the DeepEP-style ``Buffer`` (``shmemx.kernels.moe``) in ONE job, on the same data,
+    interleaved per iteration: the same-run comparison the issue's bar asks for, robust to a noisy machine.
 
-    Returns ``dispatch_ms`` (fresh, notify included), ``cached_ms`` (dispatch with a handle), ``combine_ms``
-    (means over ranks, medians over iterations) and their ``*_max_ms``.
+    Returns ``{"cam": {...}, "deepep": {policy: {...}}, "ratio_fresh": ..., "ratio_cached": ...}`` with, per design,
+    ``dispatch_ms`` (CAM: notify + kernel; DeepEP: fresh dispatch, whose notify runs inside), ``cached_ms`` (CAM:
+    the kernel alone; DeepEP: dispatch with a handle), ``combine_ms``: means over ranks, medians over iterations.
+    The ratios are medians over iterations of CAM's pair / the best DeepEP pair of that iteration.
     """
+    from shmemx.kernels import cam
     from shmemx.launcher import launch
 
+    hccl_mb = cam.needed_mb(T, K, H)
+    heap = (hccl_mb + 16 + T * P * H * 2 * 3 // 2 ** 20 + 64) << 20
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "deepep.json")
-        code = launch(P, _deepep_body, (T, H, K, E, iters, warmup, channels, policy, path),
-                      heap_size=f"{max(64, T * P * H * 2 * 3 // 2**20 + 64)}M", timeout=timeout)
+        path = os.path.join(tmp, "paired.json")
+        code = launch(P, _paired_body, (T, H, K, E, iters, warmup, aiv_num, channels, list(policies), hccl_mb,
+                                        path), heap_size=heap, timeout=timeout)
         if code != 0:
-            raise RuntimeError(f"bench_cam: the DeepEP-style {P}-rank job exited with {code}")
+            raise RuntimeError(f"bench_cam: the paired {P}-rank job exited with {code}")
         with open(path) as f:
-            raw = json.load(f)
-    times = np.array(raw["times"])
-    res = {"design": f"DeepEP-style ({policy}, {channels} ch)"}
-    for i, name in enumerate(("dispatch", "cached", "combine")):
-        res[f"{name}_ms"] = float(np.median(times[:, :, i].mean(axis=0))) * 1e3
-        res[f"{name}_max_ms"] = float(np.median(times[:, :, i].max(axis=0))) * 1e3
-    res["finite"] = bool(np.array(raw["counts"])[:, 3].all())
-    return res
+            times = np.array(json.load(f)["times"])  # [P, iters, 1 + policies, 3]
+    mean = times.mean(axis=0)  # [iters, designs, 3]: mean over ranks
+
+    def figures(i: int) -> dict:
+        return {name: float(np.median(mean[:, i, j])) * 1e3
+                for j, name in enumerate(("dispatch_ms", "cached_ms", "combine_ms"))}
+
+    fresh = mean[:, :, 0] + mean[:, :, 2]
+    cached = mean[:, :, 1] + mean[:, :, 2]
+    return {"cam": figures(0), "deepep": {p: figures(1 + i) for i, p in enumerate(policies)},
+            "ratio_fresh": float(np.median(fresh[:, 0] / fresh[:, 1:].min(axis=1))),
+            "ratio_cached": float(np.median(cached[:, 0] / cached[:, 1:].min(axis=1))),
+            "aiv_num": aiv_num, "iters": iters}
+
+
+def print_paired(res: dict) -> None:
+    """The same-run comparison table of ``run_paired``."""
+    print(f"\n{'design (one job, interleaved)':<30} {'dispatch':>9} {'cached':>9} {'combine':>9} {'fresh pair':>11} "
+          f"{'cached pair':>12}")
+    rows = [(f"CAM window mode (aiv {res['aiv_num']})", res["cam"])]
+    rows += [(f"DeepEP-style ({p})", r) for p, r in res["deepep"].items()]
+    for name, r in rows:
+        print(f"{name:<30} {r['dispatch_ms']:9.1f} {r['cached_ms']:9.1f} {r['combine_ms']:9.1f} "
+              f"{r['dispatch_ms'] + r['combine_ms']:11.1f} {r['cached_ms'] + r['combine_ms']:12.1f}")
+    print(f"CAM / best DeepEP-style, median of per-iteration ratios: fresh pair (CAM notify + dispatch + combine vs "
+          f"DeepEP fresh dispatch + combine) {res['ratio_fresh']:.2f}x; cached pair (CAM dispatch + combine vs "
+          f"DeepEP cached dispatch + combine) {res['ratio_cached']:.2f}x (issue 6 bar: <= 1.5x)")
 
 
 def print_rows(results: list[dict]) -> None:
@@ -262,8 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--aiv", type=int, nargs="+", default=[2])
     ap.add_argument("--quant", action="store_true", help="also run DynamicQuant (int8 rows)")
     ap.add_argument("--deepep", nargs="*", default=None, metavar="POLICY",
-                    help="also time the DeepEP-style Buffer (shmemx.kernels.moe) with these QP policies "
-                         "(default two_3_1) in the same run, and print the issue's ratio")
+                    help="also run the DeepEP-style Buffer (shmemx.kernels.moe) with these QP policies (default: "
+                         "one two_1_1 four_rr) interleaved with the window mode in one job, and print the ratio")
     args = ap.parse_args(argv)
     if args.quick:
         args.T, args.H, args.K, args.E, args.P, args.iters = 16, 1024, 4, 16, 4, 1
@@ -278,31 +323,14 @@ def main(argv=None) -> int:
     print_rows(results)
     ok = all(r["finite"] for r in results)
     if args.deepep is not None:
-        deep = [run_deepep_style(args.T, args.H, args.K, args.E, args.P, iters=args.iters,
-                                 warmup=1 if args.quick else 2, policy=p) for p in (args.deepep or ["two_3_1"])]
-        ok = ok and all(r["finite"] for r in deep)
-        print_comparison([r for r in results if "bf16" in r["design"]], deep)
+        try:
+            res = run_paired(args.T, args.H, args.K, args.E, args.P, iters=args.iters, warmup=1 if args.quick else 2,
+                             aiv_num=args.aiv[0], policies=args.deepep or ["one", "two_1_1", "four_rr"])
+            print_paired(res)
+        except RuntimeError as exc:  # the other design failed: say so
+            print(f"the paired run did not complete: {exc}")
+            ok = False
     return 0 if ok else 1
-
-
-def print_comparison(cam_results: list[dict], deep: list[dict]) -> None:
-    """Window mode vs the best DeepEP-style configuration of the same run (the issue's bar: at most 1.5x)."""
-    print(f"\n{'design':<28} {'dispatch':>9} {'cached':>9} {'combine':>9} {'fresh pair':>11} {'cached pair':>12}")
-    print(f"{'':<28} {'ms':>9} {'ms':>9} {'ms':>9} {'ms':>11} {'ms':>12}")
-    for r in deep:
-        print(f"{r['design']:<28} {r['dispatch_ms']:9.1f} {r['cached_ms']:9.1f} {r['combine_ms']:9.1f} "
-              f"{r['dispatch_ms'] + r['combine_ms']:11.1f} {r['cached_ms'] + r['combine_ms']:12.1f}")
-    for r in cam_results:
-        print(f"{r['design']:<28} {r['notify_ms'] + r['dispatch_ms']:9.1f} {r['dispatch_ms']:9.1f} "
-              f"{r['combine_ms']:9.1f} {r['notify_ms'] + r['pair_ms']:11.1f} {r['pair_ms']:12.1f}")
-    best_fresh = min(r["dispatch_ms"] + r["combine_ms"] for r in deep)
-    best_cached = min(r["cached_ms"] + r["combine_ms"] for r in deep)
-    for r in cam_results:
-        print(f"{r['design']}: (notify + dispatch + combine) / best DeepEP fresh pair = "
-              f"{(r['notify_ms'] + r['pair_ms']) / best_fresh:.2f}x; (dispatch + combine) / best DeepEP cached "
-              f"pair = {r['pair_ms'] / best_cached:.2f}x (bar: <= 1.5x)")
-    print("(CAM's dispatch row counts notify_dispatch + the kernel, so that it compares with DeepEP's fresh "
-          "dispatch, which runs its notify inside; 'cached' is the kernel alone vs DeepEP's cached dispatch)")
 
 
 if __name__ == "__main__":
