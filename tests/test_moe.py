@@ -14,6 +14,11 @@ CI runs every policy once at P = 8 and a few at P = 2 and 4.
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -395,3 +400,40 @@ def test_edge_routings_and_errors(run_ok, n):
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_every_schedule(run_ok, n):
     run_ok(n, _moe_job, ALL_SCHEDULES, ["random"], False, False, timeout=900)
+
+
+# --- the demo and the benchmark, as users run them -----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_moe_demo_through_shmemx_run(n):
+    """The README's main demo: every rank prints PASS, rank 0 the summary (WQEs and bytes per QP, times)."""
+    cmd = [sys.executable, "-m", "shmemx", "run", "-n", str(n), "--timeout", "60",
+           str(ROOT / "scripts" / "examples" / "moe_demo.py"), "--tokens", "64", "--hidden", "256"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=_clean_env())
+    report = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, report
+    passed = {int(m.group(1)) for m in re.finditer(r"^\[pe (\d+)\] PASS: sent \d+ rows", proc.stdout, re.M)}
+    assert passed == set(range(n)) and "FAIL" not in proc.stdout, report
+    assert re.search(r"dispatch: \d+ rows received in all; per QP qp0 \d+ WQEs [\d.]+ MB, qp1 \d+ WQEs", proc.stdout)
+    assert "slowest block ms: route" in proc.stdout, report
+
+
+def test_bench_moe_quick_prints_one_table():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--quick", "--no-cam"],
+                          capture_output=True, text=True, timeout=180, env=_clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "MPI Alltoallv baseline: skipped (mpi4py is not importable)" in out or "MPI Alltoallv" in out
+    for name in ("one, agg, 4 ch", "one, per-token, 4 ch", "four_rr, agg, 4 ch", "four_rr, per-token, 4 ch",
+                 "copy lower bound"):
+        assert re.search(rf"^{re.escape(name)} ", out, re.M), out
+    assert re.search(r"^four_rr, agg, 4 ch .* \d+/\d+/\d+/\d+ ", out, re.M), out  # WQEs on each of 4 QPs
+    assert re.search(r"^bar: best dispatch \+ combine = [\d.]+x .*: (PASS|MISS)$", out, re.M), out
+    assert "dispatch slowest block per phase" in out

@@ -26,7 +26,7 @@ import numpy as np
 
 import shmemx
 
-from .combine import CombineArgs, combine_kernel
+from .combine import REDUCE_CHUNK, CombineArgs, combine_kernel
 from .dispatch import DispatchArgs, DispatchOutputs, dispatch_kernel
 from .lanes import Lanes
 from .notify import notify_dispatch
@@ -198,6 +198,7 @@ class Buffer:
         self._schedule = schedule
         self.history: collections.deque = collections.deque(maxlen=history)
         self._pool = _OutputPool()
+        self._scratches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.closed = False
         self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate)
 
@@ -442,7 +443,7 @@ class Buffer:
             recv_lo=np.concatenate([[0], prefix[:-1, me]]), recv_channel_start=starts, dest_base=dest[:, me],
             back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
             bounds=channel_bounds(n_tok, n_ch), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
-            out_weights=out_w)
+            out_weights=out_w, scratch=self._scratch)
         t_kernel = time.perf_counter()
         shmemx.launch(combine_kernel, n_ch, args)
         stats.kernel = time.perf_counter() - t_kernel
@@ -457,6 +458,14 @@ class Buffer:
         return CombineResult(out_x, out_w)
 
     # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _scratch(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block ``block``'s reduction scratch (made once, then reused: no page faults per call)."""
+        found = self._scratches.get(block)
+        if found is None:
+            found = self._scratches[block] = (np.zeros((REDUCE_CHUNK, self.hidden), np.float32),
+                                              np.zeros((REDUCE_CHUNK, self.hidden), np.uint16))
+        return found
 
     def _check_open(self) -> None:
         if self.closed:

@@ -60,6 +60,7 @@ class CombineArgs:
     zero_row: int
     out_x: np.ndarray  # [T, H] bfloat16
     out_weights: np.ndarray | None  # [T, K] float32
+    scratch: object  # block -> ([REDUCE_CHUNK, H] float32, [REDUCE_CHUNK, H] uint16), reused across calls
 
 
 def _unit_range(a: CombineArgs, u) -> tuple[int, int]:
@@ -137,15 +138,16 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
     gather = np.take_along_axis(rows, order, axis=1)
     cx, cw = a.views["combine_x"], a.views["combine_weights"]
-    hidden = cx.shape[1]
-    acc = np.empty((min(REDUCE_CHUNK, t1 - t0), hidden), np.float32)
+    cx16 = cx.view(np.uint16)
+    acc, rows16 = a.scratch(shmemx.get_block_idx())  # [REDUCE_CHUNK, H] float32 and uint16, kept per block
     for c0 in range(0, t1 - t0, REDUCE_CHUNK):
         g = gather[c0:c0 + REDUCE_CHUNK]
-        part = acc[:len(g)]
+        part, got = acc[:len(g)], rows16[:len(g)]
         part.fill(0)
         for j in range(width):
-            np.add(part, cx[g[:, j]], out=part, casting="unsafe")
-        a.out_x[t0 + c0:t0 + c0 + len(g)] = part.astype(bf16)
+            np.take(cx16, g[:, j], axis=0, out=got, mode="clip")  # no temporaries: no page faults per call
+            np.add(part, got.view(bf16), out=part, casting="unsafe")
+        np.copyto(a.out_x[t0 + c0:t0 + c0 + len(g)], part, casting="unsafe")  # one rounding to bfloat16
     if a.out_weights is not None:
         w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
         for j in range(width):

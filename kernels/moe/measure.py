@@ -122,12 +122,16 @@ class CallStats:
                 f"sent {self.sent_rows} rows + {self.local_rows} local, received {self.recv_rows}; {qps}; "
                 f"slowest block ms: {phases}")
 
-    def vector(self) -> np.ndarray:
-        """The numbers as one float64 vector (for gathering over PEs through the heap); see ``from_vector``."""
+    def vector(self, n_qps: int | None = None) -> np.ndarray:
+        """The numbers as one float64 vector of ``vector_len(n_qps)`` (for gathering over PEs through the heap;
+        the per-QP counts padded with zeros to ``n_qps``); see ``unpack``."""
         head = [self.wall, self.notify, self.kernel, self.local_rows, self.local_bytes, self.sent_rows,
                 self.recv_rows, self.rounds]
-        return np.concatenate([np.array(head, np.float64), self.phase_max_array(),
-                               self.qp_wqes.astype(np.float64), self.qp_bytes.astype(np.float64)])
+        n_qps = self.lane_wqes.shape[1] if n_qps is None else n_qps
+        qps = np.zeros((2, n_qps))
+        qps[0, :self.lane_wqes.shape[1]] = self.qp_wqes
+        qps[1, :self.lane_wqes.shape[1]] = self.qp_bytes
+        return np.concatenate([np.array(head, np.float64), self.phase_max_array(), qps.reshape(-1)])
 
     def phase_max_array(self) -> np.ndarray:
         return self.phases.max(0) if len(self.phases) else np.zeros(len(PHASES))

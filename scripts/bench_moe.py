@@ -1,0 +1,367 @@
+"""Benchmark of the DeepEP-style MoE kernels (``shmemx.kernels.moe``) beside their copy lower bound.
+
+    python scripts/bench_moe.py              # T=512 H=7168 K=8 E=256 P=8, bfloat16: every QP policy x aggregate
+    python scripts/bench_moe.py --quick      # a small smoke run (seconds; numbers are rough)
+    python scripts/bench_moe.py --check      # exit 1 when the bar is missed
+
+One P-rank job runs every configuration (QP policy x aggregate, rotation on, ``--channels``) on the same
+routing (DeepEP's test routing: top-K of |randn| + 1 scores per token): ``--warmup`` untimed and ``--iters``
+timed dispatch + combine pairs each, every call entered after a barrier and timed by its rank. It prints one
+table, a row per configuration:
+
+* dispatch and combine: median over iterations of the mean over ranks / of the slowest rank (ms);
+* GB/s per rank as DeepEP defines it: received rows x H x 2 bytes / mean dispatch (combine) time;
+* WQEs and MB per QP of one dispatch + one combine, summed over ranks (``CallStats``);
+* ``pair/bound``: slowest-rank dispatch + combine over the copy lower bound.
+
+Beside it, measured in the same run: (a) the copy lower bound: the bytes one dispatch and one combine move (all
+ranks' received rows, x 2) divided by the aggregate copy bandwidth of two processes ``np.copyto``-ing warm 64 MiB
+buffers at once (measured before and after the job; the median is used); (b) an MPI ``Alltoallv`` dispatch and
+combine of the same routing when ``mpi4py`` and ``mpiexec`` are available (``--mpi-worker`` is that job's body);
+(c) the CAM window-mode pair (``scripts/bench_cam.py``'s ``run_window_mode``) when that file is present.
+Then the phase breakdown (slowest block per phase, pe 0) of the best configuration, and the bar: best
+configuration's dispatch + combine at most 1.0x MPI Alltoallv where MPI ran, else at most 4x the copy bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("route", "pack", "build", "submit", "quiet", "sync", "wait", "epilogue")
+
+
+# --- inputs (the same in every job, MPI included) ----------------------------------------------------------
+
+
+def routing(rank: int, T: int, K: int, E: int):
+    """DeepEP's test routing for one rank: ``topk_idx [T, K] int64``, ``topk_weights [T, K] float32``."""
+    rng = np.random.default_rng([rank, 5])
+    scores = np.abs(rng.standard_normal((T, E), np.float32)) + 1
+    topk = np.argpartition(-scores, K - 1, axis=1)[:, :K].astype(np.int64)
+    return topk, rng.random((T, K), np.float32)
+
+
+def payload(rank: int, T: int, H: int):
+    import ml_dtypes
+
+    rng = np.random.default_rng([rank, 6])
+    return rng.standard_normal((T, H), np.float32).astype(ml_dtypes.bfloat16)
+
+
+# --- copy bandwidth ------------------------------------------------------------------------------------------
+
+
+def _copy_worker(nbytes, reps, start, out):
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    np.copyto(dst, src)  # warm both buffers before the clock starts
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        np.copyto(dst, src)
+    out.put(time.perf_counter() - t0)
+
+
+def copy_bandwidth_gbps(nbytes: int = 64 << 20, reps: int = 8, procs: int = 2) -> float:
+    """Aggregate GB/s of ``procs`` processes copying warm ``nbytes`` buffers ``reps`` times at once."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    start, out = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_copy_worker, args=(nbytes, reps, start, out)) for _ in range(procs)]
+    for w in workers:
+        w.start()
+    times = [out.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join()
+    return procs * nbytes * reps / max(times) / 1e9
+
+
+# --- the shmemx job ----------------------------------------------------------------------------------------
+
+
+def _job(cfg: dict, out_path: str) -> None:
+    import shmemx
+    from shmemx.kernels import moe
+
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    me, P = shmemx.my_pe(), shmemx.n_pes()
+    T, H, K, E = cfg["T"], cfg["H"], cfg["K"], cfg["E"]
+    topk, weights = routing(me, T, K, E)
+    x = payload(me, T, H)
+    configs = cfg["configs"]
+    n_iter = cfg["iters"]
+    vlen = moe.CallStats.vector_len(4)
+    times = shmemx.zeros((len(configs), P, n_iter, 2), np.float64, name="bench times")
+    vecs = shmemx.zeros((len(configs), P, 2, vlen), np.float64, name="bench stats")
+    rows = shmemx.zeros(P, np.int64, name="bench rows")
+    buffers = {}
+    for ci, (channels, policy, rotate, aggregate) in enumerate(configs):
+        if channels not in buffers:
+            for b in buffers.values():
+                b.close()
+            buffers = {channels: moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4)}
+        buf = buffers[channels]
+        buf.set_schedule(qp_policy=policy, rotate=rotate, aggregate=aggregate)
+        for it in range(cfg["warmup"] + n_iter):
+            shmemx.aclshmem_barrier_all()
+            t0 = time.perf_counter()
+            d = buf.dispatch(x, topk_idx=topk, topk_weights=weights)
+            t1 = time.perf_counter()
+            sd = buf.last_stats
+            shmemx.aclshmem_barrier_all()
+            t2 = time.perf_counter()
+            buf.combine(d.recv_x, d.handle)
+            t3 = time.perf_counter()
+            if it >= cfg["warmup"]:
+                times[ci, me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
+                vecs[ci, me, 0] = sd.vector(4)
+                vecs[ci, me, 1] = buf.last_stats.vector(4)
+        rows[me] = len(d.recv_x)
+    for b in buffers.values():
+        b.close()
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        all_times = np.stack([shmemx.aclshmem_ptr(times, p)[:, p] for p in range(P)], axis=1)
+        all_vecs = np.stack([shmemx.aclshmem_ptr(vecs, p)[:, p] for p in range(P)], axis=1)
+        all_rows = [int(shmemx.aclshmem_ptr(rows, p)[p]) for p in range(P)]
+        with open(out_path, "w") as f:
+            json.dump({"times": all_times.tolist(), "vecs": all_vecs.tolist(), "rows": all_rows}, f)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def run_shmemx(cfg: dict) -> dict:
+    from shmemx.launcher import launch
+
+    rows = cfg["T"] * cfg["P"]
+    heap = max(64 << 20, 3 * rows * cfg["H"] * 2 + rows * 4 * (cfg["K"] * 12 + cfg["H"] // 32) + (64 << 20))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "moe.json")
+        code = launch(cfg["P"], _job, (cfg, path), heap_size=heap, timeout=cfg["timeout"])
+        if code != 0:
+            raise RuntimeError(f"bench_moe: the {cfg['P']}-rank job exited with {code}")
+        with open(path) as f:
+            return json.load(f)
+
+
+# --- MPI Alltoallv baseline (needs mpi4py and mpiexec; run as: mpiexec -n P python bench_moe.py --mpi-worker) --
+
+
+def _mpi_worker(args) -> None:
+    """Dispatch = counts Alltoall + Alltoallv of the rows each rank sends each rank (a token once per rank, in
+    token order); combine = the reverse Alltoallv and a float32 sum per token in rank order. Writes JSON from
+    rank 0: per-rank median times."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    me, P = comm.Get_rank(), comm.Get_size()
+    T, H, K, E = args.T, args.H, args.K, args.E
+    topk, _ = routing(me, T, K, E)
+    x = payload(me, T, H).view(np.uint16)
+    in_rank = np.zeros((T, P), bool)
+    valid = topk >= 0
+    in_rank[np.nonzero(valid)[0], topk[valid] // (E // P)] = True
+    order = [np.flatnonzero(in_rank[:, r]) for r in range(P)]
+    send_counts = np.array([len(o) for o in order], np.int64)
+    times = []
+    for it in range(args.warmup + args.iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        recv_counts = np.empty(P, np.int64)
+        comm.Alltoall(send_counts, recv_counts)
+        send = x[np.concatenate(order)] if T else np.zeros((0, H), np.uint16)
+        recv = np.empty((int(recv_counts.sum()), H), np.uint16)
+        sc, rc = send_counts * H, recv_counts * H
+        comm.Alltoallv([send, (sc, np.concatenate([[0], np.cumsum(sc)[:-1]])), MPI.UINT16_T],
+                       [recv, (rc, np.concatenate([[0], np.cumsum(rc)[:-1]])), MPI.UINT16_T])
+        t1 = time.perf_counter()
+        comm.Barrier()
+        t2 = time.perf_counter()
+        back = np.empty_like(send)
+        comm.Alltoallv([recv, (rc, np.concatenate([[0], np.cumsum(rc)[:-1]])), MPI.UINT16_T],
+                       [back, (sc, np.concatenate([[0], np.cumsum(sc)[:-1]])), MPI.UINT16_T])
+        acc = np.zeros((T, H), np.float32)
+        start = 0
+        for r in range(P):
+            n = len(order[r])
+            acc[order[r]] += (back[start:start + n].astype(np.uint32) << 16).view(np.float32)
+            start += n
+        t3 = time.perf_counter()
+        if it >= args.warmup:
+            times.append((t1 - t0, t3 - t2))
+    all_times = comm.gather(times, root=0)
+    if me == 0:
+        with open(args.mpi_worker, "w") as f:
+            json.dump({"times": all_times}, f)
+
+
+def run_mpi(cfg: dict) -> dict | None:
+    """The MPI baseline in a subprocess job, or None (with the reason printed) when it cannot run here."""
+    if importlib.util.find_spec("mpi4py") is None:
+        print("MPI Alltoallv baseline: skipped (mpi4py is not importable)")
+        return None
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        print("MPI Alltoallv baseline: skipped (no mpiexec on PATH)")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "mpi.json")
+        cmd = [mpiexec, "-n", str(cfg["P"]), sys.executable, str(Path(__file__).resolve()), "--mpi-worker", path,
+               "-T", str(cfg["T"]), "-H", str(cfg["H"]), "-K", str(cfg["K"]), "-E", str(cfg["E"]),
+               "--iters", str(cfg["iters"]), "--warmup", str(cfg["warmup"])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg["timeout"])
+        if proc.returncode != 0:
+            print(f"MPI Alltoallv baseline: failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+            return None
+        with open(path) as f:
+            t = np.array(json.load(f)["times"])  # [P, iters, 2]
+    return {"dispatch_ms": float(np.median(t[:, :, 0].mean(0))) * 1e3,
+            "dispatch_max_ms": float(np.median(t[:, :, 0].max(0))) * 1e3,
+            "combine_ms": float(np.median(t[:, :, 1].mean(0))) * 1e3,
+            "combine_max_ms": float(np.median(t[:, :, 1].max(0))) * 1e3}
+
+
+def run_cam(cfg: dict, gbps: float) -> dict | None:
+    path = HERE / "bench_cam.py"
+    if not path.exists():
+        print("CAM window mode: skipped (scripts/bench_cam.py not found)")
+        return None
+    spec = importlib.util.spec_from_file_location("bench_cam", path)
+    cam = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cam)
+    if not hasattr(cam, "run_window_mode"):
+        print("CAM window mode: skipped (bench_cam.py has no run_window_mode)")
+        return None
+    return cam.run_window_mode(cfg["T"], cfg["H"], cfg["K"], cfg["E"], cfg["P"], iters=cfg["iters"],
+                               warmup=cfg["warmup"], copy_gbps=gbps, timeout=cfg["timeout"], verbose=False)
+
+
+# --- the table ---------------------------------------------------------------------------------------------
+
+
+def summarise(cfg: dict, raw: dict) -> list[dict]:
+    from shmemx.kernels.moe import CallStats
+
+    t = np.array(raw["times"])  # [configs, P, iters, 2]
+    v = np.array(raw["vecs"])  # [configs, P, 2, vlen]
+    bytes_per_rank = np.array(raw["rows"]) * cfg["H"] * 2
+    out = []
+    for ci, (channels, policy, rotate, aggregate) in enumerate(cfg["configs"]):
+        d_avg, c_avg = (float(np.median(t[ci, :, :, k].mean(0))) for k in (0, 1))
+        d_max, c_max = (float(np.median(t[ci, :, :, k].max(0))) for k in (0, 1))
+        stats = [[CallStats.unpack(v[ci, p, k], 4) for k in (0, 1)] for p in range(cfg["P"])]
+        wqes = sum(s[k]["qp_wqes"] for s in stats for k in (0, 1))
+        nbytes = sum(s[k]["qp_bytes"] for s in stats for k in (0, 1))
+        out.append(dict(channels=channels, policy=policy, rotate=rotate, aggregate=aggregate,
+                        dispatch_ms=d_avg * 1e3, dispatch_max_ms=d_max * 1e3, combine_ms=c_avg * 1e3,
+                        combine_max_ms=c_max * 1e3, pair_max_ms=(d_max + c_max) * 1e3,
+                        dispatch_gbps=float(bytes_per_rank.mean()) / d_avg / 1e9,
+                        combine_gbps=float(bytes_per_rank.mean()) / c_avg / 1e9,
+                        qp_wqes=wqes.tolist(), qp_mb=(nbytes / 1e6).tolist(),
+                        phases=[stats[0][0]["phases"], stats[0][1]["phases"]],
+                        notify_ms=stats[0][0]["notify"] * 1e3, rounds=int(stats[0][0]["rounds"])))
+    return out
+
+
+def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, payload_mb: float, mpi, cam) -> dict:
+    print(f"shmemx bench_moe{' (quick run: rough numbers)' if cfg['quick'] else ''}: T={cfg['T']} H={cfg['H']} "
+          f"K={cfg['K']} E={cfg['E']} P={cfg['P']} bfloat16, {cfg['iters']} timed pairs per configuration "
+          f"(median), rotation on")
+    head = (f"{'configuration':<26} {'rounds':>6} {'dispatch ms':>14} {'combine ms':>14} {'GB/s/rank':>11} "
+            f"{'WQEs per QP (d+c)':>26} {'MB per QP (d+c)':>28} {'pair/bound':>10}")
+    print(head)
+    print(f"{'':<26} {'':>6} {'avg / max':>14} {'avg / max':>14} {'d / c':>11}")
+    for r in rows:
+        name = f"{r['policy']}, {'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch"
+        wq = "/".join(str(int(w)) for w in r["qp_wqes"] if w) or "0"
+        mb = "/".join(f"{m:.1f}" for m in r["qp_mb"] if m) or "0"
+        print(f"{name:<26} {r['rounds']:>6} {r['dispatch_ms']:6.1f} /{r['dispatch_max_ms']:6.1f} "
+              f"{r['combine_ms']:6.1f} /{r['combine_max_ms']:6.1f} {r['dispatch_gbps']:5.2f}/{r['combine_gbps']:<5.2f} "
+              f"{wq:>26} {mb:>28} {r['pair_max_ms'] / bound_ms:9.2f}x")
+    if cam is not None:
+        print(f"{'CAM window mode (bf16)':<26} {'-':>6} {cam['dispatch_ms']:6.1f} /{cam['dispatch_max_ms']:6.1f} "
+              f"{cam['combine_ms']:6.1f} /{cam['combine_max_ms']:6.1f} {'':>11} "
+              f"{'flags ' + str(cam['flags_written']):>26} {'copied ' + format(cam['copied_bytes'] / 1e6, '.1f'):>28} "
+              f"{cam['pair_max_ms'] / bound_ms:9.2f}x")
+    if mpi is not None:
+        pair = mpi["dispatch_max_ms"] + mpi["combine_max_ms"]
+        print(f"{'MPI Alltoallv':<26} {'-':>6} {mpi['dispatch_ms']:6.1f} /{mpi['dispatch_max_ms']:6.1f} "
+              f"{mpi['combine_ms']:6.1f} /{mpi['combine_max_ms']:6.1f} {'':>11} {'':>26} {'':>28} "
+              f"{pair / bound_ms:9.2f}x")
+    print(f"{'copy lower bound':<26} {'-':>6} {bound_ms / 2:14.1f} {bound_ms / 2:14.1f}   "
+          f"({2 * payload_mb:.0f} MB moved by a pair, all ranks / {gbps:.1f} GB/s aggregate copy bandwidth of two "
+          f"processes, measured in this run)")
+    best = min(rows, key=lambda r: r["pair_max_ms"])
+    name = f"{best['policy']}, {'agg' if best['aggregate'] else 'per-token'}, {best['channels']} ch"
+    print(f"\nbest configuration: {name}: dispatch + combine {best['pair_max_ms']:.1f} ms (slowest rank), notify "
+          f"{best['notify_ms']:.1f} ms of it")
+    for label, ph in zip(("dispatch", "combine"), best["phases"]):
+        print(f"  {label:<8} slowest block per phase, pe 0 (ms): "
+              + "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0))
+    if mpi is not None:
+        ratio, limit, what = best["pair_max_ms"] / (mpi["dispatch_max_ms"] + mpi["combine_max_ms"]), 1.0, "MPI"
+    else:
+        ratio, limit, what = best["pair_max_ms"] / bound_ms, 4.0, "the copy lower bound"
+    ok = ratio <= limit
+    print(f"bar: best dispatch + combine = {ratio:.2f}x {what} (limit {limit:.1f}x): {'PASS' if ok else 'MISS'}")
+    return {"ok": ok, "ratio": ratio}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small shape, few configurations (a smoke run)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the bar is missed")
+    ap.add_argument("-T", type=int, default=512)
+    ap.add_argument("-H", type=int, default=7168)
+    ap.add_argument("-K", type=int, default=8)
+    ap.add_argument("-E", type=int, default=256)
+    ap.add_argument("-P", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--channels", type=int, nargs="+", default=[8, 4])
+    ap.add_argument("--policies", nargs="+", default=None, help="QP policies (default: all)")
+    ap.add_argument("--no-cam", action="store_true", help="skip the CAM window-mode rows")
+    ap.add_argument("--mpi-worker", metavar="JSON", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.mpi_worker:
+        _mpi_worker(args)
+        return 0
+    from shmemx.kernels.moe import QP_POLICIES
+
+    policies = args.policies or list(QP_POLICIES)
+    if args.quick:
+        args.T, args.H, args.K, args.E, args.P, args.iters, args.warmup = 64, 1024, 4, 32, 4, 1, 1
+        policies, args.channels = args.policies or ["one", "four_rr"], [4]
+    configs = [(c, p, True, a) for c in args.channels for p in policies for a in (True, False)]
+    cfg = dict(T=args.T, H=args.H, K=args.K, E=args.E, P=args.P, iters=args.iters, warmup=args.warmup,
+               configs=configs, quick=args.quick, timeout=300 if args.quick else 3600)
+    gbps = [copy_bandwidth_gbps()]
+    raw = run_shmemx(cfg)
+    gbps.append(copy_bandwidth_gbps())
+    mpi = run_mpi(cfg)
+    cam = None if args.no_cam else run_cam(cfg, statistics.median(gbps))
+    gbps.append(copy_bandwidth_gbps())
+    bw = statistics.median(gbps)
+    payload_mb = sum(raw["rows"]) * args.H * 2 / 1e6
+    bound_ms = 2 * payload_mb / 1e3 / bw * 1e3
+    verdict = print_table(cfg, summarise(cfg, raw), bound_ms, bw, payload_mb, mpi, cam)
+    return 1 if args.check and not verdict["ok"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
