@@ -82,7 +82,7 @@ class Engine:
         self.touched: set[int] = set()
         self.thread = threading.Thread(target=self._main, name=f"shmemx-engine-pe{self.my_pe}", daemon=True)
         self.running = False
-        self.trace: list | None = None  # (start ns, end ns, queue index, first BB, BBs) per turn (trace.py)
+        self.trace = None  # array('q'): (start ns, end ns, queue index, first BB, BBs) per turn (trace.py)
         self._gate = threading.Event()  # cleared by pause(): a debugging hook that stalls every queue
         self._gate.set()
 
@@ -210,7 +210,7 @@ class Engine:
         qp.ci = (ci + i) & M32
         qp.hw32[HW_CI] = qp.ci
         if start:
-            self.trace.append((start, time.perf_counter_ns(), qp.index, ci, i))
+            self.trace.extend((start, time.perf_counter_ns(), qp.index, ci, i))
         return qp.ci != (int(qp.hw32[HW_SQ_DB]) & M32)
 
     def _flush(self, qp, pos: int, n: int) -> int:

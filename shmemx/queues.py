@@ -110,7 +110,7 @@ class QueuePair:
         self.owner_block = -1
         # inspection: WQEs and bytes posted since the owner last published them (counters.py), and the trace list
         self.n_posted = self.b_posted = 0
-        self.trace: list | None = None
+        self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
         # engine side
         self.ci = 0
         self.cq_pi = 0
@@ -205,8 +205,11 @@ class QueuePair:
             self.udma.engine.q.put(self)
         self.n_posted += 1
         self.b_posted += length
-        if self.trace is not None:
-            self.trace.append((_now(), self.owner_block, head, length, opcode))
+        tr = self.trace
+        if tr is not None:  # three appends to an array: no object that the GC has to track
+            tr.append(_now())
+            tr.append(head)
+            tr.append(length << 16 | opcode << 8 | self.owner_block)
         return head
 
     def post_bytes(self, wqe: bytes, flag: int, api: int, what: str) -> int:
@@ -227,8 +230,11 @@ class QueuePair:
         length = int.from_bytes(wqe[80:84] if wqe[5] == Opcode.WRITE_WITH_NOTIFY else wqe[48:52], "little")
         self.n_posted += 1
         self.b_posted += length
-        if self.trace is not None:
-            self.trace.append((_now(), self.owner_block, head, length, wqe[5]))
+        tr = self.trace
+        if tr is not None:
+            tr.append(_now())
+            tr.append(head)
+            tr.append(length << 16 | wqe[5] << 8 | self.owner_block)
         return head
 
     def _count_batch(self, n: int) -> None:
@@ -241,7 +247,10 @@ class QueuePair:
             self.n_posted += len(positions)
             self.b_posted += int(lengths.sum())
             if self.trace is not None:
-                self.trace.append((_now(), self.owner_block, positions, lengths, ops))
+                rows = np.empty((len(positions), 3), np.int64)
+                rows[:, 0], rows[:, 1] = _now(), positions
+                rows[:, 2] = lengths << 16 | ops << 8 | self.owner_block
+                self.trace.frombytes(rows.tobytes())
             return
         w, base, mask, head = self._w, self.sq_base // 4, self.mask, self.head
         i = wqes = nbytes = 0
