@@ -237,8 +237,9 @@ def main(argv=None) -> int:
                  statistics.median(shm) <= 1.5 * statistics.median(raw)))
 
     cores = len(os.sched_getaffinity(0))
-    print(f"shmemx bench_sync ({'quick' if args.quick else 'full'} run; {cores} cores; medians over repetitions, "
-          f"min..max in brackets)")
+    load = os.getloadavg()[0]  # other work on the machine: above ~1 per core, latencies measure the scheduler
+    print(f"shmemx bench_sync ({'quick' if args.quick else 'full'} run; {cores} cores, load {load:.1f}; medians "
+          f"over repetitions, min..max in brackets)")
     header = f"{'measurement':<42} {'shmemx':>24} {'raw futex':>24} {'ratio':>7}  {'bar':<12} result"
     print(header)
     print("-" * len(header))
