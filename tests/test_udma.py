@@ -261,7 +261,7 @@ ATOMIC_DTYPES = [np.int32, np.uint32, np.int64, np.uint64]
 def _atomic_variants():
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
-    nxt, prev = (me + 1) % n, (me - 1) % n
+    nxt = (me + 1) % n
     for dtype in ATOMIC_DTYPES:
         info = np.iinfo(dtype)
         w = shmemx.zeros(2, dtype, name=f"w_{np.dtype(dtype).name}")
@@ -305,7 +305,6 @@ def _atomic_variants():
         shmemx.aclshmemx_udma_atomic_fetch_add(shmemx.zeros(1, np.float32, name="f32"), 1.0, nxt)
     with pytest.raises(ValueError, match=f"pe {me}: aclshmemx_udma_atomic_fetch_add to itself"):
         shmemx.aclshmemx_udma_atomic_fetch_add(shmemx.zeros(1, np.int64, name="i64"), 1, me)
-    del prev
     shmemx.finalize()
 
 
@@ -537,7 +536,8 @@ def _error_messages():
     rmi = q.remote_mem_info
     end = int(rmi["addr"]) + int(rmi["len"])
     expect = [
-        ({"rmt_token_value": 7}, rf"token value 0x00000007 does not match segment tid {int(rmi['tid']):#x} of pe {nxt}"),
+        ({"rmt_token_value": 7},
+         rf"token value 0x00000007 does not match segment tid {int(rmi['tid']):#x} of pe {nxt}"),
         ({"rmt_va": end - 8}, rf"remote range {end - 8:#x}..{end + 56:#x} outside segment tid {int(rmi['tid']):#x} "
                               rf"of pe {nxt}"),
         ({"sge_va": 0x1234_5000}, rf"local range 0x12345000..0x12345040 is not registered memory of pe {me}"),
