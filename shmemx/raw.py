@@ -43,6 +43,7 @@ class RawQueue:
         self.sq = qp.sq
         self.sq_words = qp.sq.view(np.uint64)
         self.cq = qp.cq
+        self._pinned: list = []  # registrations handed out by local_va since the last doorbell
 
     def __repr__(self) -> str:
         return f"RawQueue(pe {self._qp.my_pe} -> pe {self.peer} qp {self.qp_idx}, head {self.head})"
@@ -63,9 +64,15 @@ class RawQueue:
         return self._qp.remote_base + off
 
     def local_va(self, arr: np.ndarray, *, writable: bool = False) -> int:
-        """Local VA of ``arr`` (this PE's heap, or a local array registered while this queue uses it)."""
-        pin = (self._qp.index, (self._qp.head + self.depth) & M32)  # until the ring turned over once
-        va, _ = self._qp.udma.registry.va_of(arr, writable, "raw local_va argument", pin=pin)
+        """Local VA of ``arr`` (this PE's heap, or a local array registered while this queue uses it).
+
+        A registered array stays registered until the WQEs of this queue's next ``ring_doorbell`` retired (a
+        quiet passed them); then it may be collected, so that it does not keep the array alive.
+        """
+        pin = (self._qp.index, (self._qp.head + self.depth) & M32)  # until the next doorbell says where
+        va, reg = self._qp.udma.registry.va_of(arr, writable, "raw local_va argument", pin=pin)
+        if reg is not None:
+            self._pinned.append(reg)
         return va
 
     def describe_va(self, va: int) -> str:
@@ -103,6 +110,9 @@ class RawQueue:
     def ring_doorbell(self, head: int, *, cqes: int = 0) -> None:
         """Store the doorbell: WQEs up to ``head`` may run; ``cqes`` of them produce a CQE (added to cqe_cnt)."""
         self._qp.ring_doorbell(head & M32, cqes=cqes, api=Api.RAW)
+        for reg in self._pinned:  # used by WQEs up to this doorbell at most: free once they retired
+            reg.uses[self._qp.index] = head & M32
+        self._pinned.clear()
 
     def poll(self, target: int | None = None) -> None:
         """Consume CQEs up to ``target`` (default cqe_cnt): the quiet of this queue."""

@@ -1424,3 +1424,33 @@ def _quiet_deadline():
 
 def test_quiet_has_a_deadline_naming_the_queue(run_ok):
     run_ok(2, _quiet_deadline)
+
+
+def _raw_registration_released_after_quiet():
+    """A local array registered through the raw path's local_va is collected once the WQEs of the next doorbell
+    retired (it used to stay pinned a whole ring lap, keeping the array alive: a caching allocator could never
+    reuse it)."""
+    import gc
+    import weakref
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    dst = shmemx.zeros(64, np.int64, name="dst")
+    src = _stamp(me, 0, np.arange(64))
+    alive = weakref.ref(src)
+    q = shmemx.aclshmemx_udma_raw_queue((me + 1) % n, 0)
+    head = q.reserve(1)
+    q.write(head, q.build_writes(rmt_va=q.remote_va(dst), sge_len=64 * 8, sge_va=q.local_va(src)))
+    q.ring_doorbell(head + 1, cqes=1)
+    q.poll()
+    del src
+    gc.collect()
+    assert alive() is None, "the registration still holds the array after its WQE retired"
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst, _stamp((me - 1) % n, 0, np.arange(64)))
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_raw_registration_released_after_quiet(run_ok):
+    run_ok(2, _raw_registration_released_after_quiet)
