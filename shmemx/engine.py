@@ -200,7 +200,12 @@ class Engine:
                 same = (ops[i:] == op) & (reduce[i:] == 0)
                 j = n if same.all() else i + int(np.argmin(same))
                 if j - i >= VEC_MIN:
-                    i += self._vector_rw(qp, ci + i, hdr[i:j], op)
+                    try:
+                        i += self._vector_rw(qp, ci + i, hdr[i:j], op)
+                    except Exception:  # a shmemx bug: an error CQE and a queue in error, not a dead engine
+                        self._fail(qp, (ci + i) & M32, CqeStatus.ENGINE_FAULT, "unexpected exception in the DMA "
+                                   "engine's vectorised path (a shmemx bug):\n" + traceback.format_exc())
+                        i += 1  # that WQE failed; the loop flushes the rest of the turn
                     continue
             bbs = wqe_bbs(op)
             if i + bbs > n:
