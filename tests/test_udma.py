@@ -727,6 +727,43 @@ def test_engine_exception_becomes_an_error_cqe(run_ok):
     run_ok(2, _engine_fault)
 
 
+def _engine_fault_in_a_vector_run():
+    """The same for the vectorised path (a run of 16 WRITEs rung at once): an ENGINE_FAULT CQE, not a dead
+    engine; the QP works afterwards."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 16, 8), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(128)).reshape(16, 8), name="src")
+    engine = runtime().udma.engine
+    copy = engine._copy_groups
+
+    def broken(*args):
+        engine._copy_groups = copy
+        raise ZeroDivisionError("injected into the vector path")
+
+    engine._copy_groups = broken
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    step = np.arange(16, dtype=np.uint64) * np.uint64(64)
+    head = q.reserve(16)
+    q.ring_doorbell(q.write(head, q.build_writes(rmt_va=q.remote_va(dst[me]) + step, sge_len=64,
+                                                 sge_va=q.local_va(src) + step)), cqes=16)
+    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected exception in the DMA engine's "
+                                                     "vectorised path") as info:
+        q.poll()
+    assert "ZeroDivisionError: injected into the vector path" in str(info.value)
+    assert info.value.cqe.user_data == head and runtime().udma.dead is None
+    shmemx.aclshmemx_udma_put_nbi(dst[me, 0], src[0], 8, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst[(me - 1) % n, 0], _stamp((me - 1) % n, me, np.arange(8)))
+    shmemx.finalize()
+
+
+def test_engine_exception_in_the_vector_path_becomes_an_error_cqe(run_ok):
+    run_ok(2, _engine_fault_in_a_vector_run)
+
+
 # --- bad input is rejected before anything is posted -----------------------------------------------------------
 
 
@@ -1424,33 +1461,3 @@ def _quiet_deadline():
 
 def test_quiet_has_a_deadline_naming_the_queue(run_ok):
     run_ok(2, _quiet_deadline)
-
-
-def _raw_registration_released_after_quiet():
-    """A local array registered through the raw path's local_va is collected once the WQEs of the next doorbell
-    retired (it used to stay pinned a whole ring lap, keeping the array alive: a caching allocator could never
-    reuse it)."""
-    import gc
-    import weakref
-
-    shmemx.init()
-    me, n = shmemx.my_pe(), shmemx.n_pes()
-    dst = shmemx.zeros(64, np.int64, name="dst")
-    src = _stamp(me, 0, np.arange(64))
-    alive = weakref.ref(src)
-    q = shmemx.aclshmemx_udma_raw_queue((me + 1) % n, 0)
-    head = q.reserve(1)
-    q.write(head, q.build_writes(rmt_va=q.remote_va(dst), sge_len=64 * 8, sge_va=q.local_va(src)))
-    q.ring_doorbell(head + 1, cqes=1)
-    q.poll()
-    del src
-    gc.collect()
-    assert alive() is None, "the registration still holds the array after its WQE retired"
-    shmemx.aclshmem_barrier_all()
-    np.testing.assert_array_equal(dst, _stamp((me - 1) % n, 0, np.arange(64)))
-    shmemx.aclshmem_barrier_all()
-    shmemx.finalize()
-
-
-def test_raw_registration_released_after_quiet(run_ok):
-    run_ok(2, _raw_registration_released_after_quiet)
