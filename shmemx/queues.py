@@ -399,14 +399,18 @@ class QueuePair:
         if err is not None and err.get("pos") is not None:
             pos = err["pos"]
         wqe = decode_wqe(self.wqe_at(pos))
-        status = cqe.status_name if cqe is not None else CqeStatus(err["status"]).name
+        # the queue's own record names the failure; the CQE may be a later WQE's FLUSHED one (when the failing
+        # WQE asked for no CQE)
+        status = CqeStatus(err["status"]).name if err is not None else cqe.status_name
         detail = (err or {}).get("detail", "")
         api = Api(self.sidecar[pos & self.mask] & 0xFF)
         block = int(self.sidecar[pos & self.mask]) >> 8
         describe_va = self.udma.describe_va
         lines = [f"pe {self.my_pe}: {api.call} to pe {self.peer} qp {self.qp_idx} (block {block}, WQE at BB "
                  f"{pos}): {status}" + (f": {detail}" if detail else "")]
-        if cqe is not None:
+        if cqe is not None and cqe.user_data != pos:
+            lines.append(f"  CQE of the WQE at BB {cqe.user_data} (the failing WQE asked for none): {format_cqe(cqe)}")
+        elif cqe is not None:
             lines.append(f"  CQE: {format_cqe(cqe)}")
         lines.append(f"  WQE: {format_wqe(wqe, describe_va)}")
         raise CompletionError("\n".join(lines), cqe=cqe, wqe=wqe, pe=self.my_pe, peer=self.peer,
