@@ -625,6 +625,47 @@ def test_bad_two_block_wqes(run_ok):
     run_ok(2, _bad_notify_and_atomic)
 
 
+def _bad_wqe_without_cqe(where: str):
+    """A failing WQE that asked for no CQE: a later WQE's FLUSHED CQE (or, with none, the queue's own record)
+    reports it, under the failing WQE's status; the flushed WQE did not run either."""
+    from shmemx.layout import pack_wqe
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.full((n, 2, 8), -1, np.int64, name="dst")
+    src = shmemx.zeros(8, np.int64, name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    bad = pack_wqe(**dict(_good_write_fields(q, dst[me, 0], src), flag=0x00, rmt_token_value=0x1234))
+    good = pack_wqe(**_good_write_fields(q, dst[me, 1], src))
+    if where == "quiet":
+        head = _post_raw(q, bad + good)
+        with pytest.raises(shmemx.CompletionError) as info:
+            shmemx.aclshmemx_udma_quiet(nxt)
+        err = info.value
+        assert err.cqe.status == CqeStatus.FLUSHED and err.cqe.user_data == head + 1
+        assert f"CQE of the WQE at BB {head + 1} (the failing WQE asked for none): FLUSHED" in str(err)
+    else:
+        head = _post_raw(q, bad, cqes=0)
+        _wait_for(lambda: runtime().udma.qp(nxt, 0).error is not None, "the failure")
+        with pytest.raises(shmemx.CompletionError) as info:
+            shmemx.aclshmem_barrier_all()
+        err = info.value
+        assert err.cqe is None and "CQE" not in str(err)
+    assert str(err).startswith(f"pe {me}: raw post to pe {nxt} qp 0 (block 0, WQE at BB {head}): TOKEN_MISMATCH: "
+                               f"remote token value 0x00001234 does not match")
+    assert err.wqe == decode_wqe(bad)
+    assert (shmemx.aclshmem_ptr(dst, nxt)[me] == -1).all()
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("where", ["quiet", "barrier"])
+def test_failing_wqe_without_cqe_is_reported_under_its_status(run_ok, where):
+    run_ok(2, _bad_wqe_without_cqe, where)
+
+
 def _cqe_written(q, pos: int) -> bool:
     """Whether the engine wrote the CQE of CQ position ``pos`` (its owner bit is the lap's)."""
     owner = int(q.cq.view(np.uint32)[pos % q.depth, 0]) >> 2 & 1
