@@ -120,10 +120,14 @@ class _OutputPool:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes == 0:
             return np.empty(shape, dtype)
-        for i, base in enumerate(self.bases):
+        best = None
+        for base in self.bases:  # the smallest free base that fits without wasting more than half of it
             # references: the list, the loop variable and getrefcount's argument; more = a caller holds a view
-            if base.nbytes >= nbytes and sys.getrefcount(base) == 3:
-                return base[:nbytes].view(dtype).reshape(shape)
+            if nbytes <= base.nbytes <= 2 * nbytes and sys.getrefcount(base) == 3:
+                if best is None or base.nbytes < best.nbytes:
+                    best = base
+        if best is not None:
+            return best[:nbytes].view(dtype).reshape(shape)
         base = np.empty(-(-nbytes // 4096) * 4096, np.uint8)
         self.bases.append(base)
         if len(self.bases) > self.limit:
