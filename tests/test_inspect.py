@@ -520,3 +520,12 @@ def test_a_failing_snapshot_does_not_stop_the_launcher(run_job, no_leak, monkeyp
     assert result.code == 1 and result.seconds < 10, result.report()
     assert "shmemx: pe 1 failed with exit code 1: RuntimeError: pe 1 fails on purpose" in result.err
     assert "(could not read the job for the diagnosis, a shmemx bug:" in result.err and "KeyError" in result.err
+
+
+def test_bench_trace_quick_prints_one_table():
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_trace.py")
+    proc = subprocess.run([sys.executable, script, "--quick"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines()[3:]}
+    assert set(rows) == {"untraced", "traced (--trace)"}, proc.stdout
+    assert re.search(r"\s1\.00\s", rows["untraced"]) and float(rows["traced (--trace)"].split()[-3]) > 0, proc.stdout
