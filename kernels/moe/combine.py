@@ -79,7 +79,8 @@ def _local(a: CombineArgs, u) -> None:
 
 def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
     peer, q, rb = u.peer, u.qp, a.xb.shape[1]
-    lanes, stats = a.lanes, a.stats
+    lanes = a.lanes
+    rmt = sge = length = np.zeros(0, np.uint64)
     if u.rows:
         lo, dst = _unit_range(a, u)
         n = u.rows
@@ -101,17 +102,8 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
             length.append(np.array([n * wb], np.uint64))
         rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
         t = timer.lap("build", t)
-        lanes.post(peer, q, rmt, sge, length)
-        stats.lane_wqes[peer, q] += len(rmt)
-        stats.lane_bytes[peer, q] += int(length.sum())
-    if u.closes:
-        v = a.views
-        record = v["send_record"][peer, q]
-        record[:4] = (a.plan.lane_rows[peer, q], stats.lane_bytes[peer, q], stats.lane_wqes[peer, q] + 1, a.seq)
-        slot = v["signals"][1, a.me, q]
-        lanes.close(peer, q, slot[RECORD_WORD:RECORD_WORD + 4], record[:4].view(np.uint64), slot[0:1], a.seq)
-        stats.lane_wqes[peer, q] += 1
-        stats.lane_bytes[peer, q] += 32
+    lanes.submit(peer, q, rmt, sge, length, a.stats, close_kind=1 if u.closes else None, seq=a.seq,
+                 lane_rows=int(a.plan.lane_rows[peer, q]))
     return timer.lap("submit", t)
 
 

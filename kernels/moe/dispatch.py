@@ -110,7 +110,8 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
     """Pack, build and post one unit (channel u.channel -> peer u.peer on QP u.qp); the closer also signals."""
     peer, q, c, rb = u.peer, u.qp, u.channel, a.row_bytes
     n = len(toks)
-    v, lanes, stats = a.views, a.lanes, a.stats
+    v, lanes = a.views, a.lanes
+    rmt = sge = length = np.zeros(0, np.uint64)
     if n:
         pos = int(a.rank_base[peer] + a.channel_start[peer, c])
         spos = int(a.send_base[peer] + a.channel_start[peer, c])
@@ -141,16 +142,8 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
             length.append(np.array([n * item], np.uint64))
         rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
         t = timer.lap("build", t)
-        lanes.post(peer, q, rmt, sge, length)
-        stats.lane_wqes[peer, q] += len(rmt)
-        stats.lane_bytes[peer, q] += int(length.sum())
-    if u.closes:
-        record = v["send_record"][peer, q]
-        record[:4] = (a.plan.lane_rows[peer, q], stats.lane_bytes[peer, q], stats.lane_wqes[peer, q] + 1, a.seq)
-        slot = v["signals"][0, a.me, q]
-        lanes.close(peer, q, slot[RECORD_WORD:RECORD_WORD + 4], record[:4].view(np.uint64), slot[0:1], a.seq)
-        stats.lane_wqes[peer, q] += 1
-        stats.lane_bytes[peer, q] += 32
+    lanes.submit(peer, q, rmt, sge, length, a.stats, close_kind=0 if u.closes else None, seq=a.seq,
+                 lane_rows=int(a.plan.lane_rows[peer, q]))
     return timer.lap("submit", t)
 
 

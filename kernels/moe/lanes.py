@@ -4,9 +4,10 @@ Payload goes through the raw WQE path (``shmemx.aclshmemx_udma_raw_queue``): a u
 numpy operation, written into the SQ ring after one ``reserve`` and published with one doorbell, each with a CQE
 (``ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT``, flag 0x20) so that the lane's quiet covers every one of them.
 
-The completion signal of a lane is one ``aclshmemx_udma_qp_put_signal_nbi`` (a WRITE_WITH_NOTIFY: the lane's
-record, then the 64-bit signal SET to the call's sequence number) posted last on the lane, with the op config
-``FENCE_SO`` = {cqe 1, fence 1, SO} (flag 0x2e). Why the fence: the payload WQEs are NO-ordered, and SO only
+The completion signal of a lane is one WRITE_WITH_NOTIFY (the lane's record, then the 64-bit signal SET to the
+call's sequence number; what ``aclshmemx_udma_qp_put_signal_nbi`` posts), built in the closing unit's batch
+after its payload WQEs and published by the same doorbell, with the op config ``FENCE_SO`` = {cqe 1, fence 1, SO}
+(flag 0x2e). Why the fence: the payload WQEs are NO-ordered, and SO only
 waits for earlier RO/SO WQEs of the QP; the fence waits for every earlier WQE of the QP, so the signal cannot land
 before a row of its lane (and the earlier rounds of the lane were quieted before). Different QPs are not ordered
 at all, hence one signal per (peer, QP), and the receiver waits for all of them.
@@ -17,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 import shmemx
+
+from .workspace import RECORD_WORD, SIGNAL_WORDS
 
 __all__ = ["Lanes", "FENCE_SO"]
 
@@ -33,7 +36,9 @@ class Lanes:
         qp_num: QPs per peer the buffer may use.
     """
 
-    def __init__(self, block: np.ndarray, me: int, n_pes: int, qp_num: int):
+    def __init__(self, block: np.ndarray, me: int, n_pes: int, qp_num: int, views: dict | None = None,
+                 offsets: dict | None = None):
+        self.views, self.offsets = views, offsets
         self.me = me
         self.n_pes = n_pes
         self.qp_num = qp_num
@@ -51,7 +56,10 @@ class Lanes:
                                      f"before shmemx.init() ({exc})") from None
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
+        self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap
         for (peer, q), queue in self.queues.items():
+            info = queue.remote_mem_info
+            self.notify_keys[peer, q] = (int(info["tid"]), int(info["rmt_token_value"]))
             if q == 0:
                 self.remote_base[peer] = queue.remote_va(block)
                 self.local_base = queue.local_va(block)
@@ -61,24 +69,50 @@ class Lanes:
         of a non-heap array for the WQEs of that lane."""
         return self.queues[peer, qp].local_va(arr)
 
-    def post(self, peer: int, qp: int, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray) -> None:
-        """Post ``len(rmt_va)`` WRITEs (each with a CQE) on lane (peer, qp): one reserve, one write, one
-        doorbell."""
+    def post(self, peer: int, qp: int, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray,
+             close: tuple[int, int, int, int, int] | None = None) -> int:
+        """Post ``len(rmt_va)`` WRITEs (each with a CQE) on lane (peer, qp), and with ``close`` = (record VA on the
+        peer, record VA here, record bytes, signal VA on the peer, value) the lane's completion after them: one
+        reserve, one write, one doorbell. Returns the number of WQEs posted."""
         n = len(rmt_va)
-        if n == 0:
-            return
         queue = self.queues[peer, qp]
-        wqes = queue.build_writes(rmt_va=rmt_va, sge_len=length, sge_va=sge_va, flag=_FLAG)
-        head = queue.reserve(n)
-        queue.write(head, wqes)
-        queue.ring_doorbell(head + n, cqes=n)
+        parts = []
+        if n:
+            parts.append(queue.build_writes(rmt_va=rmt_va, sge_len=length, sge_va=sge_va, flag=_FLAG)
+                         .view(np.uint8).reshape(-1))
+        if close is not None:
+            rmt, src, nbytes, sig, value = close
+            tid, token = self.notify_keys[peer, qp]
+            parts.append(np.frombuffer(queue.build(shmemx.Opcode.WRITE_WITH_NOTIFY, FENCE_SO.flag, rmt,
+                                                   sge_len=nbytes, sge_va=src, notify_tid=tid, notify_token=token,
+                                                   notify_va=sig, notify_value=value), np.uint8))
+        if not parts:
+            return 0
+        data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        bbs = len(data) // 64
+        head = queue.reserve(bbs)
+        queue.write(head, data)
+        wqes = n + (close is not None)
+        queue.ring_doorbell(head + bbs, cqes=wqes)
+        return wqes
 
-    def close(self, peer: int, qp: int, record_dst: np.ndarray, record_src: np.ndarray, signal: np.ndarray,
-              seq: int) -> None:
-        """The lane's completion: ``record_src`` into the peer's ``record_dst``, then ``signal`` = seq, fenced
-        behind every earlier WQE of the lane."""
-        shmemx.aclshmemx_udma_qp_put_signal_nbi(record_dst, record_src, record_src.size, signal, seq, peer, qp,
-                                                config=FENCE_SO)
+    def submit(self, peer: int, qp: int, rmt_va, sge_va, length, stats, *, close_kind: int | None = None,
+               seq: int = 0, lane_rows: int = 0) -> None:
+        """Post a unit's WRITEs on lane (peer, qp) and count them in ``stats``; with ``close_kind`` (0 dispatch,
+        1 combine) also the lane's completion after them: its record (rows, bytes, WQEs, seq), then the peer's
+        signal slot ``signals[close_kind, me, qp]`` = seq."""
+        close = None
+        nbytes = int(np.sum(length)) if len(length) else 0
+        if close_kind is not None:
+            record = self.views["send_record"][peer, qp]
+            record[:4] = (lane_rows, stats.lane_bytes[peer, qp] + nbytes + 32,
+                          stats.lane_wqes[peer, qp] + len(rmt_va) + 1, seq)
+            slot = self.offsets["signals"] + ((close_kind * self.n_pes + self.me) * self.qp_num + qp) * SIGNAL_WORDS * 8
+            sig = int(self.remote_base[peer]) + slot
+            src = self.local_base + self.offsets["send_record"] + (peer * self.qp_num + qp) * 64
+            close = (sig + RECORD_WORD * 8, src, 32, sig, seq)
+        stats.lane_wqes[peer, qp] += self.post(peer, qp, rmt_va, sge_va, length, close)
+        stats.lane_bytes[peer, qp] += nbytes + (32 if close else 0)
 
     def quiet(self, peer: int, qp: int) -> None:
         shmemx.aclshmemx_udma_qp_quiet(peer, qp)
