@@ -245,38 +245,70 @@ def _stats(reader: JobReader) -> dict | None:
 # --- the short diagnosis -------------------------------------------------------------------------------------
 
 
-def diagnosis(doc: dict, max_queues: int = 16) -> list[str]:
-    """Who waits on what, which queues hold WQEs the engine has not executed, which are in error, then the
-    state of every PE that waits on nothing: e.g. ``pe 3 waits in signal_wait_until on 'flags'+0x40 == 1,
-    current value 0 (for 5.0 s)`` and ``pe 5 has 12 WQEs posted, 0 completed on qp 1 to pe 3``."""
-    lines, queue_lines = [], []
+def diagnosis(doc: dict, max_queues: int = 16, group: int = 8) -> list[str]:
+    """The short report: waits other than barriers first (the likely culprits), then queues holding WQEs the
+    engine has not executed or in error, then barrier waits, then the state of every PE that waits on nothing.
+
+    E.g. ``pe 3 waits in signal_wait_until on 'flags'+0x40 == 1, current value 0 (for 5.0 s)``, ``pe 5 has 12
+    WQEs posted, 0 completed on qp 1 to pe 3``. When more than ``group`` PEs wait in the same barrier they share
+    one line (``pes 0-2, 4-31 (31 PEs) wait in barrier_all (barrier #4) ...``).
+    """
+    culprits, barriers, queue_lines = [], {}, []
     waiting = set()
     for p in doc["pes"]:
         for w in p["waits"]:
-            lines.append(w["text"])
             waiting.add(p["pe"])
+            if w["call"] in _BARRIER_CALLS:
+                barriers.setdefault((w["call"], w["target"]), []).append(w)
+            else:
+                culprits.append(w["text"])
     for p in doc["pes"]:
         for q in p["queues"] or []:
-            c = q["counts"]
-            where = f"on qp {q['qp']} to pe {q['peer']}"
-            if q["error"] is not None:
-                e = q["error"]
-                queue_lines.append(f"pe {p['pe']} {where}: {e['status']} at WQE BB {e['pos']} ({e['wqe']['call']}, "
-                                   f"block {e['wqe']['block']})" + ("" if e["active"] else ", reported"))
-            if c["unexecuted_wqes"]:
-                queue_lines.append(f"pe {p['pe']} has {c['posted_wqes']} WQEs posted, {c['executed_wqes']} completed "
-                                   f"{where}")
-            elif c["cqes_unconsumed"] and c["cqes_outstanding"]:
-                queue_lines.append(f"pe {p['pe']} {where}: {c['cqes_unconsumed']} CQEs completed, not yet consumed "
-                                   f"by a quiet")
+            queue_lines += _queue_lines(p["pe"], q)
     if len(queue_lines) > max_queues:
         queue_lines = queue_lines[:max_queues] + [f"... and {len(queue_lines) - max_queues} more queue lines "
                                                   f"(see the dump)"]
-    lines += queue_lines
+    lines = culprits + queue_lines
+    for (call, number), ws in barriers.items():
+        if len(ws) <= group:
+            lines += [w["text"] for w in ws]
+            continue
+        pes = sorted({w["pe"] for w in ws})
+        rest = ws[0]["text"].split("; ", 1)[1] if "; " in ws[0]["text"] else ""
+        lines.append(f"pes {_ranges(pes)} ({len(pes)} PEs) wait in {call} (barrier #{number}) for up to "
+                     f"{max(w['seconds'] for w in ws):.1f} s" + (f"; {rest}" if rest else ""))
     for p in doc["pes"]:
         if p["pe"] not in waiting:
             lines.append(f"pe {p['pe']} {p['state']}" + (f": {p['error']}" if p["error"] else ""))
     return lines
+
+
+_BARRIER_CALLS = ("barrier_all", "sync_all", "sync_vec_all", "init", "finalize", "malloc", "free")
+
+
+def _queue_lines(pe: int, q: dict) -> list[str]:
+    c, where, out = q["counts"], f"on qp {q['qp']} to pe {q['peer']}", []
+    if q["error"] is not None:
+        e = q["error"]
+        out.append(f"pe {pe} {where}: {e['status']} at WQE BB {e['pos']} ({e['wqe']['call']}, block "
+                   f"{e['wqe']['block']})" + ("" if e["active"] else ", reported"))
+    if c["unexecuted_wqes"]:
+        out.append(f"pe {pe} has {c['posted_wqes']} WQEs posted, {c['executed_wqes']} completed {where}")
+    elif c["cqes_unconsumed"] and c["cqes_outstanding"]:
+        out.append(f"pe {pe} {where}: {c['cqes_unconsumed']} CQEs completed, not yet consumed by a quiet")
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 4, 5, 9]`` -> ``0-2, 4-5, 9``."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(f"{start}-{v}" if v != start else f"{v}")
+            start = None
+    return ", ".join(out)
 
 
 # --- text ---------------------------------------------------------------------------------------------------------

@@ -529,3 +529,29 @@ def test_bench_trace_quick_prints_one_table():
     rows = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines()[3:]}
     assert set(rows) == {"untraced", "traced (--trace)"}, proc.stdout
     assert re.search(r"\s1\.00\s", rows["untraced"]) and float(rows["traced (--trace)"].split()[-3]) > 0, proc.stdout
+
+
+def test_diagnosis_puts_culprits_first_and_groups_large_barriers():
+    def pe(p, waits=(), queues=None, state="runs, not in a shmemx wait"):
+        return {"pe": p, "waits": list(waits), "queues": queues, "state": state, "error": ""}
+
+    def barrier_wait(p):
+        return {"pe": p, "call": "barrier_all", "target": 4, "seconds": 1.0 + p / 100,
+                "text": f"pe {p} waits in barrier_all (barrier #4) for 1.0 s; not arrived: pe 3"}
+
+    culprit = {"pe": 3, "call": "signal_wait_until", "target": 0, "seconds": 2.0,
+               "text": "pe 3 waits in signal_wait_until on 'flags'+0x40 == 1, current value 0 (for 2.0 s)"}
+    stalled = {"peer": 3, "qp": 1, "error": None, "counts": {"unexecuted_wqes": 12, "posted_wqes": 12,
+                                                             "executed_wqes": 0, "cqes_unconsumed": 0,
+                                                             "cqes_outstanding": 12}}
+    n = 12
+    doc = {"pes": [pe(p, [culprit] if p == 3 else [barrier_wait(p)], [stalled] if p == 5 else []) for p in range(n)]
+           + [pe(n, state="has exited")]}
+    assert dumps.diagnosis(doc) == [
+        culprit["text"],
+        "pe 5 has 12 WQEs posted, 0 completed on qp 1 to pe 3",
+        "pes 0-2, 4-11 (11 PEs) wait in barrier_all (barrier #4) for up to 1.1 s; not arrived: pe 3",
+        "pe 12 has exited",
+    ]
+    small = {"pes": doc["pes"][:3]}  # few enough: one line per PE, as the launcher's tests expect
+    assert dumps.diagnosis(small) == [barrier_wait(p)["text"] for p in range(3)]
