@@ -299,7 +299,8 @@ class _Region:
         tracer = self.tracer
         if tracer is not None:
             tracer.span(self.start, self.slot, "region", self.name)
-        self.rt.stats.add_time(self.slot, T_REGION, _now() - self.start)
+        if self.rt.stats is not None:  # (None once finalize ran inside the region)
+            self.rt.stats.add_time(self.slot, T_REGION, _now() - self.start)
 
 
 def region(name: str) -> _Region:
