@@ -143,7 +143,9 @@ class Buffer:
         hidden: H.
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
-        num_channels: C, AIV blocks (channels) of the dispatch and combine kernels.
+        num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 4, not DeepEP's
+            10: blocks are threads under one interpreter lock here, and with 4 channels every policy needs at most
+            4 rounds (``four_rr`` one); ``scripts/bench_moe.py`` compares 4 and 8.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
@@ -154,7 +156,7 @@ class Buffer:
         HeapExhaustedError: the heap cannot hold the workspace; the message names the size needed.
     """
 
-    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 8,
+    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
                  qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
                  aggregate: bool = True, server_size: int | None = None, history: int = 16):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
