@@ -202,6 +202,7 @@ _SQE = struct.Struct("<IIIIQQIIQ")  # the 48-byte SQE base
 _SGE = struct.Struct("<IIQ")
 _WRITE = struct.Struct("<IIIIQQIIQIIQ")  # SQE base + SGE: one whole 64-byte WRITE/READ WQE
 _NOTIFY = struct.Struct("<QQQQ")
+_NOTIFY_WQE = struct.Struct("<IIIIQQIIQQQQQIIQ32x")  # SQE base + notify ctx + SGE: a whole 128-byte NOTIFY WQE
 
 WQE_DTYPE = np.dtype(
     [

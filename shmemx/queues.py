@@ -32,7 +32,7 @@ import numpy as np
 
 from .control import WaitCall
 from .errors import CompletionError, ShmemError, SubmitterError
-from .layout import _WRITE, CqeStatus, Opcode, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
+from .layout import _NOTIFY_WQE, _WRITE, CqeStatus, Opcode, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
 from .resources import (CQ_TAIL, CREDIT_GUARD, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
 from .counters import T_QUIET
 from .trace import batch_rows
@@ -220,12 +220,11 @@ class QueuePair:
         self._room(bbs, what)
         head = self.head
         slot = head & self.mask
-        flat = self.sq.reshape(-1)
-        data = np.frombuffer(wqe, np.uint8)
+        off = self.sq_base + slot * 64
         first = min(len(wqe), (self.depth - slot) * 64)
-        flat[slot * 64:slot * 64 + first] = data[:first]
-        if first < len(wqe):
-            flat[:len(wqe) - first] = data[first:]
+        self.mm[off:off + first] = wqe[:first]
+        if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
+            self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
         self._rang(head + bbs, flag, api, bbs)
         length = int.from_bytes(wqe[80:84] if wqe[5] == Opcode.WRITE_WITH_NOTIFY else wqe[48:52], "little")
         self.n_posted += 1
@@ -270,6 +269,12 @@ class QueuePair:
         """The 64 bytes ``post_rw`` would write for this WRITE or READ (a defer batch stages them)."""
         return _WRITE.pack(flag << 16 | _JETTY_TOKEN, opcode << 8, self._dw2, self.tid, self.eid_lo, self.eid_hi,
                            self.token, 0, rmt_va, length, 0, local_va)
+
+    def notify_bytes(self, flag: int, rmt_va: int, length: int, local_va: int, sig_va: int, value: int) -> bytes:
+        """The 128 bytes of a WRITE_WITH_NOTIFY to this queue's peer (the signal word on its heap as well)."""
+        return _NOTIFY_WQE.pack(flag << 16 | _JETTY_TOKEN, Opcode.WRITE_WITH_NOTIFY << 8, self._dw2, self.tid,
+                                self.eid_lo, self.eid_hi, self.token, 0, rmt_va, self.tid | self.token << 32, sig_va,
+                                value, 0, length, 0, local_va)
 
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
         """A WQE for this queue's peer (its TP, tokenId, EID and token) as bytes."""

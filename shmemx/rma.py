@@ -222,6 +222,33 @@ def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id
 
 def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config) -> None:
     rt = runtime()
+    if (type(config) is OpConfig and type(pe) is int and type(qp_idx) is int and type(nelems) is int
+            and type(signal) is int and 0 <= qp_idx < rt.qp_num and 0 <= pe < rt.n_pes and pe != rt.my_pe
+            and type(dst) is np.ndarray and type(src) is np.ndarray and type(sig_addr) is np.ndarray
+            and dst.dtype == src.dtype and dst.flags.c_contiguous and src.flags.c_contiguous
+            and 0 <= nelems <= dst.size and nelems <= src.size and sig_addr.itemsize == 8
+            and sig_addr.dtype.kind in "iu" and -(1 << 63) <= signal < 1 << 64):  # the common case, as in _rw
+        heap = rt.heap
+        base = heap.base_addr
+        nbytes = nelems * dst.itemsize
+        off = data_address(dst) - base
+        sig_off = data_address(sig_addr) - base
+        if (nbytes <= MAX_MSG_BYTES and 0 <= off and heap.allocated(off, max(nbytes, 1)) and 0 <= sig_off
+                and not sig_off % 8 and heap.allocated(sig_off, 8)):
+            udma = rt.udma
+            qp = udma.qps[pe * rt.qp_num + qp_idx]
+            loff = data_address(src) - base
+            if 0 <= loff and nbytes and heap.allocated(loff, nbytes):
+                local_va, reg = udma.registry.heap_va + loff, None
+            else:
+                local_va, reg = udma.registry.va_of(src, False, lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} src",
+                                                    pin=_pin(qp), addr=loff + base)
+            wqe = qp.notify_bytes(config.flag, qp.remote_base + off, nbytes, local_va, qp.remote_base + sig_off,
+                                  signal & 0xFFFF_FFFF_FFFF_FFFF)
+            pos = qp.post_bytes(wqe, config.flag, api, _CALLS[api])
+            if reg is not None:
+                reg.uses[qp.index] = (pos + 2) & M32
+            return
     what = api.call
     _check_target(rt, what, pe, qp_idx)
     where = f" to pe {pe} qp {qp_idx}"
