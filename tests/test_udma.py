@@ -153,6 +153,10 @@ def _put_signal_api():
             shmemx.aclshmemx_udma_put_signal_nbi(data, data, 1, bad, 1, nxt)
     with pytest.raises(ValueError, match="signal 18446744073709551616 is not a 64-bit integer"):
         shmemx.aclshmemx_udma_put_signal_nbi(data, data, 1, sig[:1], 1 << 64, nxt)
+    with pytest.raises(ValueError, match=f"pe {me}: aclshmemx_udma_put_signal_nbi to pe {nxt} qp 0: sig_addr is not "
+                                         f"8-byte aligned"):
+        shmemx.aclshmemx_udma_put_signal_nbi(data, data, 1, sig.view(np.uint8)[4:12].view(np.uint64), 1, nxt)
+    assert shmemx.aclshmemx_udma_raw_queue(nxt, 0).head == 2  # only the zero-length put_signal above
     shmemx.aclshmemx_udma_qp_quiet(nxt, 1)
     shmemx.aclshmemx_udma_quiet(nxt)
     shmemx.aclshmem_barrier_all()
