@@ -16,7 +16,9 @@ pages the pair touches) and ``iters`` timed ones with new data each time, and re
 - ``copy_gbps``: aggregate copy bandwidth of two processes ``np.copyto``-ing 64 MiB buffers at once, measured in
   the same run, and ``bound_ms``: 2 * payload_bytes / copy_gbps (the copy lower bound of the pair).
 
-Timings are wall clock on a shared 2-core machine with P processes: compare ratios within one run.
+``run_paired(...)`` (``--deepep``) runs this design and the DeepEP-style ``Buffer`` in one job, interleaved per
+iteration on the same data, and returns the median of the per-iteration ratios: the same-run comparison of the
+issue's bar. Timings are wall clock on a shared 2-core machine with P processes: compare ratios within one run.
 """
 
 from __future__ import annotations
