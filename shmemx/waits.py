@@ -7,7 +7,9 @@ Every blocking call (wait_until and friends, barriers, init/finalize, collective
    offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
    waits on what while the job hangs. Later check and replay modes hook in here too.
 2. **It never burns a core.** With 8-16 ranks on 2 cores a busy poll costs milliseconds per hop and starves the
-   DMA engines (machine_limits.md section 3). A wait spins only while there are no more ranks than cores, then
+   DMA engines (machine_limits.md section 3). A wait spins only while there are no more ranks than cores, and
+   only while spinning pays: after a few spins in a row that ended asleep anyway (the partner was not running,
+   e.g. other work shares the cores) it stops spinning, and tries again once every few dozen waits. Then it
    sleeps on a futex word: the PE's wake word, which every writer into this PE's memory bumps after its stores
    (``Control.wake``), or a word of its own (the barrier generation).
 3. **It has a deadline.** Past it, ``WaitTimeoutError`` carries the caller's description of the wait and the
@@ -45,6 +47,8 @@ assert [WAIT_DTYPE.fields[f][1] for f in _SLOT_FIELDS] == [4, 8, 12, 16, 24, 32,
 assert WAIT_DTYPE.fields["call"][1] == 0
 _STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
 _ABORTING = int(JobState.ABORTING)
+_SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
+_SPIN_PROBE = 32  # ...except once every this many waits, to notice when spinning pays again
 
 
 class _ThreadSlot(threading.local):
@@ -109,11 +113,15 @@ def block_until(
     started = time.perf_counter_ns()
     spin = rt.spin if spin is None else spin
     if spin > 0:
-        spin_end = time.perf_counter() + spin
-        while time.perf_counter() < spin_end:
-            if pred():
-                _account(rt, call, started, thread_slot(), pe, offset, cmp, value, dtype, count)
-                return
+        misses = rt.__dict__.get("_spin_misses", 0)
+        if misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0:
+            spin_end = time.perf_counter() + spin
+            while time.perf_counter() < spin_end:
+                if pred():
+                    rt._spin_misses = 0
+                    _account(rt, call, started, thread_slot(), pe, offset, cmp, value, dtype, count)
+                    return
+        rt._spin_misses = misses + 1  # a heuristic: a lost update between threads of a PE does no harm
     ctl = rt.ctl
     u32 = ctl.u32
     slot_idx = thread_slot()
