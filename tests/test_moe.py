@@ -177,6 +177,26 @@ def test_workspace_regions_do_not_overlap():
     assert "x_scales" in ws.describe()
 
 
+def test_output_pool_reuses_dropped_outputs():
+    from shmemx.kernels.moe.pool import OutputPool
+
+    pool = OutputPool()
+    a = pool.take((100, 64), np.float32)
+    addr = a.__array_interface__["data"][0]
+    small = pool.take(10, np.int32)  # must not take the big base
+    assert small.__array_interface__["data"][0] != addr
+    b = pool.take((100, 64), np.float32)  # a is still held: new memory
+    assert b.__array_interface__["data"][0] != addr
+    view = a[3:]
+    del a
+    c = pool.take((100, 64), np.float32)  # a view of a's base is alive: still not reused
+    assert c.__array_interface__["data"][0] != addr
+    del view
+    d = pool.take((50, 64), np.float32)  # free, and at most twice the size asked: reused
+    assert d.__array_interface__["data"][0] == addr and d.shape == (50, 64)
+    assert pool.take((0, 64), np.float32).shape == (0, 64)
+
+
 def test_reference_helpers():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((16, 300)).astype(np.float32)

@@ -16,7 +16,6 @@ safe, where DeepEP's cached notify uses a barrier.
 from __future__ import annotations
 
 import collections
-import sys
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from .combine import REDUCE_CHUNK, CombineArgs, combine_kernel
 from .dispatch import DispatchArgs, DispatchOutputs, dispatch_kernel
 from .lanes import Lanes
 from .notify import notify_dispatch
+from .pool import OutputPool
 from .routing import DispatchLayout, channel_bounds, channel_counts, check_topk_idx, get_dispatch_layout, \
     make_send_head
 from .schedule import POLICY_QPS, Schedule, plan_rounds
@@ -102,39 +102,6 @@ class CombineResult(NamedTuple):
     combined_topk_weights: np.ndarray | None
 
 
-class _OutputPool:
-    """Reuses the memory of outputs the caller has dropped (as PyTorch's caching allocator does for DeepEP).
-
-    A fresh 40 MB numpy array costs page faults on every call (with transparent huge pages in ``madvise``
-    mode, numpy's huge-page advice can make them stall in compaction): three times the copy itself on this
-    machine. The pool keeps the base arrays it handed out; one whose only references are the pool's is reused.
-    """
-
-    def __init__(self, limit: int = 64):
-        self.bases: list[np.ndarray] = []
-        self.limit = limit
-
-    def take(self, shape, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes == 0:
-            return np.empty(shape, dtype)
-        best = None
-        for base in self.bases:  # the smallest free base that fits without wasting more than half of it
-            # references: the list, the loop variable and getrefcount's argument; more = a caller holds a view
-            if nbytes <= base.nbytes <= 2 * nbytes and sys.getrefcount(base) == 3:
-                if best is None or base.nbytes < best.nbytes:
-                    best = base
-        if best is not None:
-            return best[:nbytes].view(dtype).reshape(shape)
-        base = np.empty(-(-nbytes // 4096) * 4096, np.uint8)
-        self.bases.append(base)
-        if len(self.bases) > self.limit:
-            self.bases.pop(0)
-        return base[:nbytes].view(dtype).reshape(shape)
-
-
 class Buffer:
     """A DeepEP-style communication buffer over the UDMA engine. Collective.
 
@@ -203,7 +170,7 @@ class Buffer:
         self._last = [0, 0]  # sequence number of the last dispatch / combine
         self._schedule = schedule
         self.history: collections.deque = collections.deque(maxlen=history)
-        self._pool = _OutputPool()
+        self._pool = OutputPool()
         self._scratches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.closed = False
         self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate)
