@@ -126,20 +126,23 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     head = a.send_head[t0:t1]
     sent = head >= 0
     rows = np.where(sent, a.back_base[None, :] + head, a.zero_row)
-    width = max(int(sent.sum(1).max()), 1)
+    counts = sent.sum(1)
+    width = max(int(counts.max()), 1)
     order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
-    gather = np.take_along_axis(rows, order, axis=1)
+    gather = np.take_along_axis(rows, order, axis=1)  # [n, width]: contributors in rank order, then zero rows
+    by_count = np.argsort(-counts, kind="stable")  # chunks of tokens with alike counts: little zero padding
     cx, cw = a.views["combine_x"], a.views["combine_weights"]
     cx16 = cx.view(np.uint16)
     acc, rows16 = a.scratch(shmemx.get_block_idx())  # [REDUCE_CHUNK, H] float32 and uint16, kept per block
     for c0 in range(0, t1 - t0, REDUCE_CHUNK):
-        g = gather[c0:c0 + REDUCE_CHUNK]
+        toks = by_count[c0:c0 + REDUCE_CHUNK]
+        g = gather[toks]
         part, got = acc[:len(g)], rows16[:len(g)]
         part.fill(0)
-        for j in range(width):
+        for j in range(max(int(counts[toks[0]]), 1)):
             np.take(cx16, g[:, j], axis=0, out=got, mode="clip")  # no temporaries: no page faults per call
             np.add(part, got.view(bf16), out=part, casting="unsafe")
-        np.copyto(a.out_x[t0 + c0:t0 + c0 + len(g)], part, casting="unsafe")  # one rounding to bfloat16
+        a.out_x[t0 + toks] = part  # one rounding to bfloat16 (round to nearest even)
     if a.out_weights is not None:
         w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
         for j in range(width):
