@@ -13,7 +13,7 @@ Every block runs, with no SyncAll between them (seed 7.4)::
 
 The combine flags live in the In window, in front of the combine data area (README A20). Emulation: the rows and
 flags of one destination rank are vectorised stores through ``aclshmem_ptr`` views, rows before flags; the last
-flag of each batch goes through ``aclshmemx_mte_put_nbi`` to wake the destination. The receive side waits on all
+flag for each destination goes through ``aclshmemx_mte_put_nbi`` to wake it. The receive side waits on all
 of its pending tokens at once (``aclshmem_wait_until_any`` on the flag bits, excluding finished tokens) and
 processes whichever tokens are complete, in token order; the seed walks its tokens strictly in order, which only
 changes when a token is summed, not the result.
@@ -100,32 +100,33 @@ def _init_magic(run: _Run, b: int) -> int:
 def _copy_buffer_to_share_and_set_status(run: _Run, b: int, B: int, magic: int) -> None:
     """Send the block's received rows ``[start, end)`` back to their token owners, rows before flags.
 
-    Rows come in (local expert, source rank) segments, so the rows for one owner are runs of consecutive rows:
-    each run is one vectorised store of its rows into the owner's combine data area, then its flags (the last one
-    through ``aclshmemx_mte_put_nbi``, which wakes the owner).
+    Rows come in (local expert, source rank) segments, so the rows for one owner are runs of consecutive rows.
+    Owner by owner, each run is stored as one vectorised copy into the owner's combine data area followed by its
+    flags; the owner's very last flag goes through ``aclshmemx_mte_put_nbi``, which wakes the owner once (a wake
+    per run cost more than the copies).
     """
     start, end = split(run.rows, B, b)
     if start >= end:
         return
     dst_of = run.src_info[start:end, 0]
     breaks = np.flatnonzero(np.diff(dst_of)) + 1
-    local_state = run.state(run.me, magic)  # symmetric address of every rank's flag slots
-    buffers, states = {}, {}
+    runs: dict[int, list[tuple[int, int]]] = {}
     for r0, r1 in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [end - start]])):
-        dst = int(dst_of[r0])
-        if dst not in buffers:
-            buffers[dst], states[dst] = run.buffer(dst, magic), run.state(dst, magic)
-        for c0 in range(start + r0, start + r1, run.chunk):
-            c1 = min(c0 + run.chunk, start + r1)
-            t0 = time.perf_counter()
+        runs.setdefault(int(dst_of[r0]), []).append((start + int(r0), start + int(r1)))
+    local_state = run.state(run.me, magic)  # symmetric address of every rank's flag slots
+    for dst in sorted(runs):
+        t0 = time.perf_counter()
+        buffer, state = run.buffer(dst, magic), run.state(dst, magic)
+        chunks = [(c0, min(c0 + run.chunk, r1)) for r0, r1 in runs[dst] for c0 in range(r0, r1, run.chunk)]
+        for i, (c0, c1) in enumerate(chunks):
             slot = run.src_info[c0:c1, 1] * run.K + run.src_info[c0:c1, 2]  # srcTokenId * K + srcTopkId
-            buffers[dst][slot] = run.recv_x[c0:c1]  # CopyBufferToShare
-            states[dst][slot[:-1]] = 1.0  # SetStatusBySrcInfo: 8 x 1.0f per slot, after the rows
-            shmemx.aclshmemx_mte_put_nbi(local_state[slot[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[dst])
-            if run.diagnose:
-                spent = (time.perf_counter() - t0) * 1e6
-                with run.lock:
-                    run.stats[dst] += spent
+            buffer[slot] = run.recv_x[c0:c1]  # CopyBufferToShare
+            state[slot[:-1] if i == len(chunks) - 1 else slot] = 1.0  # SetStatusBySrcInfo: 8 x 1.0f, after rows
+        shmemx.aclshmemx_mte_put_nbi(local_state[slot[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[dst])
+        if run.diagnose:
+            spent = (time.perf_counter() - t0) * 1e6
+            with run.lock:
+                run.stats[dst] += spent
     run.flags_written[b] += end - start
     run.bytes_copied[b] += (end - start) * run.H * run.recv_x.itemsize
 
