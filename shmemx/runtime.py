@@ -190,6 +190,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     global _rt
     if _rt is not None and not _rt.finalized:
         return _rt
+    if _rt is not None and not _rt.owner:  # its segments live on until the launcher removes them
+        raise ClosedError(f"pe {_rt.my_pe}: shmemx was finalized; a rank of a launched job cannot init again")
     attr = attr or InitAttr()
     engine = attr.option_attr.data_op_engine_type
     if engine not in _ENGINES:

@@ -68,6 +68,8 @@ def _finalize_idempotent():
                  lambda: shmemx.aclshmem_ptr(a, 0)):
         with pytest.raises(shmemx.ClosedError, match=f"pe {me}: shmemx was finalized"):
             call()
+    with pytest.raises(shmemx.ClosedError, match=f"pe {me}: shmemx was finalized; .* cannot init again"):
+        shmemx.init()
 
 
 @pytest.mark.parametrize("n", N_PES)
