@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,12 @@ def _shmemx_command() -> list[str]:
 
 
 def _run(n: int, script: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    """``shmemx run -n n script args`` in a scratch directory (a failing rank makes the launcher save a dump in
+    the working directory)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
     cmd = [*_shmemx_command(), "run", "-n", str(n), "--timeout", "60", str(EXAMPLES / script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    with tempfile.TemporaryDirectory() as scratch:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=scratch)
 
 
 def _check_passed(proc: subprocess.CompletedProcess, n: int, pass_line: str) -> None:
