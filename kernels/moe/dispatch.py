@@ -7,8 +7,9 @@ this rank's lower channels), in token order. Per round of the plan (see ``schedu
 1. route scan (once): ``is_token_in_rank[b[c]:b[c+1]]`` -> the token list of each destination;
 2. per unit (destination r, QP q): packs what it sends into its staging area (with ``aggregate``: the hidden
    rows too, so that they go in one WQE; without it, one WQE per token reads the row straight from ``x``), builds
-   the unit's WQEs in one numpy operation and posts them with one doorbell; the lane's closer then posts the
-   completion record and signal (``lanes``); rows for this PE itself are copied directly;
+   the unit's WQEs in one numpy operation and posts them with one doorbell; the lane's closer appends the
+   lane's completion (record and signal, fenced: ``lanes``) to that batch; rows for this PE itself are copied
+   directly;
 3. quiets each lane it posted (which hands the lane to the next round's block), then ``sync_all``.
 
 Then the receive side: block c waits (asleep) for the completion signals of every QP from the sources

@@ -6,10 +6,10 @@ numpy operation, written into the SQ ring after one ``reserve`` and published wi
 
 The completion signal of a lane is one WRITE_WITH_NOTIFY (the lane's record, then the 64-bit signal SET to the
 call's sequence number; what ``aclshmemx_udma_qp_put_signal_nbi`` posts), built in the closing unit's batch
-after its payload WQEs and published by the same doorbell, with the op config ``FENCE_SO`` = {cqe 1, fence 1, SO}
-(flag 0x2e). Why the fence: the payload WQEs are NO-ordered, and SO only
-waits for earlier RO/SO WQEs of the QP; the fence waits for every earlier WQE of the QP, so the signal cannot land
-before a row of its lane (and the earlier rounds of the lane were quieted before). Different QPs are not ordered
+after its payload WQEs and published by the same doorbell, with the op config ``FENCE_SO`` = {cqe 1, fence 1,
+SO} (flag 0x2e). Why the fence: the payload WQEs are NO-ordered, and SO only waits for earlier RO/SO WQEs of the
+QP; the fence waits for every earlier WQE of the QP, so the signal cannot land before a row of its lane (and the
+earlier rounds of the lane were quieted before). Different QPs are not ordered
 at all, hence one signal per (peer, QP), and the receiver waits for all of them.
 """
 
@@ -34,6 +34,7 @@ class Lanes:
         block: this PE's workspace (the uint8 heap allocation).
         me, n_pes: this PE and P.
         qp_num: QPs per peer the buffer may use.
+        views, offsets: the workspace's regions (typed views of this PE's copy) and their byte offsets.
     """
 
     def __init__(self, block: np.ndarray, me: int, n_pes: int, qp_num: int, views: dict | None = None,

@@ -8,7 +8,7 @@ the block's own row (no shared counters, as the seed recommends: no hot atomics 
 route       route scan: which of the channel's tokens go to which peer
 pack        gathering rows and metadata into the staging area (aggregate packing, metadata always)
 build       building the WQEs (one numpy operation per unit)
-submit      reserve, write into the SQ ring, doorbell; and the closers' put_signal
+submit      reserve, write into the SQ ring, doorbell (the closer's completion WQE rides in the same batch)
 quiet       ``qp_quiet`` of each lane the block posted (the engine copies meanwhile)
 sync        ``sync_all`` between rounds (waiting for the slowest block of the round)
 wait        waiting for completion signals (and, before the call, for credits)
