@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     ap.add_argument("-P", type=int, default=8)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--channels", type=int, nargs="+", default=[8, 4])
+    ap.add_argument("--channels", type=int, nargs="+", default=[8, 4, 2])
     ap.add_argument("--policies", nargs="+", default=None, help="QP policies (default: all)")
     ap.add_argument("--no-cam", action="store_true", help="skip the CAM window-mode rows")
     ap.add_argument("--mpi-worker", metavar="JSON", help=argparse.SUPPRESS)
