@@ -199,17 +199,17 @@ class QueuePair:
         if flag & 0x20:
             self.cqe_cnt = (self.cqe_cnt + 1) & M32
             w[self._i_cqe_cnt] = self.cqe_cnt
+        tr = self.trace
+        if tr is not None:  # stamped before the doorbell: the engine may run the WQE right after it
+            tr.append(_now())  # three appends to an array: no object that the GC has to track
+            tr.append(head)
+            tr.append(length << 16 | opcode << 8 | self.owner_block)
         w[self._i_db] = new  # the doorbell, last
         if not self.queued:
             self.queued = True
             self.udma.engine.q.put(self)
         self.n_posted += 1
         self.b_posted += length
-        tr = self.trace
-        if tr is not None:  # three appends to an array: no object that the GC has to track
-            tr.append(_now())
-            tr.append(head)
-            tr.append(length << 16 | opcode << 8 | self.owner_block)
         return head
 
     def post_bytes(self, wqe: bytes, flag: int, api: int, what: str) -> int:
@@ -225,15 +225,15 @@ class QueuePair:
         self.mm[off:off + first] = wqe[:first]
         if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
             self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
-        self._rang(head + bbs, flag, api, bbs)
         length = int.from_bytes(wqe[80:84] if wqe[5] == Opcode.WRITE_WITH_NOTIFY else wqe[48:52], "little")
-        self.n_posted += 1
-        self.b_posted += length
         tr = self.trace
-        if tr is not None:
+        if tr is not None:  # stamped before the doorbell (``_rang``): the engine may run the WQE right after it
             tr.append(_now())
             tr.append(head)
             tr.append(length << 16 | wqe[5] << 8 | self.owner_block)
+        self._rang(head + bbs, flag, api, bbs)
+        self.n_posted += 1
+        self.b_posted += length
         return head
 
     def _count_batch(self, n: int) -> None:
