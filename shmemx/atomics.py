@@ -148,14 +148,29 @@ _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                      ctypes.c_void_p, ctypes.c_int]
 
 
+class _ThreadTimespec(threading.local):
+    """Each thread's own timespec for futex_wait, built once (a fresh one and its byref cost ~1 us a wait)."""
+
+    def __init__(self):
+        self.ts = _Timespec(0, 0)
+        self.addr = ctypes.addressof(self.ts)
+
+
+_thread_ts = _ThreadTimespec()
+
+
 def futex_wait(addr: int, expected: int, timeout: float) -> bool:
     """Sleep while the u32 at ``addr`` equals ``expected``, at most ``timeout`` seconds.
 
     Returns True when woken or when the word already differed, False on timeout. Callers recheck their
     condition either way: futex wake-ups can be spurious.
     """
-    ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
-    rc = _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, expected & 0xFFFF_FFFF, ctypes.byref(ts), None, 0)
+    t = _thread_ts
+    ts = t.ts
+    timeout = max(timeout, 0.0)
+    sec = int(timeout)
+    ts.tv_sec, ts.tv_nsec = sec, int((timeout - sec) * 1e9)
+    rc = _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, expected & 0xFFFF_FFFF, t.addr, None, 0)
     if rc == 0:
         return True
     err = ctypes.get_errno()

@@ -189,6 +189,7 @@ class Control:
         self.pes = [segment.view(PE_DTYPE, HEADER_SIZE + p * PE_STRIDE, (1,)).reshape(()) for p in range(n)]
         # The wake path runs on every signal and put: its addresses and words, computed once.
         self.u32 = segment.view("<u4", 0, (segment.size // 4,))
+        self.words = memoryview(segment.mm).cast("I")  # the same words; a read gives an int in 20 ns, not 80
         self.wake_addrs = [self.pe_addr(p, "wake_seq") for p in range(n)]
         self.sleepers_addrs = [self.pe_addr(p, "n_sleepers") for p in range(n)]
         self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]
@@ -220,6 +221,7 @@ class Control:
         self.header = None
         self.pes = []
         self.u32 = None
+        self.words = None
         self.segment.close()
 
     # --- addresses of shared words -------------------------------------------------------------------------
@@ -236,7 +238,7 @@ class Control:
         """Tell PE ``pe`` that its memory changed: bump its wake word, wake its sleepers if it has any."""
         addr = self.wake_addrs[pe]
         fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first
-        if self.u32[self._sleepers_idx[pe]]:
+        if self.words[self._sleepers_idx[pe]]:
             futex_wake(addr)
 
     def live_allocations(self, pe: int) -> np.ndarray:

@@ -45,6 +45,7 @@ _SLOT_FIELDS = ("cmp", "pe", "qp", "offset", "value", "dtype", "count", "target"
 _SLOT_REST = struct.Struct("<iiiQQ8sIId")
 assert [WAIT_DTYPE.fields[f][1] for f in _SLOT_FIELDS] == [4, 8, 12, 16, 24, 32, 40, 44, 48]
 assert WAIT_DTYPE.fields["call"][1] == 0
+_SLOT_SIZE = WAIT_DTYPE.itemsize
 _STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
 _ABORTING = int(JobState.ABORTING)
 _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
@@ -123,19 +124,22 @@ def block_until(
                     return
         rt._spin_misses = misses + 1  # a heuristic: a lost update between threads of a PE does no harm
     ctl = rt.ctl
-    u32 = ctl.u32
-    slot_idx = thread_slot()
-    slot_off = _slots_offset(rt) + slot_idx * WAIT_DTYPE.itemsize
+    words = ctl.words
+    slot_idx = _tls.slot
+    slots_off = rt.__dict__.get("_wait_slots_offset")
+    if slots_off is None:
+        slots_off = _slots_offset(rt)
+    slot_off = slots_off + slot_idx * _SLOT_SIZE
     _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, qp, offset, value, dtype, count, target,
                          time.time())
     call_idx = slot_off // 4
-    u32[call_idx] = call
+    words[call_idx] = call
     sleepers_addr = None
     if word_addr is None:
         word_pe = rt.my_pe if word_pe is None else word_pe
         word_addr = ctl.wake_addrs[word_pe]
         sleepers_addr = ctl.sleepers_addrs[word_pe] if sleepers else None
-    word = rt.word_view(word_addr)
+    word_idx = (word_addr - ctl.segment.addr) // 4  # every futex word lives in the control segment
     timeout = rt.timeout if timeout is None else timeout
     start = time.monotonic()
     deadline = start + timeout
@@ -143,20 +147,20 @@ def block_until(
         atomics.fetch_add_u32(sleepers_addr, 1)
     try:
         while True:
-            seen = int(word[0])
+            seen = words[word_idx]
             if pred():
                 return
             now = time.monotonic()
             if now >= deadline:
                 raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
-            if u32[_STATE_IDX] == _ABORTING:
+            if words[_STATE_IDX] == _ABORTING:
                 failed = int(ctl.header["failed_pe"])
                 raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
             atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
     finally:
         if sleepers_addr is not None:
             atomics.fetch_add_u32(sleepers_addr, -1)
-        u32[call_idx] = 0  # WaitCall.NONE
+        words[call_idx] = 0  # WaitCall.NONE
         _account(rt, call, started, slot_idx, pe, offset, cmp, value, dtype, count)
 
 
