@@ -2,8 +2,8 @@
 
 A signal or wait word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; the view's
 dtype decides the word size and the comparison. ``aclshmemx_signal_op`` stores into the target PE's heap
-directly (as MTE does on the device): SET is an atomic exchange, ADD an atomic add, then the target's wake word is
-bumped so that its waiters re-check. A wait sleeps on the wake word of the PE whose memory holds the word (the
+directly (as MTE does on the device): SET is one aligned store, ADD an atomic add, then the target's wake word is
+bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the wake word of the PE whose memory holds the word (the
 calling PE's own, or a peer's when the view came from ``aclshmem_ptr``), see ``waits.block_until``.
 
 Semantics follow OpenSHMEM 1.5: ``signal_wait_until`` returns the value that met the condition; ``status``
@@ -181,10 +181,12 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
     value = _as_int(rt, signal, w.dtype, "aclshmemx_signal_op")
-    addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
     if sig_op == ACLSHMEM_SIGNAL_SET:
-        atomics.exchange(addr, value, w.dtype.itemsize)
+        # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
+        # it before any waiter can see the wake.
+        _words_of(rt.heap, pe, _FORMATS[w.dtype])[w.idx] = value
     else:
+        addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
     rt.ctl.wake(pe)
 
