@@ -99,12 +99,13 @@ def _job(cfg: dict, out_path: str) -> None:
         return time.perf_counter() - t0
 
     buffers = {}
-    for ci, (channels, policy, rotate, aggregate) in enumerate(configs):
-        if channels not in buffers:
+    for ci, (channels, policy, rotate, aggregate, zero_copy) in enumerate(configs):
+        if (channels, zero_copy) not in buffers:
             for b in buffers.values():
                 b.close()
-            buffers = {channels: moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4)}
-        buf = buffers[channels]
+            buffers = {(channels, zero_copy): moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4,
+                                                         zero_copy=zero_copy)}
+        buf = buffers[channels, zero_copy]
         buf.set_schedule(qp_policy=policy, rotate=rotate, aggregate=aggregate)
         seconds = probe()
         if me < 2:
@@ -262,13 +263,13 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
     v = np.array(raw["vecs"])  # [configs, P, 2, vlen]
     bytes_per_rank = np.array(raw["rows"]) * cfg["H"] * 2
     out = []
-    for ci, (channels, policy, rotate, aggregate) in enumerate(cfg["configs"]):
+    for ci, (channels, policy, rotate, aggregate, zero_copy) in enumerate(cfg["configs"]):
         d_avg, c_avg = (float(np.median(t[ci, :, :, k].mean(0))) for k in (0, 1))
         d_max, c_max = (float(np.median(t[ci, :, :, k].max(0))) for k in (0, 1))
         stats = [[CallStats.unpack(v[ci, p, k], 4) for k in (0, 1)] for p in range(cfg["P"])]
         wqes = sum(s[k]["qp_wqes"] for s in stats for k in (0, 1))
         nbytes = sum(s[k]["qp_bytes"] for s in stats for k in (0, 1))
-        out.append(dict(channels=channels, policy=policy, rotate=rotate, aggregate=aggregate,
+        out.append(dict(channels=channels, policy=policy, rotate=rotate, aggregate=aggregate, zero_copy=zero_copy,
                         dispatch_ms=d_avg * 1e3, dispatch_max_ms=d_max * 1e3, combine_ms=c_avg * 1e3,
                         combine_max_ms=c_max * 1e3, pair_max_ms=(d_max + c_max) * 1e3,
                         dispatch_gbps=float(bytes_per_rank.mean()) / d_avg / 1e9,
@@ -279,37 +280,42 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
     return out
 
 
+def _name(r: dict) -> str:
+    return (f"{r['policy']}, {'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch"
+            + (", zero-copy" if r["zero_copy"] else ""))
+
+
 def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, payload_mb: float, mpi, cam) -> dict:
     print(f"shmemx bench_moe{' (quick run: rough numbers)' if cfg['quick'] else ''}: T={cfg['T']} H={cfg['H']} "
           f"K={cfg['K']} E={cfg['E']} P={cfg['P']} bfloat16, {cfg['iters']} timed pairs per configuration "
           f"(median), rotation on")
-    head = (f"{'configuration':<26} {'rounds':>6} {'dispatch ms':>14} {'combine ms':>14} {'GB/s/rank':>11} "
+    head = (f"{'configuration':<37} {'rounds':>6} {'dispatch ms':>14} {'combine ms':>14} {'GB/s/rank':>11} "
             f"{'WQEs per QP (d+c)':>26} {'MB per QP (d+c)':>28} {'pair/bound':>10}")
     print(head)
-    print(f"{'':<26} {'':>6} {'avg / max':>14} {'avg / max':>14} {'d / c':>11}")
+    print(f"{'':<37} {'':>6} {'avg / max':>14} {'avg / max':>14} {'d / c':>11}")
     for r in rows:
-        name = f"{r['policy']}, {'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch"
+        name = _name(r)
         wq = "/".join(str(int(w)) for w in r["qp_wqes"] if w) or "0"
         mb = "/".join(f"{m:.1f}" for m in r["qp_mb"] if m) or "0"
-        print(f"{name:<26} {r['rounds']:>6} {r['dispatch_ms']:6.1f} /{r['dispatch_max_ms']:6.1f} "
+        print(f"{name:<37} {r['rounds']:>6} {r['dispatch_ms']:6.1f} /{r['dispatch_max_ms']:6.1f} "
               f"{r['combine_ms']:6.1f} /{r['combine_max_ms']:6.1f} {r['dispatch_gbps']:5.2f}/{r['combine_gbps']:<5.2f} "
               f"{wq:>26} {mb:>28} {r['pair_max_ms'] / r['bound_ms']:9.2f}x")
     if cam is not None:
-        print(f"{'CAM window mode (bf16)':<26} {'-':>6} {cam['dispatch_ms']:6.1f} /{cam['dispatch_max_ms']:6.1f} "
+        print(f"{'CAM window mode (bf16)':<37} {'-':>6} {cam['dispatch_ms']:6.1f} /{cam['dispatch_max_ms']:6.1f} "
               f"{cam['combine_ms']:6.1f} /{cam['combine_max_ms']:6.1f} {'':>11} "
               f"{'flags ' + str(cam['flags_written']):>26} {'copied ' + format(cam['copied_bytes'] / 1e6, '.1f'):>28} "
               f"{cam['pair_max_ms'] / bound_ms:9.2f}x")
     if mpi is not None:
         pair = mpi["dispatch_max_ms"] + mpi["combine_max_ms"]
-        print(f"{'MPI Alltoallv':<26} {'-':>6} {mpi['dispatch_ms']:6.1f} /{mpi['dispatch_max_ms']:6.1f} "
+        print(f"{'MPI Alltoallv':<37} {'-':>6} {mpi['dispatch_ms']:6.1f} /{mpi['dispatch_max_ms']:6.1f} "
               f"{mpi['combine_ms']:6.1f} /{mpi['combine_max_ms']:6.1f} {'':>11} {'':>26} {'':>28} "
               f"{pair / bound_ms:9.2f}x")
-    print(f"{'copy lower bound':<26} {'-':>6} {bound_ms / 2:14.1f} {bound_ms / 2:14.1f}   "
+    print(f"{'copy lower bound':<37} {'-':>6} {bound_ms / 2:14.1f} {bound_ms / 2:14.1f}   "
           f"({2 * payload_mb:.0f} MB moved by a pair, all ranks / {gbps:.1f} GB/s: the median aggregate copy "
           f"bandwidth of two ranks np.copyto-ing warm buffers at once, measured in the job before and after each "
           f"configuration; each row's pair/bound uses its own two probes)")
     best = min(rows, key=lambda r: r["pair_max_ms"])
-    name = f"{best['policy']}, {'agg' if best['aggregate'] else 'per-token'}, {best['channels']} ch"
+    name = _name(best)
     print(f"\nbest configuration: {name}: dispatch + combine {best['pair_max_ms']:.1f} ms (slowest rank), notify "
           f"{best['notify_ms']:.1f} ms of it")
     for label, ph in zip(("dispatch", "combine"), best["phases"]):
@@ -335,9 +341,11 @@ def main(argv=None) -> int:
     ap.add_argument("-P", type=int, default=8)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--channels", type=int, nargs="+", default=[8, 4, 2])
+    ap.add_argument("--channels", type=int, nargs="+", default=[4, 2, 1])
     ap.add_argument("--policies", nargs="+", default=None, help="QP policies (default: all)")
     ap.add_argument("--no-cam", action="store_true", help="skip the CAM window-mode rows")
+    ap.add_argument("--zero-copy", choices=("both", "on", "off"), default="both",
+                    help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
     ap.add_argument("--mpi-worker", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.mpi_worker:
@@ -349,7 +357,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.T, args.H, args.K, args.E, args.P, args.iters, args.warmup = 64, 1024, 4, 32, 4, 1, 1
         policies, args.channels = args.policies or ["one", "four_rr"], [4]
-    configs = [(c, p, True, a) for c in args.channels for p in policies for a in (True, False)]
+    zero = {"both": (False, True), "on": (True,), "off": (False,)}[args.zero_copy]
+    configs = [(c, p, True, a, z) for z in zero for c in args.channels for p in policies for a in (True, False)]
     cfg = dict(T=args.T, H=args.H, K=args.K, E=args.E, P=args.P, iters=args.iters, warmup=args.warmup,
                configs=configs, quick=args.quick, timeout=300 if args.quick else 3600,
                probe_bytes=(16 if args.quick else 64) << 20, probe_reps=2 if args.quick else 4)

@@ -405,6 +405,31 @@ CI_SCHEDULES = {
 }
 
 
+def _zero_copy_job():
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = moe.Buffer(T, H, K, E, num_channels=CHANNELS, qp_num=4, qp_policy="two_1_1", zero_copy=True)
+    allin = [_inputs(r, n) for r in range(n)]
+    x, idx, w = allin[me]
+    res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert np.shares_memory(res.recv_x, buf.views["x"])  # the workspace's receive rows, not a copy
+    want = ref.reference_dispatch([a[0] for a in allin], [a[1] for a in allin], [a[2] for a in allin], E, me)
+    np.testing.assert_array_equal(res.recv_x.view(np.uint16), want.recv_x.view(np.uint16))
+    # the full DeepEP check sequence (cached, new x through the handle, num_worst_tokens, combine) on the same
+    # buffer: back-to-back dispatches must wait for the credits each PE gives at its next dispatch
+    for schedule in (Schedule("two_1_1", True, True), Schedule("one", False, False)):
+        buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
+        _check_dispatch_combine(buf, allin, schedule)
+    buf.close()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_zero_copy_dispatch_returns_workspace_rows(run_ok, n):
+    run_ok(n, _zero_copy_job, timeout=120)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dispatch_combine_against_reference(run_ok, n):
     run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, timeout=150)

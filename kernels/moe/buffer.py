@@ -118,6 +118,10 @@ class Buffer:
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
         server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
         history: how many recent ``CallStats`` to keep.
+        zero_copy: dispatch returns ``recv_x`` (and its scales stay copies) as a view of the workspace's receive
+            rows instead of a fresh array, as the Ascend port does (``MakeShmemTensor``): one copy of every
+            received row less. The view is valid until this PE's next dispatch; this PE gives its sources the
+            credit for the rows only then (at the start of its next dispatch), not when the call returns.
 
     Raises:
         HeapExhaustedError: the heap cannot hold the workspace; the message names the size needed.
@@ -125,7 +129,8 @@ class Buffer:
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
                  qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
-                 aggregate: bool = True, server_size: int | None = None, history: int = 16):
+                 aggregate: bool = True, server_size: int | None = None, history: int = 16,
+                 zero_copy: bool = False):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
         for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
                                 ("num_experts", num_experts, 1), ("num_channels", num_channels, 1)):
@@ -166,6 +171,8 @@ class Buffer:
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise
+        self.zero_copy = bool(zero_copy)
+        self._owed: list[int] = []  # zero copy: sources owed the credit of the last dispatch's rows
         self._seq = 0
         self._last = [0, 0]  # sequence number of the last dispatch / combine
         self._schedule = schedule
@@ -317,7 +324,12 @@ class Buffer:
         if overflow:
             rows = num_worst_tokens
         take = self._pool.take
-        recv_x = take((rows, self.hidden), data_dtype)
+        rb = xb.shape[1]
+        zero_copy = self.zero_copy and not overflow and rows * rb <= self.views["x"].size
+        if zero_copy:  # the receive rows themselves, in the order dispatch returns them
+            recv_x = self.views["x"][:rows * rb].view(data_dtype).reshape(rows, self.hidden)
+        else:
+            recv_x = take((rows, self.hidden), data_dtype)
         src_idx = take(rows, np.int32)
         recv_scales = take((rows, scales.shape[1]), np.float32) if scales is not None else None
         recv_topk = recv_w = None
@@ -330,8 +342,9 @@ class Buffer:
                               (recv_w, 0)):
                 if arr is not None:
                     arr[tail] = fill
-        out = None if overflow else DispatchOutputs(recv_x.view(np.uint8).reshape(rows, xb.shape[1]), src_idx,
-                                                    recv_topk, recv_w, recv_scales)
+        out = None if overflow else DispatchOutputs(None if zero_copy else recv_x.view(np.uint8).reshape(rows, rb),
+                                                    src_idx, recv_topk, recv_w, recv_scales,
+                                                    credit=not self.zero_copy)
         stats = CallStats.empty(kind_name, me, seq, self._schedule, plan.rounds, n_ch, n_pes, plan.lane_rows.shape[1])
         args = DispatchArgs(
             me=me, n_pes=n_pes, seq=seq, num_local_experts=self.num_local_experts, views=self.views,
@@ -344,6 +357,8 @@ class Buffer:
         t_kernel = time.perf_counter()
         shmemx.launch(dispatch_kernel, n_ch, args)
         stats.kernel = time.perf_counter() - t_kernel
+        if self.zero_copy:
+            self._owed = [s for s in range(n_pes) if s != me and counts[s, me]]
         stats.local_rows = int(counts[me, me])
         stats.local_bytes = stats.local_rows * xb.shape[1]
         stats.sent_rows = int(counts[me].sum() - counts[me, me])
@@ -444,11 +459,21 @@ class Buffer:
         if self.closed:
             raise shmemx.ClosedError(f"pe {self.me}: this moe.Buffer was closed")
 
+    def _give_credits(self, seq: int) -> None:
+        """Zero copy: tell every source of dispatch ``seq`` that its rows here may be overwritten."""
+        credit = self.views["credits"][DISPATCH, self.me, 0:1]
+        for s in range(self.n_pes):
+            if s != self.me:  # every source, also those that sent nothing: each waits for every peer's word
+                shmemx.aclshmemx_signal_op(credit, seq, shmemx.ACLSHMEM_SIGNAL_SET, s)
+        self._owed = []
+
     def _next(self, kind: int) -> tuple[int, float]:
         """The next call's sequence number, after every peer's credit for the previous call of ``kind``."""
         self._seq += 1
         t = time.perf_counter()
         prev = self._last[kind]
+        if kind == DISPATCH and self.zero_copy and prev:  # the last dispatch's rows are no longer read
+            self._give_credits(prev)
         if prev and self.n_pes > 1:
             shmemx.aclshmem_wait_until_all(self.views["credits"][kind, :, 0], GE, prev,
                                            status=(np.arange(self.n_pes) == self.me).astype(np.int32))

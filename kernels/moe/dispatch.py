@@ -38,14 +38,17 @@ SET = shmemx.ACLSHMEM_SIGNAL_SET
 
 @dataclass
 class DispatchOutputs:
-    """Where the received rows go: ``x [rows, row_bytes] uint8`` (a byte view of recv_x), ``src_idx [rows]``,
-    and, when present, ``topk_idx [rows, K]``, ``topk_weights [rows, K]``, ``scales [rows, Hs]``."""
+    """Where the received rows go: ``x [rows, row_bytes] uint8`` (a byte view of recv_x; None: zero copy, recv_x
+    is the workspace's rows), ``src_idx [rows]``, and, when present, ``topk_idx [rows, K]``,
+    ``topk_weights [rows, K]``, ``scales [rows, Hs]``. ``credit``: give each source its credit once copied out
+    (False with zero copy: the Buffer gives it at this PE's next dispatch)."""
 
-    x: np.ndarray
+    x: np.ndarray | None
     src_idx: np.ndarray
     topk_idx: np.ndarray | None
     topk_weights: np.ndarray | None
     scales: np.ndarray | None
+    credit: bool = True
 
 
 @dataclass
@@ -165,7 +168,8 @@ def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
     out = a.out
     if out is not None and hi > lo:
         rb = a.row_bytes
-        out.x[lo:hi] = v["x"][lo * rb:hi * rb].reshape(hi - lo, rb)
+        if out.x is not None:
+            out.x[lo:hi] = v["x"][lo * rb:hi * rb].reshape(hi - lo, rb)
         out.src_idx[lo:hi] = v["src_idx"][lo:hi]
         if out.topk_idx is not None:
             raw = v["topk_idx"][lo:hi]
@@ -176,7 +180,7 @@ def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
         if out.scales is not None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
     t = timer.lap("epilogue", t)
-    if s != me:
+    if s != me and (out is None or out.credit):
         shmemx.aclshmemx_signal_op(v["credits"][0, me, 0:1], a.seq, SET, s)
     return t
 
