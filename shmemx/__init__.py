@@ -7,7 +7,7 @@ See README.md for the API table and the design.
 from .errors import (ClosedError, CompletionError, HeapExhaustedError, InternalError, NotInitializedError,
                      PeerFailedError, ShmemError, SubmitterError, SymmetryError, WaitTimeoutError)
 from .memory import (aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr, array, empty,
-                     full, zeros)
+                     full, prefault, zeros)
 from .runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                       ACLSHMEMX_INIT_WITH_DEFAULT, InitAttr, OptionalAttr, is_initialized)
 from .signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
@@ -50,7 +50,7 @@ __all__ = [
     "ACLSHMEMX_INIT_WITH_DEFAULT",
     # memory
     "aclshmem_malloc", "aclshmem_calloc", "aclshmem_align", "aclshmem_free", "aclshmem_ptr",
-    "empty", "zeros", "full", "array",
+    "empty", "zeros", "full", "array", "prefault",
     # signals and waits
     "ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT", "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT",
     "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD",

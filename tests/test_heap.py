@@ -309,3 +309,34 @@ def _ptr_views():
 @pytest.mark.parametrize("n", N_PES)
 def test_aclshmem_ptr_views(run_ok, n):
     run_ok(n, _ptr_views)
+
+
+def _prefault_peer_pages():
+    import resource
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    window = shmemx.aclshmem_malloc(4 << 20, name="window", prefault=False)  # 1024 pages, none touched yet
+    peer = (me + 1) % n
+    view = shmemx.aclshmem_ptr(window, peer)
+    half = len(view) // 2
+
+    def faults_while_writing(part) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        part[:] = me + 1
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    cold = faults_while_writing(view[:half])  # first touch of the peer's pages from this process
+    shmemx.prefault(view[half:])  # map the other half now
+    warm = faults_while_writing(view[half:])
+    assert cold >= 256 and warm < 16, (cold, warm)
+    shmemx.aclshmem_barrier_all()
+    assert (window == (me - 1) % n + 1).all()  # the writes landed in the peer's memory
+    with pytest.raises(ValueError, match="not on the symmetric heap"):
+        shmemx.prefault(np.zeros(16))
+    shmemx.aclshmem_barrier_all()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_prefault_maps_peer_pages_before_the_first_store(run_ok, n):
+    run_ok(n, _prefault_peer_pages)
