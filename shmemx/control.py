@@ -36,6 +36,7 @@ __all__ = [
     "MAX_WAIT_SLOTS",
     "MAX_ALLOCS",
     "Control",
+    "format_heap_offset",
 ]
 
 MAGIC = 0x31305F584D454D48  # "HMEMX_01"
@@ -255,8 +256,13 @@ class Control:
 
     def describe_offset(self, pe: int, offset: int) -> str:
         """``'recv_x'+0x200`` for a heap offset inside a named allocation, else ``heap+0x1200``."""
-        found = self.allocation_at(pe, offset)
-        if found is None:
-            return f"heap+{offset:#x}"
-        name, start, _ = found
-        return f"'{name}'+{offset - start:#x}"
+        return format_heap_offset(self.allocation_at(pe, offset), offset)
+
+
+def format_heap_offset(found: tuple | None, offset: int) -> str:
+    """``'recv_x'+0x200`` given the (name, start, size) of the allocation holding heap ``offset``, else
+    ``heap+0x1200``: how dumps, traces and error messages name a heap address."""
+    if found is None:
+        return f"heap+{offset:#x}"
+    name, start, _ = found
+    return f"'{name}'+{offset - start:#x}"

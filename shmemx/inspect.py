@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .control import Control, JobState, PeStatus, WaitCall
+from .control import Control, JobState, PeStatus, WaitCall, format_heap_offset
 from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from .resources import LOCAL_VA_BASE, UDMA_VA_BASE, UDMA_VA_STRIDE, UdmaSegment
 from .segment import SHM_DIR, Segment, remove_job_segments, segment_name
@@ -175,11 +175,7 @@ class VaMap:
 
     def describe_offset(self, pe: int, offset: int) -> str:
         """``'recv_x'+0x200`` inside a named allocation, else ``heap+0x1200``."""
-        found = self.allocation_at(pe, offset)
-        if found is None:
-            return f"heap+{offset:#x}"
-        name, start, _ = found
-        return f"'{name}'+{offset - start:#x}"
+        return format_heap_offset(self.allocation_at(pe, offset), offset)
 
     def describe(self, va: int, local_pe: int | None = None) -> str:
         """``pe 3 heap +0x1200 ('recv_x'+0x200)``, ``pe 0 amo scratch -> pe 3 qp 1 +0x0``, ``pe 0 local 0x..``."""
