@@ -23,6 +23,7 @@ import numpy as np
 
 import shmemx
 
+from .lanes import Writes
 from .reference import bf16
 from .schedule import Plan
 from .measure import CallStats
@@ -80,29 +81,23 @@ def _local(a: CombineArgs, u) -> None:
 def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
     peer, q, rb = u.peer, u.qp, a.xb.shape[1]
     lanes = a.lanes
-    rmt = sge = length = np.zeros(0, np.uint64)
+    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
     if u.rows:
         lo, dst = _unit_range(a, u)
         n = u.rows
         rbase = int(lanes.remote_base[peer])
         xva = lanes.local_va(peer, q, a.xb)
-        xrow = np.uint64(rbase + a.region_offsets["combine_x"] + dst * rb)
+        xrow = rbase + a.region_offsets["combine_x"] + dst * rb
         if a.aggregate:
-            rmt = [np.array([xrow], np.uint64)]
-            sge = [np.array([xva + lo * rb], np.uint64)]
-            length = [np.array([n * rb], np.uint64)]
+            writes.range(xrow, xva + lo * rb, n * rb)
         else:
-            rmt = [xrow + np.arange(n, dtype=np.uint64) * np.uint64(rb)]
-            sge = [np.uint64(xva + lo * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb)]
-            length = [np.full(n, rb, np.uint64)]
+            writes.rows(xrow, np.uint64(xva + lo * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb), rb)
         if a.weights is not None:
             wb = a.weights.shape[1] * 4
-            rmt.append(np.array([rbase + a.region_offsets["combine_weights"] + dst * wb], np.uint64))
-            sge.append(np.array([lanes.local_va(peer, q, a.weights) + lo * wb], np.uint64))
-            length.append(np.array([n * wb], np.uint64))
-        rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
+            writes.range(rbase + a.region_offsets["combine_weights"] + dst * wb,
+                         lanes.local_va(peer, q, a.weights) + lo * wb, n * wb)
         t = timer.lap("build", t)
-    lanes.submit(peer, q, rmt, sge, length, a.stats, close_kind=1 if u.closes else None, seq=a.seq,
+    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=1 if u.closes else None, seq=a.seq,
                  lane_rows=int(a.plan.lane_rows[peer, q]))
     return timer.lap("submit", t)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 import shmemx
 
+from .lanes import Writes
 from .schedule import Plan
 from .measure import CallStats
 from .workspace import RECORD_WORD
@@ -115,7 +116,7 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
     peer, q, c, rb = u.peer, u.qp, u.channel, a.row_bytes
     n = len(toks)
     v, lanes = a.views, a.lanes
-    rmt = sge = length = np.zeros(0, np.uint64)
+    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
     if n:
         pos = int(a.rank_base[peer] + a.channel_start[peer, c])
         spos = int(a.send_base[peer] + a.channel_start[peer, c])
@@ -128,25 +129,18 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
         t = timer.lap("pack", t)
         rbase = int(lanes.remote_base[peer])
         lbase = lanes.local_base
-        rmt, sge, length = [], [], []
         x_off = a.region_offsets["x"]
         if a.aggregate:
-            rmt.append(np.array([rbase + x_off + pos * rb], np.uint64))
-            sge.append(np.array([lbase + a.region_offsets["send_x"] + spos * rb], np.uint64))
-            length.append(np.array([n * rb], np.uint64))
+            writes.range(rbase + x_off + pos * rb, lbase + a.region_offsets["send_x"] + spos * rb, n * rb)
         else:
             xva = lanes.local_va(peer, q, a.xb)
-            rmt.append(np.uint64(rbase + x_off + pos * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb))
-            sge.append(np.uint64(xva) + toks.astype(np.uint64) * np.uint64(rb))
-            length.append(np.full(n, rb, np.uint64))
+            writes.rows(rbase + x_off + pos * rb, np.uint64(xva) + toks.astype(np.uint64) * np.uint64(rb), rb)
         for region, staging, _ in meta:
             item = v[region].itemsize * (v[region].size // v[region].shape[0])
-            rmt.append(np.array([rbase + a.region_offsets[region] + pos * item], np.uint64))
-            sge.append(np.array([lbase + a.region_offsets[staging] + spos * item], np.uint64))
-            length.append(np.array([n * item], np.uint64))
-        rmt, sge, length = np.concatenate(rmt), np.concatenate(sge), np.concatenate(length)
+            writes.range(rbase + a.region_offsets[region] + pos * item, lbase + a.region_offsets[staging] + spos * item,
+                         n * item)
         t = timer.lap("build", t)
-    lanes.submit(peer, q, rmt, sge, length, a.stats, close_kind=0 if u.closes else None, seq=a.seq,
+    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=0 if u.closes else None, seq=a.seq,
                  lane_rows=int(a.plan.lane_rows[peer, q]))
     return timer.lap("submit", t)
 

@@ -21,10 +21,38 @@ import shmemx
 
 from .workspace import RECORD_WORD, SIGNAL_WORDS
 
-__all__ = ["Lanes", "FENCE_SO"]
+__all__ = ["Lanes", "Writes", "FENCE_SO"]
 
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
+
+
+class Writes:
+    """The WRITEs of one unit, gathered as (remote VA, local VA, length) before one ``build_writes``."""
+
+    def __init__(self):
+        self._rmt: list[np.ndarray] = []
+        self._sge: list[np.ndarray] = []
+        self._len: list[np.ndarray] = []
+
+    def range(self, rmt: int, sge: int, nbytes: int) -> None:
+        """One WQE for a contiguous range."""
+        self._rmt.append(np.array([rmt], np.uint64))
+        self._sge.append(np.array([sge], np.uint64))
+        self._len.append(np.array([nbytes], np.uint64))
+
+    def rows(self, rmt: int, sge: np.ndarray, row_bytes: int) -> None:
+        """One WQE per row: into consecutive rows from ``rmt`` on, out of the rows at local VAs ``sge``."""
+        n = len(sge)
+        self._rmt.append(np.uint64(rmt) + np.arange(n, dtype=np.uint64) * np.uint64(row_bytes))
+        self._sge.append(sge.astype(np.uint64))
+        self._len.append(np.full(n, row_bytes, np.uint64))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self._rmt:
+            empty = np.zeros(0, np.uint64)
+            return empty, empty, empty
+        return np.concatenate(self._rmt), np.concatenate(self._sge), np.concatenate(self._len)
 
 
 class Lanes:
