@@ -31,6 +31,7 @@ __all__ = [
     "load_u32",
     "futex_wait",
     "futex_wake",
+    "futex_wake_add",
 ]
 
 _SEQ_CST = 5
@@ -135,6 +136,8 @@ if _SYS_FUTEX is None:  # pragma: no cover - other architectures are not support
     raise ImportError(f"shmemx: futex syscall number unknown for {platform.machine()}")
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
+_FUTEX_WAKE_OP = 5
+_ADD_ONE = 1 << 28 | 1 << 12  # FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): *uaddr2 += 1
 _INT_MAX = 0x7FFF_FFFF
 
 
@@ -184,3 +187,9 @@ def futex_wait(addr: int, expected: int, timeout: float) -> bool:
 def futex_wake(addr: int, n: int = _INT_MAX) -> int:
     """Wake up to ``n`` threads (of any process) sleeping on the u32 at ``addr``; returns how many woke."""
     return _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, n, None, None, 0)
+
+
+def futex_wake_add(addr: int) -> int:
+    """Atomically add 1 to the u32 at ``addr`` (a locked add: a full fence) and wake every thread sleeping on it,
+    in one system call (FUTEX_WAKE_OP with the word as both addresses); returns how many woke."""
+    return _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE_OP, _INT_MAX, None, addr, _ADD_ONE)

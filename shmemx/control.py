@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .atomics import fetch_add_u32, futex_wake
+from .atomics import fetch_add_u32, futex_wake, futex_wake_add
 from .segment import Segment, segment_name
 
 __all__ = [
@@ -157,7 +157,11 @@ _PE_HEAD = [
     ("heap_used", "<u8"),
 ]
 _PE_HEAD.append(("_pad0", "V%d" % (128 - np.dtype(_PE_HEAD).itemsize)))
-_PE_WORDS = [*_line("wake_seq"), *_line("n_sleepers"), ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,))]
+# n_sleepers counts this PE's own threads asleep on its wake word (changed only under this process's GIL, by
+# plain stores); n_remote_sleepers counts other PEs' threads asleep on it (atomic adds). One cache line: a waker
+# reads both.
+_SLEEPERS = [("n_sleepers", "<u4"), ("n_remote_sleepers", "<u4"), ("_n_sleepers_pad", "V56")]
+_PE_WORDS = [*_line("wake_seq"), *_SLEEPERS, ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,))]
 _PE_WORDS.append(("_pad1", "V%d" % (4096 - 128 - np.dtype(_PE_WORDS).itemsize)))
 PE_DTYPE = np.dtype(
     _PE_HEAD + _PE_WORDS + [("waits", WAIT_DTYPE, (MAX_WAIT_SLOTS,)), ("allocs", ALLOC_DTYPE, (MAX_ALLOCS,))]
@@ -193,7 +197,9 @@ class Control:
         self.words = memoryview(segment.mm).cast("I")  # the same words; a read gives an int in 20 ns, not 80
         self.wake_addrs = [self.pe_addr(p, "wake_seq") for p in range(n)]
         self.sleepers_addrs = [self.pe_addr(p, "n_sleepers") for p in range(n)]
-        self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]
+        self.remote_sleepers_addrs = [self.pe_addr(p, "n_remote_sleepers") for p in range(n)]
+        self.wake_idx = [(a - segment.addr) // 4 for a in self.wake_addrs]  # the same words in ``self.words``
+        self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]  # n_remote_sleepers: +1
 
     # --- creation / attachment -----------------------------------------------------------------------------
 
@@ -238,8 +244,12 @@ class Control:
     def wake(self, pe: int) -> None:
         """Tell PE ``pe`` that its memory changed: bump its wake word, wake its sleepers if it has any."""
         addr = self.wake_addrs[pe]
-        fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first
-        if self.words[self._sleepers_idx[pe]]:
+        words, i = self.words, self._sleepers_idx[pe]
+        if words[i] or words[i + 1]:  # a sleeper announced: bump and wake in one system call
+            futex_wake_add(addr)
+            return
+        fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first...
+        if words[i] or words[i + 1]:  # ...and before these reads (a sleeper that announced meanwhile)
             futex_wake(addr)
 
     def live_allocations(self, pe: int) -> np.ndarray:

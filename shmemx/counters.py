@@ -87,6 +87,7 @@ class StatsSegment:
         self.records = segment.view("<u8", HEADER_SIZE, (MAX_WAIT_SLOTS, self.slot_words))
         self.words = None if segment.readonly else memoryview(segment.mm).cast("Q")
         self._user: dict[str, int] = {}
+        self._bases: dict[int, int] = {}  # slot -> index of its record in ``words``, once marked used
         self._lock = threading.Lock()
 
     @classmethod
@@ -108,9 +109,11 @@ class StatsSegment:
     # --- writing (inside the rank; each slot by its own thread) ---------------------------------------------
 
     def _base(self, slot: int) -> int:
-        if not self.used[slot]:
+        base = self._bases.get(slot)
+        if base is None:  # the slot's first use: mark it (a numpy read costs ~1 us cold, a dict hit 50 ns)
             self.used[slot] = 1
-        return HEADER_SIZE // 8 + slot * self.slot_words
+            base = self._bases[slot] = HEADER_SIZE // 8 + slot * self.slot_words
+        return base
 
     def add_posted(self, slot: int, queue: int, wqes: int, nbytes: int) -> None:
         """Add ``wqes`` WQEs of ``nbytes`` posted by ``slot`` to queue ``queue`` (= peer * qp_num + qp)."""

@@ -120,7 +120,6 @@ class Runtime:
         cores = len(os.sched_getaffinity(0))
         self.spin = float(spin_us) * 1e-6 if spin_us else (50e-6 if self.n_pes <= cores else 0.0)
         self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
-        self.sleepers_addr = ctl.pe_addr(my_pe, "n_sleepers")
         self._words: dict[int, np.ndarray] = {}
         self.lock = threading.Lock()
 

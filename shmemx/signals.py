@@ -21,7 +21,7 @@ import numpy as np
 from . import atomics
 from .control import WaitCall
 from .runtime import runtime
-from .waits import block_until
+from .waits import block_on_word, block_until
 
 __all__ = [
     "ACLSHMEM_CMP_EQ",
@@ -69,15 +69,14 @@ def _check_cmp(cmp) -> int:
 # A signal or wait word is resolved on every call (a wait, a signal_op); the full resolution (locate the view,
 # check it lies in a live allocation, build a 0-d view) costs ~6 us, more than a futex wake-up. Words are
 # mostly the same array object call after call, so the resolution is cached per array object and reused while
-# that object is alive, keeps its dtype, shape and strides, and the allocation it lies in is still the same
+# that object is alive, keeps its dtype (its data pointer cannot change), and the allocation it lies in is still the same
 # live allocation (freeing it or reusing its memory misses the cache, so freed memory still raises).
 # A word is read through a memoryview of its PE's heap cast to the word's format: an int in 20 ns, where a numpy
 # 0-d view gives a numpy scalar in 60-100 ns and compares slower.
 
 
 class _Word:
-    __slots__ = ("ref", "dtype", "shape", "strides", "start", "record", "pe", "offset", "words", "idx",
-                 "dtype_str")
+    __slots__ = ("ref", "dtype", "start", "record", "pe", "offset", "words", "idx", "dtype_str", "fmt", "lo", "hi")
 
 
 _FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q"}
@@ -100,8 +99,9 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     global _cache_heap
     heap = rt.heap
     w = _cache.get(id(arr))
-    if (w is not None and _cache_heap is heap and w.ref() is arr and arr.dtype is w.dtype and arr.shape == w.shape
-            and arr.strides == w.strides and heap.allocations.get(w.start) is w.record):
+    # (an array's data pointer never changes; its dtype can, in place, and with it the word's size)
+    if (w is not None and _cache_heap is heap and w.ref() is arr and arr.dtype is w.dtype
+            and heap.allocations.get(w.start) is w.record):
         return w
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"pe {rt.my_pe}: {what} must be a heap array view, got {type(arr).__name__}")
@@ -118,8 +118,10 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
         _heap_words.clear()
         _cache_heap = heap
     w = _Word()
-    w.dtype, w.shape, w.strides, w.pe, w.offset = arr.dtype, arr.shape, arr.strides, pe, offset
-    w.words, w.idx = _words_of(heap, pe, _FORMATS[arr.dtype]), offset // arr.itemsize
+    w.dtype, w.pe, w.offset = arr.dtype, pe, offset
+    w.fmt = _FORMATS[arr.dtype]
+    w.words, w.idx = _words_of(heap, pe, w.fmt), offset // arr.itemsize
+    w.lo, w.hi = _BOUNDS[arr.dtype]
     w.dtype_str = arr.dtype.str.encode()
     w.start = heap.allocation_start(offset)
     w.record = heap.allocations.get(w.start)
@@ -180,11 +182,12 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
-    value = _as_int(rt, signal, w.dtype, "aclshmemx_signal_op")
+    value = signal if type(signal) is int and w.lo <= signal <= w.hi else _as_int(rt, signal, w.dtype,
+                                                                                    "aclshmemx_signal_op")
     if sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
         # it before any waiter can see the wake.
-        _words_of(rt.heap, pe, _FORMATS[w.dtype])[w.idx] = value
+        _words_of(rt.heap, pe, w.fmt)[w.idx] = value
     else:
         addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
@@ -199,14 +202,19 @@ def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
 
 def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     rt = runtime()
-    cmp = _check_cmp(cmp)
+    if type(cmp) is not int or not 0 <= cmp <= 5:
+        cmp = _check_cmp(cmp)
     w = _word(rt, ivar, name + " ivar")
-    target = _as_int(rt, value, w.dtype, name)
+    target = value if type(value) is int and w.lo <= value <= w.hi else _as_int(rt, value, w.dtype, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
     v = words[idx]
-    if op(v, target) and rt.tracer is None:  # met already: nothing to record (block_until traces the instant)
-        return v
-    seen = [v]
+    if rt.tracer is None:
+        if op(v, target):  # met already: nothing to record
+            return v
+        return block_on_word(rt, words, idx, op, target, call=int(call), pe=w.pe, offset=w.offset, cmp=cmp,
+                             value=target & _U64, dtype=w.dtype_str,
+                             describe=lambda: _describe_word(rt, name, w, f"{CMP_NAMES[cmp]} {target}"))
+    seen = [v]  # tracing: the generic wait, which records the wait (or its instant) in the trace
 
     def ready() -> bool:
         v = words[idx]

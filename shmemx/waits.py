@@ -15,11 +15,16 @@ Every blocking call (wait_until and friends, barriers, init/finalize, collective
 3. **It has a deadline.** Past it, ``WaitTimeoutError`` carries the caller's description of the wait and the
    value seen last.
 
-No lost wake-ups: the waiter announces itself (``n_sleepers += 1``, a locked instruction) before its last check
-of the condition, and a writer bumps the wake word (also locked) before it reads ``n_sleepers``. Either the
-waiter sees the new data, or the writer sees the sleeper and wakes it; and a wake between the waiter's read of
-the word and its futex call makes the futex return at once. The backstop timeout only bounds how long a dead
-peer or an abort goes unnoticed.
+No lost wake-ups: the waiter announces itself (``n_sleepers += 1``), then reads the wake word, then checks the
+condition, then sleeps on the word's value; a writer stores its data, bumps the wake word with a locked add (a
+full fence), then reads the sleeper counts and wakes if one is set (``Control.wake``). If the waiter read the word
+before the bump, its futex call sees the word changed and returns at once; if after, the data was already visible
+to its check. If it sleeps, the kernel took a lock (a locked instruction, which makes the announcement visible)
+before comparing the word, so a writer whose bump came later reads the count after it and wakes it. So the
+announcement needs no fence of its own: a PE's own threads count themselves in ``n_sleepers`` with plain stores
+(they run under one interpreter lock, and a memoryview ``+=`` holds it throughout); other PEs' threads waiting on
+this PE's memory count themselves in ``n_remote_sleepers`` with atomic adds. The backstop timeout only bounds how
+long a dead peer or an abort goes unnoticed.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_DTYPE, JobState, WaitCal
 from .errors import PeerFailedError, WaitTimeoutError
 from .counters import T_WAIT, WAIT_CALLS
 
-__all__ = ["block_until", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
+__all__ = ["block_until", "block_on_word", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 _BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
@@ -134,17 +139,22 @@ def block_until(
                          time.time())
     call_idx = slot_off // 4
     words[call_idx] = call
-    sleepers_addr = None
+    sleepers_idx = remote_addr = None
     if word_addr is None:
         word_pe = rt.my_pe if word_pe is None else word_pe
         word_addr = ctl.wake_addrs[word_pe]
-        sleepers_addr = ctl.sleepers_addrs[word_pe] if sleepers else None
+        if sleepers and word_pe == rt.my_pe:
+            sleepers_idx = ctl._sleepers_idx[word_pe]
+        elif sleepers:
+            remote_addr = ctl.remote_sleepers_addrs[word_pe]
     word_idx = (word_addr - ctl.segment.addr) // 4  # every futex word lives in the control segment
     timeout = rt.timeout if timeout is None else timeout
     start = time.monotonic()
     deadline = start + timeout
-    if sleepers_addr is not None:
-        atomics.fetch_add_u32(sleepers_addr, 1)
+    if sleepers_idx is not None:
+        words[sleepers_idx] += 1
+    elif remote_addr is not None:
+        atomics.fetch_add_u32(remote_addr, 1)
     try:
         while True:
             seen = words[word_idx]
@@ -158,10 +168,90 @@ def block_until(
                 raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
             atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
     finally:
-        if sleepers_addr is not None:
-            atomics.fetch_add_u32(sleepers_addr, -1)
+        if sleepers_idx is not None:
+            words[sleepers_idx] -= 1
+        elif remote_addr is not None:
+            atomics.fetch_add_u32(remote_addr, -1)
         words[call_idx] = 0  # WaitCall.NONE
         _account(rt, call, started, slot_idx, pe, offset, cmp, value, dtype, count)
+
+
+def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, offset: int, cmp: int, value: int,
+                  dtype: bytes, describe: Callable[[], str]) -> int:
+    """``block_until`` for one heap word (wait_until, signal_wait_until) while no trace is recorded; returns the
+    value that met ``op(words[idx], target)``.
+
+    The same wait slot, spin, sleep, deadline, abort check and accounting, in one straight-line function with no
+    closure per check. It is the hop of every signal chain: after a futex wake-up the code runs with cold caches
+    and TLB, so each call and object it touches costs far more than it does in a warm loop (bench_sync's 8-rank
+    ring: the generic path spends ~12 us more per hop than this one).
+
+    Args:
+        words, idx: the word as ``words[idx]`` (a memoryview of its PE's heap cast to the word's format).
+        op, target: the comparison (``operator.eq`` ...) and the value it compares against.
+        call, pe, offset, cmp, value, dtype: what the wait slot records (``call`` as a plain int).
+        describe: builds the description for a timeout or abort message.
+    """
+    started = time.perf_counter_ns()
+    if rt.spin > 0:
+        misses = rt.__dict__.get("_spin_misses", 0)
+        if misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0:
+            spin_end = time.perf_counter() + rt.spin
+            while time.perf_counter() < spin_end:
+                v = words[idx]
+                if op(v, target):
+                    rt._spin_misses = 0
+                    _add_wait_time(rt, _tls.slot, started)
+                    return v
+        rt._spin_misses = misses + 1
+    ctl = rt.ctl
+    cw = ctl.words
+    slot_idx = _tls.slot
+    slots_off = rt.__dict__.get("_wait_slots_offset")
+    if slots_off is None:
+        slots_off = _slots_offset(rt)
+    slot_off = slots_off + slot_idx * _SLOT_SIZE
+    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, -1, offset, value, dtype, 1, 0, time.time())
+    call_idx = slot_off // 4
+    cw[call_idx] = call
+    wake_addr = ctl.wake_addrs[pe]
+    wake_idx = ctl.wake_idx[pe]
+    own = pe == rt.my_pe
+    start = time.monotonic()
+    deadline = start + rt.timeout
+    if own:
+        sleepers_idx = ctl._sleepers_idx[pe]
+        cw[sleepers_idx] += 1
+    else:
+        atomics.fetch_add_u32(ctl.remote_sleepers_addrs[pe], 1)
+    try:
+        while True:
+            seen = cw[wake_idx]
+            v = words[idx]
+            if op(v, target):
+                return v
+            now = time.monotonic()
+            if now >= deadline:
+                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+            if cw[_STATE_IDX] == _ABORTING:
+                failed = int(ctl.header["failed_pe"])
+                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
+            atomics.futex_wait(wake_addr, seen, min(_BACKSTOP, deadline - now))
+    finally:
+        if own:
+            cw[sleepers_idx] -= 1
+        else:
+            atomics.fetch_add_u32(ctl.remote_sleepers_addrs[pe], -1)
+        cw[call_idx] = 0  # WaitCall.NONE
+        stats = rt.stats
+        if stats is not None:
+            stats.add_time(slot_idx, T_WAIT, time.perf_counter_ns() - started)
+
+
+def _add_wait_time(rt, slot: int, started: int) -> None:
+    stats = rt.stats
+    if stats is not None:
+        stats.add_time(slot, T_WAIT, time.perf_counter_ns() - started)
 
 
 def _account(rt, call: WaitCall, started: int, slot: int, pe, offset, cmp, value, dtype: bytes, count) -> None:

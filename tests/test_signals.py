@@ -7,12 +7,15 @@ the tests exercise the sleep / wake-up path, not only the fast path, without rel
 
 from __future__ import annotations
 
+import mmap
+import os
 import time
 
 import numpy as np
 import pytest
 
 import shmemx
+from shmemx import atomics
 from shmemx.control import WaitCall
 from shmemx.runtime import runtime
 
@@ -323,6 +326,14 @@ def _wait_on_peer_word():
     else:
         assert shmemx.aclshmem_signal_wait_until(shmemx.aclshmem_ptr(flag, 0), EQ, 7) == 7
     shmemx.aclshmem_barrier_all()
+    _assert_no_sleepers(me)
+
+
+def _assert_no_sleepers(pe: int) -> None:
+    """Every wait on PE ``pe``'s wake word has ended: both of its sleeper counts are back at 0."""
+    block = runtime().ctl.pes[pe]
+    assert (int(block["n_sleepers"]), int(block["n_remote_sleepers"])) == (0, 0), \
+        f"pe {pe}: sleeper counts {int(block['n_sleepers'])} / {int(block['n_remote_sleepers'])} after every wait"
 
 
 @pytest.mark.parametrize("n", [2, 8])
@@ -352,6 +363,68 @@ def _token_ring(rounds: int):
 @pytest.mark.parametrize("n", [2, 8])
 def test_wake_ups_are_prompt_without_spinning(run_ok, n):
     run_ok(n, _token_ring, 40, env={"SHMEMX_SPIN_US": "0"})
+
+
+def _block_rings(rounds: int, blocks: int):
+    """``blocks`` token rings at once, one per AIV block and word: the blocks of a PE sleep on its wake word
+    together, counting themselves in and out of n_sleepers concurrently."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    tokens = shmemx.zeros(blocks, np.int64, name="tokens")
+    shmemx.aclshmem_barrier_all()
+
+    def ring() -> None:
+        b = shmemx.get_block_idx()
+        word = tokens[b:b + 1]
+        for r in range(1, rounds + 1):
+            if me == 0:
+                shmemx.aclshmemx_signal_op(word, r, SET, (me + 1) % n)
+            assert shmemx.aclshmem_signal_wait_until(word, EQ, r) == r
+            if me != 0:
+                shmemx.aclshmemx_signal_op(word, r, SET, (me + 1) % n)
+
+    started = time.monotonic()
+    shmemx.launch(ring, blocks)
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.25 * rounds / 4, f"{rounds} rounds took {elapsed:.2f} s: wake-ups are late or lost"
+    shmemx.aclshmem_barrier_all()
+    _assert_no_sleepers(me)
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_blocks_sleeping_together_keep_the_sleeper_count(run_ok, n):
+    run_ok(n, _block_rings, 30, 4, env={"SHMEMX_SPIN_US": "0"})
+
+
+def test_futex_wake_add_bumps_the_word_and_wakes_its_sleeper():
+    """One FUTEX_WAKE_OP call adds 1 (mod 2**32) to the word and wakes a process asleep on it."""
+    mm = mmap.mmap(-1, 4096)  # shared with the forked child
+    words = np.frombuffer(mm, np.uint32, count=2)
+    addr = atomics.address_of(mm)
+    words[0] = 0xFFFF_FFFF
+    pid = os.fork()
+    if pid == 0:  # the sleeper: records whether it was woken (True) rather than timed out (False)
+        code = 1
+        try:
+            words[1] = 1 + atomics.futex_wait(addr, 0xFFFF_FFFF, 10.0)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10
+    while _state(pid) != "S":  # asleep: the child's only blocking call is the futex wait
+        assert time.monotonic() < deadline, "the child never went to sleep"
+        time.sleep(0.001)
+    woken = atomics.futex_wake_add(addr)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and int(words[1]) == 2, "the sleeper timed out instead of being woken"
+    assert woken == 1 and int(words[0]) == 0  # 0xFFFFFFFF + 1 wraps
+    del words
+    mm.close()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _blocked_wait_burns_no_cpu():
