@@ -171,7 +171,7 @@ def run_window_mode(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: in
     return res
 
 
-def _paired_body(T, H, K, E, iters, warmup, aiv_num, channels, policies, hccl_mb, out_path):
+def _paired_body(T, H, K, E, iters, warmup, aiv_num, channels, zero_copy, policies, hccl_mb, out_path):
     """Both designs in one job: every iteration runs the CAM pair and each DeepEP-style configuration on the same
     data, in an order that rotates, so that machine noise hits them alike."""
     import shmemx
@@ -183,7 +183,7 @@ def _paired_body(T, H, K, E, iters, warmup, aiv_num, channels, policies, hccl_mb
     ctx = cam.WindowContext(hccl_buffsize=hccl_mb, aiv_num=aiv_num)
     ctx.prefault(T * P, K, H)  # no first-touch page faults in the timed calls
     buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=max(moe.POLICY_QPS[p] for p in policies),
-                     qp_policy=policies[0])
+                     qp_policy=policies[0], zero_copy=zero_copy)
     n = 1 + len(policies)
     times = shmemx.zeros((P, iters, n, 3), np.float64, name="bench_paired times")
     cap = T * K * P
@@ -232,15 +232,17 @@ def _paired_body(T, H, K, E, iters, warmup, aiv_num, channels, policies, hccl_mb
 
 
 def run_paired(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: int = 8, *, iters: int = 5,
-               warmup: int = 2, aiv_num: int = 2, channels: int = 8, policies=("one", "two_1_1", "four_rr"),
-               timeout: float = 1800.0) -> dict:
+               warmup: int = 2, aiv_num: int = 2, channels: int = 1, zero_copy: bool = True,
+               policies=("one", "bytes"), timeout: float = 1800.0) -> dict:
     """The window-mode pair and the DeepEP-style ``Buffer`` (``shmemx.kernels.moe``) in ONE job, on the same data,
     interleaved per iteration: the same-run comparison the issue's bar asks for, robust to a noisy machine.
 
     Returns ``{"cam": {...}, "deepep": {policy: {...}}, "ratio_fresh": ..., "ratio_cached": ...}`` with, per design,
     ``dispatch_ms`` (CAM: notify + kernel; DeepEP: fresh dispatch, whose notify runs inside), ``cached_ms`` (CAM:
     the kernel alone; DeepEP: dispatch with a handle), ``combine_ms``: means over ranks, medians over iterations.
-    The ratios are medians over iterations of CAM's pair / the best DeepEP pair of that iteration.
+    The ratios are medians over iterations of CAM's pair / the best DeepEP pair of that iteration. The default
+    DeepEP-style configuration is the fastest one ``scripts/bench_moe.py`` measures (aggregate, 1 channel, zero
+    copy; policies ``one`` and ``bytes``): the issue's bar compares against the best configuration.
     """
     from shmemx.kernels import cam
     from shmemx.launcher import launch
@@ -249,8 +251,8 @@ def run_paired(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: int = 8
     heap = (hccl_mb + 16 + T * P * H * 2 * 3 // 2 ** 20 + 64) << 20
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "paired.json")
-        code = launch(P, _paired_body, (T, H, K, E, iters, warmup, aiv_num, channels, list(policies), hccl_mb,
-                                        path), heap_size=heap, timeout=timeout)
+        code = launch(P, _paired_body, (T, H, K, E, iters, warmup, aiv_num, channels, zero_copy, list(policies),
+                                        hccl_mb, path), heap_size=heap, timeout=timeout)
         if code != 0:
             raise RuntimeError(f"bench_cam: the paired {P}-rank job exited with {code}")
         with open(path) as f:
@@ -266,17 +268,18 @@ def run_paired(T: int = 512, H: int = 7168, K: int = 8, E: int = 256, P: int = 8
     return {"cam": figures(0), "deepep": {p: figures(1 + i) for i, p in enumerate(policies)},
             "ratio_fresh": float(np.median(fresh[:, 0] / fresh[:, 1:].min(axis=1))),
             "ratio_cached": float(np.median(cached[:, 0] / cached[:, 1:].min(axis=1))),
-            "aiv_num": aiv_num, "iters": iters}
+            "aiv_num": aiv_num, "iters": iters, "channels": channels, "zero_copy": zero_copy}
 
 
 def print_paired(res: dict) -> None:
     """The same-run comparison table of ``run_paired``."""
-    print(f"\n{'design (one job, interleaved)':<30} {'dispatch':>9} {'cached':>9} {'combine':>9} {'fresh pair':>11} "
+    print(f"\n{'design (one job, interleaved)':<36} {'dispatch':>9} {'cached':>9} {'combine':>9} {'fresh pair':>11} "
           f"{'cached pair':>12}")
     rows = [(f"CAM window mode (aiv {res['aiv_num']})", res["cam"])]
-    rows += [(f"DeepEP-style ({p})", r) for p, r in res["deepep"].items()]
+    how = f"{res['channels']} ch{', zero copy' if res['zero_copy'] else ''}"
+    rows += [(f"DeepEP-style ({p}, {how})", r) for p, r in res["deepep"].items()]
     for name, r in rows:
-        print(f"{name:<30} {r['dispatch_ms']:9.1f} {r['cached_ms']:9.1f} {r['combine_ms']:9.1f} "
+        print(f"{name:<36} {r['dispatch_ms']:9.1f} {r['cached_ms']:9.1f} {r['combine_ms']:9.1f} "
               f"{r['dispatch_ms'] + r['combine_ms']:11.1f} {r['cached_ms'] + r['combine_ms']:12.1f}")
     print(f"CAM / best DeepEP-style, median of per-iteration ratios: fresh pair (CAM notify + dispatch + combine vs "
           f"DeepEP fresh dispatch + combine) {res['ratio_fresh']:.2f}x; cached pair (CAM dispatch + combine vs "
@@ -312,7 +315,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", action="store_true", help="also run DynamicQuant (int8 rows)")
     ap.add_argument("--deepep", nargs="*", default=None, metavar="POLICY",
                     help="also run the DeepEP-style Buffer (shmemx.kernels.moe) with these QP policies (default: "
-                         "one two_1_1 four_rr) interleaved with the window mode in one job, and print the ratio")
+                         "one bytes) interleaved with the window mode in one job, and print the ratio")
+    ap.add_argument("--channels", type=int, default=1, help="DeepEP-style channels in the paired run (default 1)")
+    ap.add_argument("--no-zero-copy", action="store_true", help="DeepEP-style recv_x copied out in the paired run")
     args = ap.parse_args(argv)
     if args.quick:
         args.T, args.H, args.K, args.E, args.P, args.iters = 16, 1024, 4, 16, 4, 1
@@ -329,7 +334,8 @@ def main(argv=None) -> int:
     if args.deepep is not None:
         try:
             res = run_paired(args.T, args.H, args.K, args.E, args.P, iters=args.iters, warmup=1 if args.quick else 2,
-                             aiv_num=args.aiv[0], policies=args.deepep or ["one", "two_1_1", "four_rr"])
+                             aiv_num=args.aiv[0], channels=args.channels, zero_copy=not args.no_zero_copy,
+                             policies=args.deepep or ["one", "bytes"])
             print_paired(res)
         except RuntimeError as exc:  # the other design failed: say so
             print(f"the paired run did not complete: {exc}")

@@ -93,6 +93,7 @@ class QueuePair:
         self._i_head, self._i_cqe_cnt = wq_word + WQ_HEAD, wq_word + WQ_CQE_CNT
         self._i_db = (seg.hw_offset + 64 * i) // 4 + HW_SQ_DB
         self._i_sidecar = (seg.sidecar_offset + 4 * i * seg.sq_depth) // 4
+        self._i_cq = (seg.cq_offset + i * seg.cq_bytes) // 4  # word 0 of CQ slot 0
         rmi = seg.remote_mem_info[i]
         self.tpn = int(rmi["tpn"])
         self.tid = int(rmi["tid"])
@@ -315,12 +316,27 @@ class QueuePair:
     # --- polling (quiet) ---------------------------------------------------------------------------------
 
     def _valid_count(self, t: int, n: int) -> int:
-        """How many CQEs from position ``t`` on (at most ``n``) the engine has written (owner bits)."""
+        """How many CQEs from position ``t`` on (at most ``n``) the engine has written (owner bits).
+
+        The engine writes CQEs in order, so the common answers (all of them, none) come from reading the owner
+        bits of the last and the first with two word reads: a quiet's first look and every re-check while it
+        waits run no numpy (a numpy call costs 15-30 us when a large copy has just evicted the caches).
+        """
+        if self._cqe_valid(t + n - 1):
+            return n
+        if n == 1 or not self._cqe_valid(t):
+            return 0
         pos = t + np.arange(n, dtype=np.int64)
         slots = pos % self.cq_depth
         owner = (self.cq32[slots, 0] >> 2) & 1
         valid = owner == (((pos // self.cq_depth) & 1) ^ 1)
         return n if valid.all() else int(np.argmin(valid))
+
+    def _cqe_valid(self, pos: int) -> bool:
+        """Whether the engine has written the CQE at position ``pos``: its owner bit (bit 2 of word 0) is 1 on even
+        laps of the CQ ring, 0 on odd ones."""
+        lap, slot = divmod(pos, self.cq_depth)
+        return (self._w[self._i_cq + 16 * slot] >> 2 & 1) == (lap & 1 ^ 1)
 
     def poll(self, target: int, what: str = "qp_quiet", *, call: WaitCall = WaitCall.QP_QUIET,
              report: bool = True, release: bool = True) -> None:

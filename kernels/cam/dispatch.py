@@ -228,24 +228,39 @@ def _wait_status(run: _Run, b: int, B: int, data_state: int, stats: np.ndarray) 
 
 
 def _share_to_output(run: _Run, b: int, B: int, data_state: int) -> None:
+    """ShareToOutput for the block's experts ``[start, end)``: expert i's ``count`` rows come from source rank
+    ``i % R``'s window at ``recv_offset[i]`` and go to ``recv_x[pre:pre + count]`` (pre = ``recv_count[i-1]``),
+    their triples to ``assist_info_for_combine``.
+
+    The offsets and counts of all of the block's experts are worked out at once and each rank's window is viewed
+    once, so that the loop over the E experts only copies (its per-expert Python was ~40% of the dispatch).
+    """
     start, end = split(run.E, B, b)
+    if start >= end:
+        return
     lay, H = run.layout, run.info.h
     data_bytes = H * run.out_dtype.itemsize
     triple_at = lay.h_scale_size_align
-    for i in range(start, end):
-        src = i % run.R
-        pre = int(run.recv_count[i - 1]) if i else 0
-        count = int(run.recv_count[i]) - pre
-        run.recv_counts[i] = count
-        if count <= 0:
-            continue
-        rows = run.rows(src, data_state)[int(run.recv_offset[i]):int(run.recv_offset[i]) + count]
-        run.recv_x[pre:pre + count] = rows[:, :data_bytes].view(run.out_dtype)
-        run.expand_idx[pre * 3:(pre + count) * 3] = rows[:, triple_at:triple_at + 12].view(np.int32).reshape(-1)
-        if run.quant:
-            run.x_scales[pre:pre + count] = rows[:, lay.h_ub_align_size:lay.h_ub_align_size + 4].view(
-                np.float32)[:, 0]
-        run.bytes_copied[b] += count * (data_bytes + 12 + (4 if run.quant else 0))
+    cum = run.recv_count[start:end]
+    pre = np.concatenate([run.recv_count[start - 1:start] if start else [0], cum[:-1]])
+    counts = cum - pre
+    run.recv_counts[start:end] = counts
+    live = np.flatnonzero(counts > 0)
+    if not len(live):
+        return
+    windows = [run.rows(r, data_state) for r in range(run.R)]  # [maxBs*K, hOutGMAlignSize] uint8 each
+    out_rows = run.recv_x.view(np.uint8).reshape(len(run.recv_x), -1)
+    triples = run.expand_idx.reshape(-1, 3)
+    scales = run.x_scales
+    for i, p, n, o in zip((start + live).tolist(), pre[live].tolist(), counts[live].tolist(),
+                          run.recv_offset[start + live].tolist()):
+        rows = windows[i % run.R][o:o + n]
+        out_rows[p:p + n] = rows[:, :data_bytes]
+        triples[p:p + n] = rows[:, triple_at:triple_at + 12].view(np.int32)
+        if scales is not None:
+            scales[p:p + n] = rows[:, lay.h_ub_align_size:lay.h_ub_align_size + 4].view(np.float32)[:, 0]
+    moved = int(counts[live].sum())
+    run.bytes_copied[b] += moved * (data_bytes + 12 + (4 if run.quant else 0))
 
 
 def _kernel(run: _Run) -> None:
