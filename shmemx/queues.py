@@ -116,6 +116,7 @@ class QueuePair:
         self.ci = 0
         self.cq_pi = 0
         self.queued = False
+        self.own_words = None  # the engine's expected words 2-8 of a WQE on this queue (Engine._own_words)
         self.error: dict | None = None  # the first failure, until a poller reports it
 
     def __repr__(self) -> str:

@@ -781,13 +781,13 @@ def _engine_fault_in_a_vector_run():
     dst = shmemx.zeros((n, 16, 8), np.int64, name="dst")
     src = shmemx.array(_stamp(me, nxt, np.arange(128)).reshape(16, 8), name="src")
     engine = runtime().udma.engine
-    copy = engine._copy_groups
+    copy = engine._copy_group
 
     def broken(*args):
-        engine._copy_groups = copy
+        engine._copy_group = copy
         raise ZeroDivisionError("injected into the vector path")
 
-    engine._copy_groups = broken
+    engine._copy_group = broken
     q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
     step = np.arange(16, dtype=np.uint64) * np.uint64(64)
     head = q.reserve(16)
@@ -807,6 +807,38 @@ def _engine_fault_in_a_vector_run():
 
 def test_engine_exception_in_the_vector_path_becomes_an_error_cqe(run_ok):
     run_ok(2, _engine_fault_in_a_vector_run)
+
+
+def _vector_run_through_another_tp():
+    """A run of WRITEs on QP 0 that carry QP 1's TP to the same peer (valid: any TP of the target PE) is executed
+    by the general vectorised checks, not the own-queue shortcut, with the same data and CQEs."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros((n, 16, 8), np.int64, name="dst")
+    src = shmemx.array(_stamp(me, nxt, np.arange(128)).reshape(16, 8), name="src")
+    q, other = shmemx.aclshmemx_udma_raw_queue(nxt, 0), shmemx.aclshmemx_udma_raw_queue(nxt, 1)
+    wqes = q.build_writes(rmt_va=q.remote_va(dst[me]) + np.arange(16, dtype=np.uint64) * np.uint64(64),
+                          sge_len=64, sge_va=q.local_va(src) + np.arange(16, dtype=np.uint64) * np.uint64(64))
+    words = wqes.view(np.uint32)
+    words[:, 2] = words[:, 2] & 0xFF00_0000 | other._qp.tpn  # QP 1's TP, sge_num kept
+    engine = runtime().udma.engine
+    shortcut = engine._vector_own
+    calls = []
+    engine._vector_own = lambda *a: calls.append("own") or shortcut(*a)
+    head = q.reserve(16)
+    q.ring_doorbell(q.write(head, wqes), cqes=16)
+    q.poll()
+    assert calls == [], "a run through another TP must not take the own-queue shortcut"
+    engine._vector_own = shortcut
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst[(me - 1) % n].reshape(-1), _stamp((me - 1) % n, me, np.arange(128)))
+    shmemx.finalize()
+
+
+def test_a_vector_run_through_another_tp_of_the_peer_is_executed(run_ok):
+    run_ok(2, _vector_run_through_another_tp)
 
 
 # --- bad input is rejected before anything is posted -----------------------------------------------------------
