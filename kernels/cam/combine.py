@@ -36,6 +36,7 @@ from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, 
 __all__ = ["CombineOutput", "moe_combine_normal"]
 
 _ONES8 = np.ones(FLOAT_NUM_PER_ALIGN, np.float32)
+_ZERO = np.float32(0.0)
 _CHUNK_BYTES = 1 << 20  # rows per vectorised send step: about 1 MB
 _SUM_TOKENS = 8  # tokens per weighted-sum step: accumulator and widened row stay in cache (measured fastest)
 
@@ -155,12 +156,14 @@ def _weighted_sum(run: _Run, tokens: np.ndarray, magic: int) -> None:
             c1 = min(c0 + _SUM_TOKENS, hi)
             n = c1 - c0
             acc, tmp = acc_all[:n], tmp_all[:n]
-            acc.fill(0)
             by_k = rows[c0 * K:c1 * K].reshape(n, K, H)
             for k in range(K):
                 np.copyto(tmp, by_k[:, k], casting="unsafe")  # Cast CAST_NONE (exact)
                 np.multiply(tmp, run.weights[c0:c1, k, None], out=tmp)  # Muls by w[t, k]
-                np.add(acc, tmp, out=acc)  # Add, in k order
+                if k:
+                    np.add(acc, tmp, out=acc)  # Add, in k order
+                else:  # acc = 0 + tmp: tmp + 0 is the same value bit for bit (-0 included), without a zero fill
+                    np.add(tmp, _ZERO, out=acc)
             run.out[c0:c1] = acc  # Cast CAST_RINT (numpy's float32 -> bfloat16 rounds to nearest even)
 
 
