@@ -21,7 +21,10 @@ exchange), then the CQE. FAA, CAS and the fp32 reduce are atomic per target word
 
 Speed: runs of one-BB WRITEs or READs are validated and copied with numpy in one go (rows when lengths and
 offsets are aligned, else one byte gather/scatter), and their CQEs written in one assignment; the per-WQE path
-(``_check`` + ``_run``) is the reference that also produces every error message. When it runs out of rung work
+(``_check`` + ``_run``) is the reference that also produces every error message. A run whose WQEs all carry the
+queue's own peer, TP, tokenId and token (what ``post_rw`` writes) needs only its flag, ranges and local buffers
+checked (``_vector_own``); its CQEs are built before the copies and stored after them, because large copies evict
+the caches and every numpy call after them costs 15-30 us. When it runs out of rung work
 (or every ``WAKE_EVERY`` turns while SQs stay busy) the engine bumps the wake word of every PE it wrote into, and
 its own when it wrote CQEs: a wake-up of a sleeping thread costs the waker ~20 us, so it is paid once per burst.
 """
