@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     ap.add_argument("-E", type=int, default=256)
     ap.add_argument("-P", type=int, default=8)
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--aiv", type=int, nargs="+", default=[2])
+    ap.add_argument("--aiv", type=int, nargs="+", default=[1])
     ap.add_argument("--quant", action="store_true", help="also run DynamicQuant (int8 rows)")
     ap.add_argument("--deepep", nargs="*", default=None, metavar="POLICY",
                     help="also run the DeepEP-style Buffer (shmemx.kernels.moe) with these QP policies (default: "

@@ -199,7 +199,7 @@ class Control:
         self.sleepers_addrs = [self.pe_addr(p, "n_sleepers") for p in range(n)]
         self.remote_sleepers_addrs = [self.pe_addr(p, "n_remote_sleepers") for p in range(n)]
         self.wake_idx = [(a - segment.addr) // 4 for a in self.wake_addrs]  # the same words in ``self.words``
-        self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]  # n_remote_sleepers: +1
+        self._sleepers_idx = [(a - segment.addr) // 4 for a in self.sleepers_addrs]  # +1: n_remote_sleepers
 
     # --- creation / attachment -----------------------------------------------------------------------------
 

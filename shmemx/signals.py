@@ -69,8 +69,8 @@ def _check_cmp(cmp) -> int:
 # A signal or wait word is resolved on every call (a wait, a signal_op); the full resolution (locate the view,
 # check it lies in a live allocation, build a 0-d view) costs ~6 us, more than a futex wake-up. Words are
 # mostly the same array object call after call, so the resolution is cached per array object and reused while
-# that object is alive, keeps its dtype (its data pointer cannot change), and the allocation it lies in is still the same
-# live allocation (freeing it or reusing its memory misses the cache, so freed memory still raises).
+# that object is alive, keeps its dtype (its data pointer cannot change), and the allocation it lies in is still
+# the same live allocation (freeing it or reusing its memory misses the cache, so freed memory still raises).
 # A word is read through a memoryview of its PE's heap cast to the word's format: an int in 20 ns, where a numpy
 # 0-d view gives a numpy scalar in 60-100 ns and compares slower.
 

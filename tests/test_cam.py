@@ -483,7 +483,10 @@ def test_demo_passes_on_8_ranks_through_shmemx_run(python):
 def test_bench_quick_prints_its_table(python):
     import subprocess
 
-    out = subprocess.run([python, str(ROOT / "scripts/bench_cam.py"), "--quick"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([python, str(ROOT / "scripts/bench_cam.py"), "--quick", "--deepep"], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "CAM window mode (bf16, aiv 2)" in out.stdout and "pair/bound" in out.stdout
+    assert "CAM window mode (bf16, aiv 1)" in out.stdout and "pair/bound" in out.stdout
+    # the same-run comparison against DeepEP's best configuration (1 channel, zero copy) by default
+    assert "DeepEP-style (one, 1 ch, zero copy)" in out.stdout and "DeepEP-style (bytes, 1 ch, zero copy)" in out.stdout
+    assert "median of per-iteration ratios" in out.stdout
