@@ -131,14 +131,7 @@ def block_until(
     ctl = rt.ctl
     words = ctl.words
     slot_idx = _tls.slot
-    slots_off = rt.__dict__.get("_wait_slots_offset")
-    if slots_off is None:
-        slots_off = _slots_offset(rt)
-    slot_off = slots_off + slot_idx * _SLOT_SIZE
-    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, qp, offset, value, dtype, count, target,
-                         time.time())
-    call_idx = slot_off // 4
-    words[call_idx] = call
+    call_idx = _record(rt, slot_idx, call, cmp, pe, qp, offset, value, dtype, count, target)
     sleepers_idx = remote_addr = None
     if word_addr is None:
         word_pe = rt.my_pe if word_pe is None else word_pe
@@ -160,13 +153,7 @@ def block_until(
             seen = words[word_idx]
             if pred():
                 return
-            now = time.monotonic()
-            if now >= deadline:
-                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
-            if words[_STATE_IDX] == _ABORTING:
-                failed = int(ctl.header["failed_pe"])
-                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
-            atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
+            _sleep(rt, word_addr, seen, start, deadline, describe)
     finally:
         if sleepers_idx is not None:
             words[sleepers_idx] -= 1
@@ -181,10 +168,11 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
     """``block_until`` for one heap word (wait_until, signal_wait_until) while no trace is recorded; returns the
     value that met ``op(words[idx], target)``.
 
-    The same wait slot, spin, sleep, deadline, abort check and accounting, in one straight-line function with no
-    closure per check. It is the hop of every signal chain: after a futex wake-up the code runs with cold caches
-    and TLB, so each call and object it touches costs far more than it does in a warm loop (bench_sync's 8-rank
-    ring: the generic path spends ~12 us more per hop than this one).
+    The same wait slot, spin, sleep, deadline, abort check and accounting, with no closure per check, and from a
+    futex wake-up to the return only a word read, the comparison and the epilogue (the stores of the sleeper
+    count and the slot, the wait time). That stretch is the hop of every signal chain, run with cold caches and
+    TLB right after a context switch, where each call and object touched costs far more than in a warm loop
+    (bench_sync's 8-rank ring: the generic path spent ~12 us more per hop).
 
     Args:
         words, idx: the word as ``words[idx]`` (a memoryview of its PE's heap cast to the word's format).
@@ -207,13 +195,7 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
     ctl = rt.ctl
     cw = ctl.words
     slot_idx = _tls.slot
-    slots_off = rt.__dict__.get("_wait_slots_offset")
-    if slots_off is None:
-        slots_off = _slots_offset(rt)
-    slot_off = slots_off + slot_idx * _SLOT_SIZE
-    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, -1, offset, value, dtype, 1, 0, time.time())
-    call_idx = slot_off // 4
-    cw[call_idx] = call
+    call_idx = _record(rt, slot_idx, call, cmp, pe, -1, offset, value, dtype, 1, 0)
     wake_addr = ctl.wake_addrs[pe]
     wake_idx = ctl.wake_idx[pe]
     own = pe == rt.my_pe
@@ -230,13 +212,7 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
             v = words[idx]
             if op(v, target):
                 return v
-            now = time.monotonic()
-            if now >= deadline:
-                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
-            if cw[_STATE_IDX] == _ABORTING:
-                failed = int(ctl.header["failed_pe"])
-                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
-            atomics.futex_wait(wake_addr, seen, min(_BACKSTOP, deadline - now))
+            _sleep(rt, wake_addr, seen, start, deadline, describe)
     finally:
         if own:
             cw[sleepers_idx] -= 1
@@ -246,6 +222,33 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
         stats = rt.stats
         if stats is not None:
             stats.add_time(slot_idx, T_WAIT, time.perf_counter_ns() - started)
+
+
+def _record(rt, slot: int, call: int, cmp: int, pe: int, qp: int, offset: int, value: int, dtype: bytes,
+            count: int, target: int) -> int:
+    """Write the wait into the thread's slot of the control segment (``call`` last, so that a reader that sees the
+    call sees the whole record); returns the index of the slot's ``call`` word in ``ctl.words``."""
+    ctl = rt.ctl
+    slots_off = rt.__dict__.get("_wait_slots_offset")
+    if slots_off is None:
+        slots_off = _slots_offset(rt)
+    slot_off = slots_off + slot * _SLOT_SIZE
+    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, qp, offset, value, dtype, count, target, time.time())
+    ctl.words[slot_off // 4] = call
+    return slot_off // 4
+
+
+def _sleep(rt, word_addr: int, seen: int, start: float, deadline: float, describe: Callable[[], str]) -> None:
+    """One sleep of a blocked wait on the futex word at ``word_addr`` (last seen ``seen``): raise past the deadline
+    or when the launcher aborts the job, else sleep until the word changes or the backstop passes."""
+    now = time.monotonic()
+    if now >= deadline:
+        raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+    ctl = rt.ctl
+    if ctl.words[_STATE_IDX] == _ABORTING:
+        failed = int(ctl.header["failed_pe"])
+        raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
+    atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
 
 
 def _add_wait_time(rt, slot: int, started: int) -> None:
