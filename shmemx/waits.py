@@ -30,6 +30,7 @@ long a dead peer or an abort goes unnoticed.
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 import time
 from typing import Callable
@@ -42,6 +43,8 @@ from .counters import T_WAIT, WAIT_CALLS
 __all__ = ["block_until", "block_on_word", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
+# Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
+_PLAIN_SLEEPERS = getattr(sys, "_is_gil_enabled", lambda: True)()
 _BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
 
 # A wait slot is written with one pack (0.2 us) instead of nine structured-field stores (~8 us): every field but
@@ -136,7 +139,7 @@ def block_until(
     if word_addr is None:
         word_pe = rt.my_pe if word_pe is None else word_pe
         word_addr = ctl.wake_addrs[word_pe]
-        if sleepers and word_pe == rt.my_pe:
+        if sleepers and word_pe == rt.my_pe and _PLAIN_SLEEPERS:
             sleepers_idx = ctl._sleepers_idx[word_pe]
         elif sleepers:
             remote_addr = ctl.remote_sleepers_addrs[word_pe]
@@ -198,7 +201,7 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
     call_idx = _record(rt, slot_idx, call, cmp, pe, -1, offset, value, dtype, 1, 0)
     wake_addr = ctl.wake_addrs[pe]
     wake_idx = ctl.wake_idx[pe]
-    own = pe == rt.my_pe
+    own = pe == rt.my_pe and _PLAIN_SLEEPERS
     start = time.monotonic()
     deadline = start + rt.timeout
     if own:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shmemx
-from shmemx import atomics
+from shmemx import atomics, waits
 from shmemx.control import WaitCall
 from shmemx.runtime import runtime
 
@@ -365,9 +365,11 @@ def test_wake_ups_are_prompt_without_spinning(run_ok, n):
     run_ok(n, _token_ring, 40, env={"SHMEMX_SPIN_US": "0"})
 
 
-def _block_rings(rounds: int, blocks: int):
+def _block_rings(rounds: int, blocks: int, plain: bool = True):
     """``blocks`` token rings at once, one per AIV block and word: the blocks of a PE sleep on its wake word
-    together, counting themselves in and out of n_sleepers concurrently."""
+    together, counting themselves in and out of n_sleepers concurrently (``plain=False``: as a free-threaded
+    build does, with atomic adds on n_remote_sleepers)."""
+    waits._PLAIN_SLEEPERS = plain
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     tokens = shmemx.zeros(blocks, np.int64, name="tokens")
@@ -391,9 +393,9 @@ def _block_rings(rounds: int, blocks: int):
     _assert_no_sleepers(me)
 
 
-@pytest.mark.parametrize("n", [2, 8])
-def test_blocks_sleeping_together_keep_the_sleeper_count(run_ok, n):
-    run_ok(n, _block_rings, 30, 4, env={"SHMEMX_SPIN_US": "0"})
+@pytest.mark.parametrize("n,plain", [(2, True), (8, True), (8, False)])
+def test_blocks_sleeping_together_keep_the_sleeper_count(run_ok, n, plain):
+    run_ok(n, _block_rings, 30, 4, plain, env={"SHMEMX_SPIN_US": "0"})
 
 
 def test_futex_wake_add_bumps_the_word_and_wakes_its_sleeper():
