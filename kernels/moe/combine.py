@@ -160,11 +160,7 @@ def combine_kernel(a: CombineArgs) -> None:
                 continue
             t = _post_unit(a, u, timer, t)
             posted.append((u.peer, u.qp))
-        for peer, q in posted:
-            a.lanes.quiet(peer, q)
-        t = timer.lap("quiet", t)
-        shmemx.sync_all()
-        t = timer.lap("sync", t)
+        t = a.lanes.end_round(posted, timer, t)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
     for r in sources:
         _wait_source(a, r)

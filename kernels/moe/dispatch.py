@@ -200,10 +200,6 @@ def dispatch_kernel(a: DispatchArgs) -> None:
                 continue
             t = _post_unit(a, u, mine, timer, t)
             posted.append((u.peer, u.qp))
-        for peer, q in posted:
-            a.lanes.quiet(peer, q)
-        t = timer.lap("quiet", t)
-        shmemx.sync_all()
-        t = timer.lap("sync", t)
+        t = a.lanes.end_round(posted, timer, t)
     for s in range(c, a.n_pes, len(a.bounds) - 1):
         t = _receive(a, s, timer, t)

@@ -145,3 +145,12 @@ class Lanes:
 
     def quiet(self, peer: int, qp: int) -> None:
         shmemx.aclshmemx_udma_qp_quiet(peer, qp)
+
+    def end_round(self, posted: list[tuple[int, int]], timer, t: float) -> float:
+        """The end of a block's round: quiet every (peer, qp) it posted to (which releases the lane to the block
+        that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases."""
+        for peer, qp in posted:
+            self.quiet(peer, qp)
+        t = timer.lap("quiet", t)
+        shmemx.sync_all()
+        return timer.lap("sync", t)
