@@ -394,14 +394,8 @@ class Engine:
         if good == 0:
             return 0 if k == 0 else self._scalar_count(qp, pos)
         sl = slice(0, good)
-        signaled = np.flatnonzero(rows[sl, 0] & (0x20 << 16))
-        cqes = self._cqe_rows(qp, (pos + signaled) & M32, length[signaled], eid_lo[signaled],
-                              eid_hi[signaled]) if len(signaled) else None
-        self._copy_groups(op, pec[sl], roff[sl], bufs[sl], loff[sl], length[sl])
-        if cqes is not None:
-            self._store_cqes(qp, cqes, op)
-        self._account(qp, good, int(length[sl].sum()))
-        return good
+        return self._execute(qp, pos, rows[sl], op, length[sl], eid_lo[sl], eid_hi[sl],
+                             lambda: self._copy_groups(op, pec[sl], roff[sl], bufs[sl], loff[sl], length[sl]))
 
     def _own_words(self, qp) -> np.ndarray:
         """Words 2-8 (TP and sge_num, tokenId, EID, token value) of a WQE to ``qp``'s peer through ``qp``'s own
@@ -433,11 +427,19 @@ class Engine:
         bufs, loff, lok = self._resolve_local(w64[:, 7], length)
         if not lok.all() or bufs[0] != bufs[-1] or (len(bufs) > 2 and not (bufs == bufs[0]).all()):
             return 0
+        return self._execute(qp, pos, rows, op, length, self.eid_lo[pe:pe + 1], self.eid_hi[pe:pe + 1],
+                             lambda: self._copy_group(op, pe, int(bufs[0]), roff, loff, length))
+
+    def _execute(self, qp, pos: int, rows: np.ndarray, op: int, length: np.ndarray, eid_lo, eid_hi, copy) -> int:
+        """Execute a validated run of ``len(rows)`` one-BB WQEs from BB ``pos``: ``copy()`` does their copies; the
+        CQEs of the signaled ones are built before it (the caches are still warm) and stored after it (effects
+        before CQEs). ``eid_lo`` / ``eid_hi``: per WQE, or one for all. Returns the number of WQEs."""
         signaled = np.flatnonzero(rows[:, 0] & (0x20 << 16))
-        cqes = self._cqe_rows(qp, (pos + signaled) & M32, length[signaled], self.eid_lo[pe:pe + 1],
-                              self.eid_hi[pe:pe + 1]) if len(signaled) else None
+        if len(eid_lo) > 1:
+            eid_lo, eid_hi = eid_lo[signaled], eid_hi[signaled]
+        cqes = self._cqe_rows(qp, (pos + signaled) & M32, length[signaled], eid_lo, eid_hi) if len(signaled) else None
         nbytes = int(length.sum())
-        self._copy_group(op, pe, int(bufs[0]), roff, loff, length)  # (the CQEs were built before: warm caches)
+        copy()
         if cqes is not None:
             self._store_cqes(qp, cqes, op)
         self._account(qp, len(rows), nbytes)
