@@ -151,6 +151,13 @@ def _as_int(rt, value, dtype: np.dtype, what: str) -> int:
     return v
 
 
+def _word_value(rt, w: _Word, value, what: str) -> int:
+    """``value`` as an int that fits word ``w`` (``_as_int``, with a plain int in range checked first)."""
+    if type(value) is int and w.lo <= value <= w.hi:
+        return value
+    return _as_int(rt, value, w.dtype, what)
+
+
 def _as_word(rt, value, dtype: np.dtype, what: str):
     """``value`` as a numpy scalar of the word's dtype; ValueError quoting it when it does not fit."""
     return dtype.type(_as_int(rt, value, dtype, what))
@@ -182,8 +189,7 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
-    value = signal if type(signal) is int and w.lo <= signal <= w.hi else _as_int(rt, signal, w.dtype,
-                                                                                    "aclshmemx_signal_op")
+    value = _word_value(rt, w, signal, "aclshmemx_signal_op")
     if sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
         # it before any waiter can see the wake.
@@ -205,7 +211,7 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     if type(cmp) is not int or not 0 <= cmp <= 5:
         cmp = _check_cmp(cmp)
     w = _word(rt, ivar, name + " ivar")
-    target = value if type(value) is int and w.lo <= value <= w.hi else _as_int(rt, value, w.dtype, name)
+    target = _word_value(rt, w, value, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
     v = words[idx]
     if rt.tracer is None:

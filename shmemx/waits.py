@@ -222,9 +222,7 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
         else:
             atomics.fetch_add_u32(ctl.remote_sleepers_addrs[pe], -1)
         cw[call_idx] = 0  # WaitCall.NONE
-        stats = rt.stats
-        if stats is not None:
-            stats.add_time(slot_idx, T_WAIT, time.perf_counter_ns() - started)
+        _add_wait_time(rt, slot_idx, started)
 
 
 def _record(rt, slot: int, call: int, cmp: int, pe: int, qp: int, offset: int, value: int, dtype: bytes,
