@@ -55,7 +55,7 @@ def ps(as_json) -> None:
     import json
     import time
 
-    from shmemx.inspect import list_jobs
+    from shmemx.observe.jobs import list_jobs
 
     jobs = list_jobs()
     if as_json:
@@ -97,7 +97,7 @@ def _size(nbytes: int) -> str:
 @click.option("--force", is_flag=True, help="Remove JOB's segments even though its launcher is alive.")
 def clean(job, stale, force) -> None:
     """Remove a dead job's shared memory (/dev/shm/shmemx_<job>_*); the launcher normally does it itself."""
-    from shmemx.inspect import clean_job, find_job, list_jobs
+    from shmemx.observe.jobs import clean_job, find_job, list_jobs
 
     if (job is None) == (not stale):
         raise click.UsageError("give a JOB or --stale (shmemx ps lists the jobs)")
@@ -133,8 +133,9 @@ def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
     """Show every SQ, CQ, wait and allocation of a running JOB (read-only; default: the one live job)."""
     import json
 
-    from shmemx import dump as dumps
-    from shmemx.inspect import JobReader, find_job
+    from shmemx.observe import dump as dumps
+    from shmemx.observe.jobs import find_job
+    from shmemx.observe.reader import JobReader
 
     sel = {"pes": set(pes) or None, "peers": set(peers) or None, "qps": set(qps) or None}
     if path is not None:

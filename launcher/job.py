@@ -43,11 +43,14 @@ from typing import Callable, Sequence
 
 import multiprocess
 
-from shmemx.control import Control, JobState, PeStatus
+from shmemx import runtime as rt_module
 from shmemx.errors import PeerFailedError
-from shmemx.inspect import JobReader
-from shmemx.segment import remove_job_segments
-from shmemx.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
+from shmemx.observe.counters import JobStats
+from shmemx.observe import dump as dumps
+from shmemx.observe.reader import JobReader
+from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
+from shmemx.shm.control import Control, JobState, PeStatus
+from shmemx.shm.segment import remove_job_segments
 
 __all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
@@ -319,11 +322,9 @@ class Job:
 
     def _post_mortem(self, reason: str, title: str) -> None:
         """Print the diagnosis, then write the dump (before any rank is stopped or segment removed)."""
-        from shmemx.dump import save, snapshot
-
         reader = JobReader(self.ctl)
         try:
-            doc = snapshot(reader, limit=_DUMP_LIMIT, reason=reason)
+            doc = dumps.snapshot(reader, limit=_DUMP_LIMIT, reason=reason)
         except Exception:  # a bug in the dump must not keep the launcher from stopping the job: say it, go on
             self._message(f"{title}\n(could not read the job for the diagnosis, a shmemx bug:\n"
                           f"{traceback.format_exc()})")
@@ -341,7 +342,7 @@ class Job:
         directory = self.dump_dir or os.environ.get("SHMEMX_DUMP_DIR") or os.getcwd()
         path = os.path.join(directory, f"shmemx-dump-{self.job_id}.json")
         try:
-            save(doc, path)
+            dumps.save(doc, path)
         except OSError as exc:
             self._message(f"could not write the dump to {path}: {exc}")
             return
@@ -355,8 +356,6 @@ class Job:
         if self.ctl is None:
             return
         if self.stats:
-            from shmemx.counters import JobStats
-
             try:
                 table = JobStats.read(self.job_id, self.n).table()
             except (OSError, ValueError) as exc:
@@ -492,8 +491,6 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
 
 
 def _run_target(rank: int, job: Job, ctl: Control) -> int:
-    from shmemx import runtime as rt_module
-
     try:
         if callable(job.target):
             job.target(*job.args)

@@ -8,7 +8,7 @@ primitive measured in the same run, with the ratio shmemx / raw:
 * ping-pong: round trip of ``aclshmemx_signal_op(SET)`` -> ``aclshmem_signal_wait_until(EQ)`` between 2 ranks;
 * ring: per-hop time of a token passed around 8 ranks the same way;
 * raw: the same ping-pong and ring by plain forked processes doing futex WAIT / WAKE on u32 words (one per 64-byte
-  line) of a shared mmap, through ``shmemx.atomics.futex_wait/futex_wake``, without spinning, exactly as
+  line) of a shared mmap, through ``shmemx.shm.futex.futex_wait/futex_wake``, without spinning, exactly as
   ``machine_limits.md`` section 3 measured them. The raw and shmemx runs alternate, so that drift of this
   shared host hits both.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 import shmemx
-from shmemx import atomics
+from shmemx.shm import atomics, futex
 from shmemx.launcher import launch
 
 SET, EQ = shmemx.ACLSHMEM_SIGNAL_SET, shmemx.ACLSHMEM_CMP_EQ
@@ -147,15 +147,15 @@ def _raw_ring_member(k: int, n: int, words: np.ndarray, base: int, rounds: int, 
             value += 1
             if k == 0:
                 theirs[0] = value
-                atomics.futex_wake(nxt_addr)
+                futex.futex_wake(nxt_addr)
             while True:
                 seen = int(mine[0])
                 if seen == value:
                     break
-                atomics.futex_wait(my_addr, seen, 0.25)
+                futex.futex_wait(my_addr, seen, 0.25)
             if k != 0:
                 theirs[0] = value
-                atomics.futex_wake(nxt_addr)
+                futex.futex_wake(nxt_addr)
         if rep and k == 0:
             out[rep - 1] = (time.perf_counter() - start) / rounds
 

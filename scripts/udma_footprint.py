@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 import shmemx
-from shmemx.resources import UdmaSegment
+from shmemx.udma.segment import UdmaSegment
 from shmemx.runtime import runtime
 
 MIB = 1 << 20

@@ -1,40 +1,49 @@
 """shmemx: the CANN SHMEM / URMA (UDMA) programming model of Ascend NPUs, emulated with processes and shared memory.
 
 Names follow CANN SHMEM (``aclshmem_*`` / ``aclshmemx_*``); arrays replace pointers; options are keyword-only.
-See README.md for the API table and the design.
+See README.md for the API table and the design. The package is layered, one folder a layer: ``shm`` (the
+shared-memory substrate), ``udma`` (the emulated data plane), ``observe`` (counters, traces, job reader, dumps),
+``api`` (the calls re-exported here); ``runtime`` wires them.
 """
+
+import sys as _sys
 
 from .errors import (ClosedError, CompletionError, HeapExhaustedError, InternalError, NotInitializedError,
                      PeerFailedError, ShmemError, SubmitterError, SymmetryError, WaitTimeoutError)
-from .memory import (aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr, array, empty,
-                     full, prefault, zeros)
+from .api.memory import (aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr, array, empty,
+                         full, prefault, zeros)
 from .runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                       ACLSHMEMX_INIT_WITH_DEFAULT, InitAttr, OptionalAttr, is_initialized)
-from .signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
-                      ACLSHMEM_CMP_NE, ACLSHMEM_SIGNAL_ADD, ACLSHMEM_SIGNAL_SET, aclshmem_signal_wait_until,
-                      aclshmem_test, aclshmem_test_all, aclshmem_test_any, aclshmem_test_some, aclshmem_wait_until,
-                      aclshmem_wait_until_all, aclshmem_wait_until_any, aclshmem_wait_until_some,
-                      aclshmemx_signal_op)
-from .layout import (ACLSHMEMX_UDMA_ODR_NO, ACLSHMEMX_UDMA_ODR_RO, ACLSHMEMX_UDMA_ODR_SO,
-                     ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, ACLSHMEMX_UDMA_OP_CONFIG_SO,
-                     CqeStatus, Odr, Opcode, OpConfig)
-from .rma import (aclshmem_fence, aclshmem_quiet, aclshmemx_defer_t, aclshmemx_mte_get_nbi, aclshmemx_mte_put_nbi,
-                  aclshmemx_mte_quiet, aclshmemx_submit_state_t, aclshmemx_submit_t, aclshmemx_udma_get_nbi,
-                  aclshmemx_udma_put_nbi, aclshmemx_udma_put_signal_nbi, aclshmemx_udma_qp_get_nbi,
-                  aclshmemx_udma_qp_put_nbi, aclshmemx_udma_qp_put_signal_nbi, aclshmemx_udma_qp_quiet,
-                  aclshmemx_udma_quiet)
-from .amo import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_and, aclshmemx_udma_atomic_compare_swap,
-                  aclshmemx_udma_atomic_fetch, aclshmemx_udma_atomic_fetch_add, aclshmemx_udma_atomic_fetch_and,
-                  aclshmemx_udma_atomic_fetch_inc, aclshmemx_udma_atomic_fetch_or, aclshmemx_udma_atomic_fetch_xor,
-                  aclshmemx_udma_atomic_inc, aclshmemx_udma_atomic_or, aclshmemx_udma_atomic_set,
-                  aclshmemx_udma_atomic_swap, aclshmemx_udma_atomic_xor)
-from .kernel import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub, launch,
-                     sync_all)
-from .raw import RawQueue, aclshmemx_udma_raw_queue
-from .counters import JobStats, count, stats
-from .trace import region
-from .host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
-                   aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes)
+from .api.signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
+                          ACLSHMEM_CMP_NE, ACLSHMEM_SIGNAL_ADD, ACLSHMEM_SIGNAL_SET, aclshmem_signal_wait_until,
+                          aclshmem_test, aclshmem_test_all, aclshmem_test_any, aclshmem_test_some, aclshmem_wait_until,
+                          aclshmem_wait_until_all, aclshmem_wait_until_any, aclshmem_wait_until_some,
+                          aclshmemx_signal_op)
+from .udma import layout
+from .udma.layout import (ACLSHMEMX_UDMA_ODR_NO, ACLSHMEMX_UDMA_ODR_RO, ACLSHMEMX_UDMA_ODR_SO,
+                          ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, ACLSHMEMX_UDMA_OP_CONFIG_SO,
+                          CqeStatus, Odr, Opcode, OpConfig)
+from .api.rma import (aclshmem_fence, aclshmem_quiet, aclshmemx_defer_t, aclshmemx_mte_get_nbi, aclshmemx_mte_put_nbi,
+                      aclshmemx_mte_quiet, aclshmemx_submit_state_t, aclshmemx_submit_t, aclshmemx_udma_get_nbi,
+                      aclshmemx_udma_put_nbi, aclshmemx_udma_put_signal_nbi, aclshmemx_udma_qp_get_nbi,
+                      aclshmemx_udma_qp_put_nbi, aclshmemx_udma_qp_put_signal_nbi, aclshmemx_udma_qp_quiet,
+                      aclshmemx_udma_quiet)
+from .api.udma_atomics import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_and,
+                               aclshmemx_udma_atomic_compare_swap, aclshmemx_udma_atomic_fetch,
+                               aclshmemx_udma_atomic_fetch_add, aclshmemx_udma_atomic_fetch_and,
+                               aclshmemx_udma_atomic_fetch_inc, aclshmemx_udma_atomic_fetch_or,
+                               aclshmemx_udma_atomic_fetch_xor, aclshmemx_udma_atomic_inc, aclshmemx_udma_atomic_or,
+                               aclshmemx_udma_atomic_set, aclshmemx_udma_atomic_swap, aclshmemx_udma_atomic_xor)
+from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub,
+                         launch, sync_all)
+from .api.raw import RawQueue, aclshmemx_udma_raw_queue
+from .api.inspection import count, region, stats
+from .observe.counters import JobStats
+from .api.host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
+                       aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes)
+
+# ``shmemx.layout`` (the WQE / CQE layouts, e.g. ``shmemx.layout.pack_wqe``) is the data plane's layout module
+_sys.modules[__name__ + ".layout"] = layout
 
 __version__ = "0.1.0"
 

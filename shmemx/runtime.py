@@ -1,4 +1,5 @@
-"""Attaching a process to its job: init, finalize, and the per-process runtime state.
+"""Attaching a process to its job: init, finalize, and the per-process runtime state; the one place that wires
+the layers together (``shm`` substrate, ``udma`` data plane, ``observe`` recorders) for the ``api``.
 
 A rank learns who it is from the environment the launcher sets (``SHMEMX_JOB``, ``SHMEMX_RANK``,
 ``SHMEMX_SIZE``, ``SHMEMX_HEAP_SIZE``, ``SHMEMX_TIMEOUT``). ``init`` maps the job's control segment, creates
@@ -14,17 +15,24 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import atomics
-from .control import Control, JobState, PeStatus, WaitCall
 from .errors import ClosedError, NotInitializedError, SymmetryError
-from .heap import Heap
-from .segment import remove_job_segments
+from .observe.counters import StatsSegment
+from .observe.trace import Tracer
+from .shm import atomics
+from .shm.barrier import barrier
+from .shm.control import Control, JobState, PeStatus, WaitCall
+from .shm.heap import Heap
+from .shm.segment import SHM_DIR, remove_job_segments, segment_name
+from .shm.waits import WaitState
+from .udma import plane
 
 __all__ = [
     "InitAttr",
@@ -110,9 +118,9 @@ class Runtime:
         self.owner = owner  # a launcher-less job of one PE: remove the segments at finalize
         self.engine_type = engine_type
         self.qp_num = 1
-        self.udma = None  # the data plane (queues + engine), see udma.py
-        self.stats = None  # this PE's counters (counters.StatsSegment)
-        self.tracer = None  # the WQE/wait recorder when the job is traced (trace.Tracer), else None
+        self.udma = None  # the data plane (queues + engine): udma.plane.DataPlane
+        self.stats = None  # this PE's counters (observe.counters.StatsSegment)
+        self.tracer = None  # the WQE/wait recorder when the job is traced (observe.trace.Tracer), else None
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -120,6 +128,7 @@ class Runtime:
         cores = len(os.sched_getaffinity(0))
         self.spin = float(spin_us) * 1e-6 if spin_us else (50e-6 if self.n_pes <= cores else 0.0)
         self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
+        self.wait_state = WaitState(ctl, my_pe)  # the waits' own state (shm.waits)
         self._words: dict[int, np.ndarray] = {}
         self.lock = threading.Lock()
 
@@ -232,23 +241,17 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     me["start_time"] = time.time()
     _rt = rt
     try:
-        from . import udma  # the data plane; creates this PE's queues and URMA identity
-        from .counters import StatsSegment
-        from .trace import Tracer
-
         rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
         rt.tracer = Tracer.from_env()
-        udma.create(rt)
+        plane.create(rt)  # this PE's queues and URMA identity
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
-        from .sync import barrier
-
         barrier(rt, call=WaitCall.INIT, timeout=attr.option_attr.shm_init_timeout)
         # Before anyone maps a peer: when PEs disagree, every PE fails here and may remove its own segments
         # (_undo_failed_init) without pulling them from under a peer that is still attaching.
         _check_agreement(rt)
         heap.attach_peers()
-        udma.start(rt)
+        plane.start(rt)
     except BaseException:
         _rt = None
         _undo_failed_init(rt)
@@ -259,20 +262,15 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
 
 def _undo_failed_init(rt: Runtime) -> None:
     """Remove what a failed init created, so that a corrected init can run in the same process."""
-    import os as _os
-
-    from . import udma
-    from .segment import SHM_DIR
-
     try:
-        udma.stop(rt)
+        plane.stop(rt)
     finally:
         rt.ctl.pes[rt.my_pe]["status"] = PeStatus.STARTED
         if rt.stats is not None:
             rt.stats.close()
-        for name in (f"heap{rt.my_pe}", f"udma{rt.my_pe}", f"stats{rt.my_pe}"):
+        for what in (f"heap{rt.my_pe}", f"udma{rt.my_pe}", f"stats{rt.my_pe}"):
             try:
-                _os.unlink(f"{SHM_DIR}/shmemx_{rt.job_id}_{name}")
+                os.unlink(os.path.join(SHM_DIR, segment_name(rt.job_id, what)))
             except FileNotFoundError:
                 pass
         rt.heap.close()
@@ -290,8 +288,6 @@ def _check_agreement(rt: Runtime) -> None:
             listing = ", ".join(f"pe {p}: {v}" for p, v in enumerate(values))
             # Every PE reads the same values and fails here; meet once more so that no PE retries init (and
             # overwrites its values) before every PE has read them.
-            from .sync import barrier
-
             barrier(rt, call=WaitCall.INIT)
             raise SymmetryError(f"pe {rt.my_pe}: init: PEs disagree on {what} ({listing})")
 
@@ -303,10 +299,7 @@ def finalize() -> int:
     if rt is None or rt.finalized:
         return 0
     try:
-        from . import udma
-        from .sync import barrier
-
-        udma.stop(rt)  # the engine first executes everything rung, so that a failure among it is raised here
+        plane.stop(rt)  # the engine first executes everything rung, so that a failure among it is raised here
         rt.check_errors()
         barrier(rt, call=WaitCall.FINALIZE)
     finally:
@@ -317,9 +310,7 @@ def finalize() -> int:
 def _teardown(rt: Runtime) -> None:
     global _rt, _pending_qp_num
     rt.finalized = True
-    from . import udma
-
-    udma.stop(rt)
+    plane.stop(rt)
     _close_inspection(rt)
     ctl = rt.ctl
     ctl.pes[rt.my_pe]["status"] = PeStatus.FINALIZED
@@ -333,16 +324,12 @@ def _teardown(rt: Runtime) -> None:
 
 def _close_inspection(rt: Runtime) -> None:
     """Publish the posted counts, write this PE's part of the trace, unmap the stats (the launcher reads them)."""
-    import sys
-
     if rt.udma is not None and rt.udma.qps:
         rt.udma.publish_counts()
     if rt.tracer is not None:
         try:
             rt.tracer.write(rt.my_pe, rt.qp_num, rt.ctl.describe_offset)
         except Exception:  # the job's result stands; the trace part is lost, and we say why
-            import traceback
-
             print(f"shmemx: pe {rt.my_pe}: could not write the trace part:\n{traceback.format_exc()}",
                   file=sys.stderr)
         rt.tracer = None
@@ -367,6 +354,4 @@ def _finalize_at_exit() -> None:
         try:
             finalize()
         except Exception as exc:  # at exit there is nobody left to raise to: say it, don't hide it
-            import sys
-
             print(f"shmemx: pe {rt.my_pe}: finalize at exit failed: {exc}", file=sys.stderr)

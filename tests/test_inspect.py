@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import shmemx
-from shmemx import dump as dumps
-from shmemx.control import Control
-from shmemx.counters import TIMERS
+from shmemx.observe import dump as dumps
+from shmemx.shm.control import Control
+from shmemx.observe.counters import TIMERS
 from shmemx.runtime import runtime
 
 EQ = shmemx.ACLSHMEM_CMP_EQ
@@ -145,7 +145,7 @@ def _stalled_queue(out_dir: str):
 
 
 def _reader(job: str):
-    from shmemx.inspect import JobReader
+    from shmemx.observe.reader import JobReader
 
     return JobReader.attach(job)
 

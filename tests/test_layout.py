@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmemx import layout
+from shmemx.udma import describe
 from shmemx.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE,
                            ACLSHMEMX_UDMA_OP_CONFIG_SO, CqeStatus, Odr, Opcode, OpConfig)
-from shmemx.resources import CQ_TAIL, HW_DTYPE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL
+from shmemx.udma.segment import CQ_TAIL, HW_DTYPE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL
 
 U = lambda bits: st.integers(0, (1 << bits) - 1)  # noqa: E731  an unsigned field of `bits` bits
 
@@ -249,7 +250,7 @@ def _roundtrip(f: dict) -> None:
     assert (w.sge_num, w.rmt_jetty_type, w.owner, w.inline_msg_len, w.sge_token_id) == (1, 1, 0, 0, 0)
     assert w.bbs * 64 == len(raw)
     assert w.cqe == f["flag"] >> 5 & 1
-    text = layout.format_wqe(w)
+    text = describe.format_wqe(w)
     assert "\n" not in text
 
 
@@ -358,7 +359,7 @@ def test_format_wqe_mentions_every_field(opcode):
     sge = 80 if opcode == Opcode.WRITE_WITH_NOTIFY else 48
     struct.pack_into("<I", raw, sge + 4, 0x9F9F)  # sge token_id
     w = layout.decode_wqe(raw)
-    text = layout.format_wqe(w)
+    text = describe.format_wqe(w)
     values = _hexes(text)
     expected = {"sqe_bb_idx": 0x4321, "flag": 0xAB, "token_en": 0, "rmt_jetty_type": 2, "owner": 1,
                 "target_hint": 0x66, "inline_msg_len": 0x155, "tp_id": 0xA1B2C3, "sge_num": 3,
@@ -380,7 +381,7 @@ def test_format_wqe_mentions_every_field(opcode):
 
 def test_format_wqe_uses_describe_va():
     w = layout.decode_wqe(layout.pack_wqe(**_fields(Opcode.WRITE)))
-    text = layout.format_wqe(w, describe_va=lambda va: f"<va {va:#x}>")
+    text = describe.format_wqe(w, describe_va=lambda va: f"<va {va:#x}>")
     assert "<va 0x100000001234>" in text and "<va 0x80000000040>" in text
 
 
@@ -388,15 +389,15 @@ def test_format_cqe_mentions_every_field():
     c = layout.decode_cqe(layout.pack_cqe(owner=1, opcode=6, status=CqeStatus.TOKEN_MISMATCH, substatus=0x17,
                                           entry_idx=0x2345, tpn=0xABCDE, byte_cnt=777, user_data=0x9876_5432,
                                           rmt_eid=EID, data=0xD00D))
-    text = layout.format_cqe(c)
+    text = describe.format_cqe(c)
     values = _hexes(text)
     assert "TOKEN_MISMATCH" in text
     for name in ("owner", "opcode", "substatus", "entry_idx", "tpn", "byte_cnt", "user_data", "rmt_eid", "data"):
         assert getattr(c, name) in values, f"{name}={getattr(c, name)} not in {text!r}"
-    ok = layout.format_cqe(layout.decode_cqe(layout.pack_cqe(owner=0, opcode=3, status=0, substatus=0, entry_idx=1,
+    ok = describe.format_cqe(layout.decode_cqe(layout.pack_cqe(owner=0, opcode=3, status=0, substatus=0, entry_idx=1,
                                                               tpn=1, byte_cnt=64, user_data=0, rmt_eid=1)))
     assert ok.startswith("SUCCESS")
-    assert "status 0x77" in layout.format_cqe(layout.decode_cqe(layout.pack_cqe(
+    assert "status 0x77" in describe.format_cqe(layout.decode_cqe(layout.pack_cqe(
         owner=0, opcode=3, status=0x77, substatus=0, entry_idx=1, tpn=1, byte_cnt=0, user_data=0, rmt_eid=1)))
 
 

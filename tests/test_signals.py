@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import shmemx
-from shmemx import atomics, waits
-from shmemx.control import WaitCall
+from shmemx.shm import atomics, futex, waits
+from shmemx.shm.control import WaitCall
 from shmemx.runtime import runtime
 
 N_PES = [1, 2, 4, 8]
@@ -408,7 +408,7 @@ def test_futex_wake_add_bumps_the_word_and_wakes_its_sleeper():
     if pid == 0:  # the sleeper: records whether it was woken (True) rather than timed out (False)
         code = 1
         try:
-            words[1] = 1 + atomics.futex_wait(addr, 0xFFFF_FFFF, 10.0)
+            words[1] = 1 + futex.futex_wait(addr, 0xFFFF_FFFF, 10.0)
             code = 0
         finally:
             os._exit(code)
@@ -416,7 +416,7 @@ def test_futex_wake_add_bumps_the_word_and_wakes_its_sleeper():
     while _state(pid) != "S":  # asleep: the child's only blocking call is the futex wait
         assert time.monotonic() < deadline, "the child never went to sleep"
         time.sleep(0.001)
-    woken = atomics.futex_wake_add(addr)
+    woken = futex.futex_wake_add(addr)
     _, status = os.waitpid(pid, 0)
     assert status == 0 and int(words[1]) == 2, "the sleeper timed out instead of being woken"
     assert woken == 1 and int(words[0]) == 0  # 0xFFFFFFFF + 1 wraps

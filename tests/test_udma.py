@@ -17,7 +17,7 @@ import pytest
 
 import shmemx
 from shmemx import CqeStatus, Opcode
-from shmemx.kernel import UB_SIZE
+from shmemx.api.blocks import UB_SIZE
 from shmemx.layout import decode_wqe
 from shmemx.runtime import runtime
 
@@ -905,7 +905,7 @@ def test_bad_input_is_rejected_before_posting(run_ok):
 
 def test_data_address_matches_array_interface():
     """The posting path reads an array's data pointer from the ndarray struct: it must agree with numpy."""
-    from shmemx.heap import data_address
+    from shmemx.shm.heap import data_address
 
     base = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
     frozen = np.frombuffer(bytes(96), np.int16)

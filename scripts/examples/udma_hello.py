@@ -10,7 +10,8 @@ byte and prints the first WQE it posted, decoded field by field, as ``shmemx dum
 import numpy as np
 
 import shmemx
-from shmemx.layout import decode_wqe, format_wqe
+from shmemx.layout import decode_wqe
+from shmemx.udma.describe import format_wqe
 
 QPS = 2
 ROW = 1024

@@ -40,18 +40,20 @@ import traceback
 
 import numpy as np
 
-from . import atomics
-from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE
-from .layout import MAX_MSG_BYTES, REDUCE_FLAG, CqeStatus, Opcode, Wqe, decode_wqe, wqe_bbs
-from .resources import HW_CI, HW_CQ_PI, HW_SQ_DB, HW_STATE
-from .waits import ENGINE_SLOT, set_thread_slot
+from ..shm import atomics
+from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
+from ..shm.waits import ENGINE_SLOT, set_thread_slot
+from .layout import (C_STATUS, FLAG_BYTE, M32, MAX_MSG_BYTES, OPCODE_BYTE, Q_EID_HI, Q_EID_LO, Q_RMT_VA, Q_SGE_VA,
+                     REDUCE_FLAG, REMOTE_JETTY_TYPE, W_DW0, W_DW1, W_SGE_LEN, W_SEG, W_TOKEN, W_TP, CqeStatus, Opcode,
+                     Wqe, cqe_owner, cqe_rows, cqe_status_word, cqe_words, decode_wqe, flag_of, jetty_type_of, opcode_of,
+                     seg_id_of, sge_num_of, tp_id_of, tp_word, wqe_bbs)
+from .segment import HW_CI, HW_CQ_PI, HW_SQ_DB, HW_STATE
 
 __all__ = ["Engine", "BATCH_BBS"]
 
 BATCH_BBS = 4096  # BBs of one SQ per turn (round-robin fairness)
 WAKE_EVERY = 8  # turns between wake-ups of the PEs written into, while SQs still have work (a wake costs ~20 us)
 VEC_MIN = 8  # shorter runs take the per-WQE path
-M32 = 0xFFFF_FFFF
 _WRITE, _READ, _NOP = int(Opcode.WRITE), int(Opcode.READ), int(Opcode.NOP)
 _FP32, _REDUCE_ADD = 0x7, 0xA
 _EXECUTED = {Opcode.WRITE, Opcode.READ, Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS, Opcode.NOP}
@@ -87,7 +89,7 @@ class Engine:
         self.touched: set[int] = set()
         self.thread = threading.Thread(target=self._main, name=f"shmemx-engine-pe{self.my_pe}", daemon=True)
         self.running = False
-        self.trace = None  # array('q'): (start ns, end ns, queue index, first BB, BBs) per turn (trace.py)
+        self.trace = None  # array('q'): (start ns, end ns, queue index, first BB, BBs) per turn (observe.trace)
         self._gate = threading.Event()  # cleared by pause(): a debugging hook that stalls every queue
         self._gate.set()
 
@@ -201,8 +203,8 @@ class Engine:
             hdr = qp.sq32[first:first + n]
         else:
             hdr = qp.sq32[(ci + np.arange(n)) & qp.mask]
-        ops = (hdr[:, 1] >> 8) & 0xFF
-        reduce = (hdr[:, 0] >> 23) & 1
+        ops = opcode_of(hdr[:, W_DW1])
+        reduce = flag_of(hdr[:, W_DW0]) & REDUCE_FLAG
         i = 0
         while i < n:
             if qp.error is not None:
@@ -236,10 +238,10 @@ class Engine:
         i = 0
         while i < n:
             raw = qp.wqe_at((pos + i) & M32)
-            bbs = wqe_bbs(raw[5])
+            bbs = wqe_bbs(raw[OPCODE_BYTE])
             if i + bbs > n:
                 break
-            if raw[2] >> 5 & 1:
+            if raw[FLAG_BYTE] >> 5 & 1:
                 w = decode_wqe(raw)
                 self._cqe(qp, (pos + i) & M32, bbs, w.opcode, CqeStatus.FLUSHED, 0, 0, w.rmt_eid)
             i += bbs
@@ -369,24 +371,24 @@ class Engine:
 
     def _vector_rw(self, qp, pos: int, rows: np.ndarray, op: int) -> int:
         """Validate and execute a run; stops before the first WQE that fails (the per-WQE path takes it)."""
-        if (rows[:, 2:9] == self._own_words(qp)).all():
+        if (rows[:, W_TP:W_TOKEN + 1] == self._own_words(qp)).all():
             done = self._vector_own(qp, pos, rows, op)
             if done:
                 return done
         k = len(rows)
         w64 = rows.view(np.uint64)
-        eid_lo, eid_hi, rva, lva = w64[:, 2], w64[:, 3], w64[:, 5], w64[:, 7]
-        length = rows[:, 12].astype(np.int64)
+        eid_lo, eid_hi, rva, lva = w64[:, Q_EID_LO], w64[:, Q_EID_HI], w64[:, Q_RMT_VA], w64[:, Q_SGE_VA]
+        length = rows[:, W_SGE_LEN].astype(np.int64)
         pe = (eid_lo & np.uint64(M32)).astype(np.int64)
         known = pe < self.n_pes
         pec = np.where(known, pe, 0)
-        tp = (rows[:, 2] & 0xFFFFFF).astype(np.int64) - self.tp_base
+        tp = tp_id_of(rows[:, W_TP]).astype(np.int64) - self.tp_base
         base = HEAP_VA_BASE + pec * HEAP_VA_STRIDE
         roff = rva.astype(np.int64) - base
         ok = (known & (self.eid_lo[pec] == eid_lo) & (self.eid_hi[pec] == eid_hi)
-              & ((rows[:, 2] >> 24) == 1) & (((rows[:, 0] >> 29) & 3) == 1)
+              & (sge_num_of(rows[:, W_TP]) == 1) & (jetty_type_of(rows[:, W_DW0]) == REMOTE_JETTY_TYPE)
               & (tp >= 0) & (tp // self.qp_num == pec)
-              & ((rows[:, 3] & 0xFFFFF) == self.tids[pec]) & (rows[:, 8] == self.tokens[pec])
+              & (seg_id_of(rows[:, W_SEG]) == self.tids[pec]) & (rows[:, W_TOKEN] == self.tokens[pec])
               & (roff >= 0) & (roff + length <= self.heap_size) & (length <= MAX_MSG_BYTES))
         bufs, loff, lok = self._resolve_local(lva, length)
         ok &= lok
@@ -405,8 +407,8 @@ class Engine:
             pe = qp.peer
             tp = self.tp_base + pe * self.qp_num + qp.qp_idx
             lo, hi = int(self.eid_lo[pe]), int(self.eid_hi[pe])
-            words = qp.own_words = np.array([tp & 0xFFFFFF | 1 << 24, int(self.tids[pe]), lo & M32, lo >> 32,
-                                             hi & M32, hi >> 32, int(self.tokens[pe])], np.uint32)
+            words = qp.own_words = np.array([tp_word(tp), int(self.tids[pe]), lo & M32, lo >> 32, hi & M32,
+                                             hi >> 32, int(self.tokens[pe])], np.uint32)
         return words
 
     def _vector_own(self, qp, pos: int, rows: np.ndarray, op: int) -> int:
@@ -417,14 +419,14 @@ class Engine:
         Fewer numpy calls than the general path: each costs 15-30 us when a large copy has just evicted the
         caches (a 1 MiB put loop runs this cold once per quiet)."""
         pe = qp.peer
-        length = rows[:, 12].astype(np.int64)
+        length = rows[:, W_SGE_LEN].astype(np.int64)
         w64 = rows.view(np.uint64)
-        roff = w64[:, 5].astype(np.int64) - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
-        ok = ((((rows[:, 0] >> 29) & 3) == 1) & (roff >= 0) & (roff + length <= self.heap_size)
+        roff = w64[:, Q_RMT_VA].astype(np.int64) - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
+        ok = ((jetty_type_of(rows[:, W_DW0]) == REMOTE_JETTY_TYPE) & (roff >= 0) & (roff + length <= self.heap_size)
               & (length <= MAX_MSG_BYTES))
         if not ok.all():
             return 0
-        bufs, loff, lok = self._resolve_local(w64[:, 7], length)
+        bufs, loff, lok = self._resolve_local(w64[:, Q_SGE_VA], length)
         if not lok.all() or bufs[0] != bufs[-1] or (len(bufs) > 2 and not (bufs == bufs[0]).all()):
             return 0
         return self._execute(qp, pos, rows, op, length, self.eid_lo[pe:pe + 1], self.eid_hi[pe:pe + 1],
@@ -434,10 +436,10 @@ class Engine:
         """Execute a validated run of ``len(rows)`` one-BB WQEs from BB ``pos``: ``copy()`` does their copies; the
         CQEs of the signaled ones are built before it (the caches are still warm) and stored after it (effects
         before CQEs). ``eid_lo`` / ``eid_hi``: per WQE, or one for all. Returns the number of WQEs."""
-        signaled = np.flatnonzero(rows[:, 0] & (0x20 << 16))
+        signaled = np.flatnonzero(rows[:, W_DW0] & (0x20 << 16))
         if len(eid_lo) > 1:
             eid_lo, eid_hi = eid_lo[signaled], eid_hi[signaled]
-        cqes = self._cqe_rows(qp, (pos + signaled) & M32, length[signaled], eid_lo, eid_hi) if len(signaled) else None
+        cqes = cqe_rows((pos + signaled) & M32, qp.tpn, length[signaled], eid_lo, eid_hi) if len(signaled) else None
         nbytes = int(length.sum())
         copy()
         if cqes is not None:
@@ -514,47 +516,28 @@ class Engine:
 
     def _cqe(self, qp, pos: int, bbs: int, opcode: int, status: int, substatus: int, byte_cnt: int, eid: int,
              data: int = 0) -> None:
+        """Write one CQE: words 1-15, then word 0 with the owner bit (a poller that sees it sees the rest)."""
         pi = qp.cq_pi
-        slot = pi % qp.cq_depth
-        row = qp.cq32[slot]
-        row[1:] = 0
-        row[1] = (pos + bbs) & 0xFFFF
-        row[3] = qp.tpn & 0xFFFFFF
-        row[4] = byte_cnt & M32
-        row[5], row[6] = pos & M32, 0
-        row[7], row[8], row[9], row[10] = eid & M32, eid >> 32 & M32, eid >> 64 & M32, eid >> 96 & M32
-        row[11], row[12] = data & M32, data >> 32 & M32
-        owner = ((pi // qp.cq_depth) & 1) ^ 1
-        row[0] = owner << 2 | (opcode & 7) << 4 | (substatus & 0xFF) << 16 | (status & 0xFF) << 24
+        row = qp.cq32[pi % qp.cq_depth]
+        row[1:] = cqe_words(pos=pos, bbs=bbs, tpn=qp.tpn, byte_cnt=byte_cnt, eid=eid, data=data)
+        row[C_STATUS] = cqe_status_word(cqe_owner(pi, qp.cq_depth), opcode, status, substatus)
         qp.cq_pi = (pi + 1) & M32
         qp.hw32[HW_CQ_PI] = qp.cq_pi
         self.touched.add(self.my_pe)
 
-    def _cqe_rows(self, qp, pos: np.ndarray, byte_cnt, eid_lo, eid_hi) -> np.ndarray:
-        """``[m, 16] uint32``: successful CQEs for the WQEs at BB positions ``pos``, but for word 0 (owner bit and
-        opcode, ``_store_cqes``). ``eid_lo`` / ``eid_hi``: uint64, one per CQE or one for all."""
-        rows = np.zeros((len(pos), 16), np.uint32)
-        rows[:, 1] = (pos + 1) & 0xFFFF
-        rows[:, 3] = qp.tpn & 0xFFFFFF
-        rows[:, 4] = byte_cnt
-        rows[:, 5] = pos
-        rows[:, 7:9] = np.ascontiguousarray(eid_lo, np.uint64).view(np.uint32).reshape(-1, 2)
-        rows[:, 9:11] = np.ascontiguousarray(eid_hi, np.uint64).view(np.uint32).reshape(-1, 2)
-        return rows
-
     def _store_cqes(self, qp, rows: np.ndarray, opcode: int) -> None:
-        """Append CQEs (``_cqe_rows``) to ``qp``'s CQ: words 1-15 of each, then its owner word."""
+        """Append successful CQEs (``layout.cqe_rows``) to ``qp``'s CQ: words 1-15 of each, then its status word."""
         m = len(rows)
         pi, depth = qp.cq_pi, qp.cq_depth
         first = pi % depth
-        if first + m <= depth:  # one lap of the CQ ring: slices, one owner word for all
+        if first + m <= depth:  # one lap of the CQ ring: slices, one status word for all
             qp.cq32[first:first + m, 1:] = rows[:, 1:]
-            qp.cq32[first:first + m, 0] = ((pi // depth) & 1 ^ 1) << 2 | (opcode & 7) << 4
+            qp.cq32[first:first + m, C_STATUS] = cqe_status_word(cqe_owner(pi, depth), opcode)
         else:
             cpos = pi + np.arange(m, dtype=np.int64)
             slots = cpos % depth
             qp.cq32[slots, 1:] = rows[:, 1:]
-            qp.cq32[slots, 0] = ((((cpos // depth) & 1) ^ 1) << 2 | (opcode & 7) << 4).astype(np.uint32)
+            qp.cq32[slots, C_STATUS] = cqe_status_word(cqe_owner(cpos, depth), opcode).astype(np.uint32)
         qp.cq_pi = (pi + m) & M32
         qp.hw32[HW_CQ_PI] = qp.cq_pi
         self.touched.add(self.my_pe)

@@ -1,11 +1,14 @@
 """The one place where a thread of a PE waits for another PE.
 
-Every blocking call (wait_until and friends, barriers, init/finalize, collective allocation) waits through
-``block_until``. It does three things the callers must not do themselves:
+Every blocking call (wait_until and friends, quiets, barriers, init/finalize, collective allocation) waits
+through ``block_until`` (or, for one heap word, its straight-line twin ``block_on_word``). It does three things
+the callers must not do themselves:
 
 1. **It records the wait** in the thread's wait slot of the control segment (which call, which PE and heap
    offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
-   waits on what while the job hangs. Later check and replay modes hook in here too.
+   waits on what while the job hangs. Later check and replay modes hook in here too. What the slot holds is a
+   ``Wait`` record; a wait that blocked is reported to the runtime's recorders (``rt.stats``, ``rt.tracer``),
+   which this module only calls, never imports.
 2. **It never burns a core.** With 8-16 ranks on 2 cores a busy poll costs milliseconds per hop and starves the
    DMA engines (machine_limits.md section 3). A wait spins only while there are no more ranks than cores, and
    only while spinning pays: after a few spins in a row that ended asleep anyway (the partner was not running,
@@ -33,14 +36,16 @@ import struct
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from . import atomics
-from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_DTYPE, JobState, WaitCall
-from .errors import PeerFailedError, WaitTimeoutError
-from .counters import T_WAIT, WAIT_CALLS
+from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_CALLS, WAIT_DTYPE, JobState, WaitCall
+from ..errors import PeerFailedError, WaitTimeoutError
+from .futex import futex_wait
 
-__all__ = ["block_until", "block_on_word", "thread_slot", "set_thread_slot", "ENGINE_SLOT"]
+__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "thread_slot", "set_thread_slot",
+           "ENGINE_SLOT"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
@@ -60,6 +65,64 @@ _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (eac
 _SPIN_PROBE = 32  # ...except once every this many waits, to notice when spinning pays again
 
 
+@dataclass(frozen=True)
+class Wait:
+    """What a thread's wait slot records while it waits (``WAIT_DTYPE`` but ``since``, which the wait stamps).
+
+    Attributes:
+        call: the blocking call.
+        pe: whose memory (a heap word's PE, a quiet's peer); -1 when none.
+        offset, cmp, value, dtype, count: the heap word(s) and the comparison (``cmp`` -1 when none; ``value`` the
+            raw 64 bits; ``dtype`` numpy's string of the word, e.g. ``b"<i4"``).
+        target: a quiet's CQE count, a barrier's number.
+        qp: a quiet's QP.
+    """
+
+    call: WaitCall
+    pe: int = -1
+    offset: int = 0
+    cmp: int = -1
+    value: int = 0
+    dtype: bytes = b""
+    count: int = 1
+    target: int = 0
+    qp: int = -1
+
+    def trace_args(self) -> tuple:
+        """The wait's fields as the trace records them (``Tracer.wait``)."""
+        return self.pe, self.offset, self.cmp, self.value, self.dtype.decode(), self.count
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """The futex word a blocked wait sleeps on: a PE's wake word, which every writer into that PE's memory bumps
+    and which counts its sleepers (``Sleep.wake(pe)``), or a word whose writers always wake, like the barrier
+    generation (``Sleep.word(addr)``)."""
+
+    pe: int = -1  # -1: a plain word at ``addr``
+    addr: int = 0
+
+    @classmethod
+    def wake(cls, pe: int) -> "Sleep":
+        return cls(pe=pe)
+
+    @classmethod
+    def word(cls, addr: int) -> "Sleep":
+        return cls(addr=addr)
+
+
+class WaitState:
+    """One process's state of its waits: where its wait slots are and the spin heuristic (``rt.wait_state``)."""
+
+    def __init__(self, ctl, my_pe: int):
+        self.slots_offset = ctl.pe_addr(my_pe, "waits") - ctl.segment.addr  # byte offset in the control segment
+        self.spin_misses = 0  # spins in a row that ended asleep (a lost update between threads does no harm)
+
+    def should_spin(self) -> bool:
+        misses = self.spin_misses
+        return misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0
+
+
 class _ThreadSlot(threading.local):
     slot = 0  # a class default: reading it costs 40 ns, a getattr(..., default) that misses 340 ns
 
@@ -76,36 +139,16 @@ def set_thread_slot(slot: int) -> None:
     _tls.slot = slot
 
 
-def block_until(
-    rt,
-    pred: Callable[[], bool],
-    *,
-    call: WaitCall,
-    describe: Callable[[], str],
-    pe: int = -1,
-    offset: int = 0,
-    cmp: int = -1,
-    value: int = 0,
-    dtype: bytes = b"",
-    count: int = 1,
-    target: int = 0,
-    qp: int = -1,
-    word_pe: int | None = None,
-    word_addr: int | None = None,
-    sleepers: bool = True,
-    timeout: float | None = None,
-    spin: float | None = None,
-) -> None:
-    """Return once ``pred()`` is true; record the wait while blocked.
+def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[], str], *, sleep: Sleep | None = None,
+                timeout: float | None = None, spin: float | None = None) -> None:
+    """Return once ``pred()`` is true; record ``wait`` in the thread's slot while blocked.
 
     Args:
-        rt: the runtime (its control segment, PE and spin/timeout settings).
+        rt: the runtime (its control segment, PE, wait state, spin/timeout settings and recorders).
         pred: the condition; cheap and side-effect free, called many times.
-        call, pe, offset, cmp, value, dtype, count, target, qp: what to record in the wait slot.
+        wait: what the slot records.
         describe: builds the wait's description for the timeout error ("pe 3: signal_wait_until on ...").
-        word_pe: sleep on this PE's wake word (the PE whose memory holds the words waited on); default mine.
-        word_addr, sleepers: sleep on another futex word instead, one whose writers always wake (no sleeper
-            count), like the barrier generation.
+        sleep: the futex word to sleep on; default this PE's wake word.
         timeout: seconds; default the runtime's wait timeout.
         spin: seconds to poll before sleeping; default the runtime's (0 when ranks outnumber cores). Waits for
             this PE's own engine pass 0: a spinning thread holds the GIL the engine needs.
@@ -115,42 +158,27 @@ def block_until(
         PeerFailedError: the launcher aborted the job while this thread waited.
     """
     if pred():
-        if rt.tracer is not None and call in WAIT_CALLS:  # a wait that did not block: an instant in the trace
-            rt.tracer.wait(time.perf_counter_ns(), thread_slot(), call, (pe, offset, cmp, value, dtype.decode(),
-                                                                           count))
+        if rt.tracer is not None and wait.call in WAIT_CALLS:  # a wait that did not block: an instant in the trace
+            rt.tracer.wait(time.perf_counter_ns(), thread_slot(), wait.call, wait.trace_args())
         return
     started = time.perf_counter_ns()
-    spin = rt.spin if spin is None else spin
-    if spin > 0:
-        misses = rt.__dict__.get("_spin_misses", 0)
-        if misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0:
-            spin_end = time.perf_counter() + spin
-            while time.perf_counter() < spin_end:
-                if pred():
-                    rt._spin_misses = 0
-                    _account(rt, call, started, thread_slot(), pe, offset, cmp, value, dtype, count)
-                    return
-        rt._spin_misses = misses + 1  # a heuristic: a lost update between threads of a PE does no harm
+    if _spin_until(rt, pred, rt.spin if spin is None else spin):
+        _account(rt, wait, started, thread_slot())
+        return
     ctl = rt.ctl
     words = ctl.words
     slot_idx = _tls.slot
-    call_idx = _record(rt, slot_idx, call, cmp, pe, qp, offset, value, dtype, count, target)
-    sleepers_idx = remote_addr = None
-    if word_addr is None:
-        word_pe = rt.my_pe if word_pe is None else word_pe
-        word_addr = ctl.wake_addrs[word_pe]
-        if sleepers and word_pe == rt.my_pe and _PLAIN_SLEEPERS:
-            sleepers_idx = ctl._sleepers_idx[word_pe]
-        elif sleepers:
-            remote_addr = ctl.remote_sleepers_addrs[word_pe]
+    call_idx = _record(rt, slot_idx, wait)
+    sleep = Sleep.wake(rt.my_pe) if sleep is None else sleep
+    if sleep.pe < 0:
+        word_addr, count = sleep.addr, None
+    else:
+        word_addr, count = ctl.wake_addrs[sleep.pe], _Sleepers(rt, sleep.pe)
     word_idx = (word_addr - ctl.segment.addr) // 4  # every futex word lives in the control segment
-    timeout = rt.timeout if timeout is None else timeout
     start = time.monotonic()
-    deadline = start + timeout
-    if sleepers_idx is not None:
-        words[sleepers_idx] += 1
-    elif remote_addr is not None:
-        atomics.fetch_add_u32(remote_addr, 1)
+    deadline = start + (rt.timeout if timeout is None else timeout)
+    if count is not None:
+        count.add(1)
     try:
         while True:
             seen = words[word_idx]
@@ -158,16 +186,13 @@ def block_until(
                 return
             _sleep(rt, word_addr, seen, start, deadline, describe)
     finally:
-        if sleepers_idx is not None:
-            words[sleepers_idx] -= 1
-        elif remote_addr is not None:
-            atomics.fetch_add_u32(remote_addr, -1)
+        if count is not None:
+            count.add(-1)
         words[call_idx] = 0  # WaitCall.NONE
-        _account(rt, call, started, slot_idx, pe, offset, cmp, value, dtype, count)
+        _account(rt, wait, started, slot_idx)
 
 
-def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, offset: int, cmp: int, value: int,
-                  dtype: bytes, describe: Callable[[], str]) -> int:
+def block_on_word(rt, words, idx: int, op, target: int, wait: Wait, describe: Callable[[], str]) -> int:
     """``block_until`` for one heap word (wait_until, signal_wait_until) while no trace is recorded; returns the
     value that met ``op(words[idx], target)``.
 
@@ -180,25 +205,25 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
     Args:
         words, idx: the word as ``words[idx]`` (a memoryview of its PE's heap cast to the word's format).
         op, target: the comparison (``operator.eq`` ...) and the value it compares against.
-        call, pe, offset, cmp, value, dtype: what the wait slot records (``call`` as a plain int).
+        wait: what the slot records; ``wait.pe`` is the word's PE, whose wake word the wait sleeps on.
         describe: builds the description for a timeout or abort message.
     """
     started = time.perf_counter_ns()
-    if rt.spin > 0:
-        misses = rt.__dict__.get("_spin_misses", 0)
-        if misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0:
-            spin_end = time.perf_counter() + rt.spin
-            while time.perf_counter() < spin_end:
-                v = words[idx]
-                if op(v, target):
-                    rt._spin_misses = 0
-                    _add_wait_time(rt, _tls.slot, started)
-                    return v
-        rt._spin_misses = misses + 1
+    state = rt.wait_state
+    if rt.spin > 0 and state.should_spin():
+        spin_end = time.perf_counter() + rt.spin
+        while time.perf_counter() < spin_end:
+            v = words[idx]
+            if op(v, target):
+                state.spin_misses = 0
+                _add_wait_time(rt, _tls.slot, started)
+                return v
+        state.spin_misses += 1
     ctl = rt.ctl
     cw = ctl.words
     slot_idx = _tls.slot
-    call_idx = _record(rt, slot_idx, call, cmp, pe, -1, offset, value, dtype, 1, 0)
+    call_idx = _record(rt, slot_idx, wait)
+    pe = wait.pe
     wake_addr = ctl.wake_addrs[pe]
     wake_idx = ctl.wake_idx[pe]
     own = pe == rt.my_pe and _PLAIN_SLEEPERS
@@ -225,17 +250,47 @@ def block_on_word(rt, words, idx: int, op, target: int, *, call: int, pe: int, o
         _add_wait_time(rt, slot_idx, started)
 
 
-def _record(rt, slot: int, call: int, cmp: int, pe: int, qp: int, offset: int, value: int, dtype: bytes,
-            count: int, target: int) -> int:
-    """Write the wait into the thread's slot of the control segment (``call`` last, so that a reader that sees the
+def _spin_until(rt, pred: Callable[[], bool], spin: float) -> bool:
+    """Poll ``pred`` for up to ``spin`` seconds while spinning pays (``WaitState.should_spin``); True when met."""
+    state = rt.wait_state
+    if spin <= 0 or not state.should_spin():
+        return False
+    spin_end = time.perf_counter() + spin
+    while time.perf_counter() < spin_end:
+        if pred():
+            state.spin_misses = 0
+            return True
+    state.spin_misses += 1
+    return False
+
+
+class _Sleepers:
+    """The sleeper count of a PE's wake word that a wait announces itself in: its own threads count in
+    ``n_sleepers`` with plain stores, other PEs' in ``n_remote_sleepers`` with atomic adds (see the docstring)."""
+
+    __slots__ = ("words", "idx", "addr")
+
+    def __init__(self, rt, pe: int):
+        ctl = rt.ctl
+        self.words = ctl.words
+        self.idx = ctl._sleepers_idx[pe] if pe == rt.my_pe and _PLAIN_SLEEPERS else None
+        self.addr = ctl.remote_sleepers_addrs[pe]
+
+    def add(self, n: int) -> None:
+        if self.idx is not None:
+            self.words[self.idx] += n
+        else:
+            atomics.fetch_add_u32(self.addr, n)
+
+
+def _record(rt, slot: int, wait: Wait) -> int:
+    """Write ``wait`` into the thread's slot of the control segment (``call`` last, so that a reader that sees the
     call sees the whole record); returns the index of the slot's ``call`` word in ``ctl.words``."""
     ctl = rt.ctl
-    slots_off = rt.__dict__.get("_wait_slots_offset")
-    if slots_off is None:
-        slots_off = _slots_offset(rt)
-    slot_off = slots_off + slot * _SLOT_SIZE
-    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, cmp, pe, qp, offset, value, dtype, count, target, time.time())
-    ctl.words[slot_off // 4] = call
+    slot_off = rt.wait_state.slots_offset + slot * _SLOT_SIZE
+    _SLOT_REST.pack_into(ctl.segment.mm, slot_off + 4, wait.cmp, wait.pe, wait.qp, wait.offset, wait.value,
+                         wait.dtype, wait.count, wait.target, time.time())
+    ctl.words[slot_off // 4] = wait.call
     return slot_off // 4
 
 
@@ -249,30 +304,20 @@ def _sleep(rt, word_addr: int, seen: int, start: float, deadline: float, describ
     if ctl.words[_STATE_IDX] == _ABORTING:
         failed = int(ctl.header["failed_pe"])
         raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
-    atomics.futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
+    futex_wait(word_addr, seen, min(_BACKSTOP, deadline - now))
 
 
 def _add_wait_time(rt, slot: int, started: int) -> None:
     stats = rt.stats
     if stats is not None:
-        stats.add_time(slot, T_WAIT, time.perf_counter_ns() - started)
+        stats.add_wait(slot, time.perf_counter_ns() - started)
 
 
-def _account(rt, call: WaitCall, started: int, slot: int, pe, offset, cmp, value, dtype: bytes, count) -> None:
+def _account(rt, wait: Wait, started: int, slot: int) -> None:
     """A wait_until-family call that blocked: its time in the thread's stats slot, and a span in the trace.
 
     (Quiets and barriers account for themselves, around the whole call.)"""
-    if call in WAIT_CALLS:
-        if rt.stats is not None:
-            rt.stats.add_time(slot, T_WAIT, time.perf_counter_ns() - started)
+    if wait.call in WAIT_CALLS:
+        _add_wait_time(rt, slot, started)
         if rt.tracer is not None:
-            rt.tracer.wait(started, slot, call, (pe, offset, cmp, value, dtype.decode(), count))
-
-
-def _slots_offset(rt) -> int:
-    """Byte offset of this PE's wait slots in the control segment (computed once per runtime)."""
-    off = rt.__dict__.get("_wait_slots_offset")
-    if off is None:
-        ctl = rt.ctl
-        off = rt._wait_slots_offset = ctl.pe_addr(rt.my_pe, "waits") - ctl.segment.addr
-    return off
+            rt.tracer.wait(started, slot, wait.call, wait.trace_args())

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE, data_address
-from .layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, MAX_MSG_BYTES, Opcode,
-                     OpConfig)
-from .queues import Api, M32
-from .runtime import runtime
+from ..shm.control import WaitCall
+from ..shm.heap import data_address
+from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, M32, MAX_MSG_BYTES, Api,
+                           Opcode, OpConfig)
+from ..runtime import runtime
+from .checks import check_config, check_pe, check_target, symmetric_offset, transfer_bytes
 
 __all__ = [
     "aclshmemx_udma_put_nbi",
@@ -47,52 +48,45 @@ __all__ = [
 
 # --- argument checks ---------------------------------------------------------------------------------------
 
-
-def _check_target(rt, what: str, pe, qp_idx) -> None:
-    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe!r} qp {qp_idx!r}: pe {pe!r} out of range "
-                         f"0..{rt.n_pes - 1}")
-    if pe == rt.my_pe:
-        raise ValueError(f"pe {rt.my_pe}: {what} to itself (pe {pe} qp {qp_idx!r}): UDMA to the own PE is not "
-                         f"allowed (use a local copy or aclshmemx_mte_put_nbi)")
-    if isinstance(qp_idx, bool) or not isinstance(qp_idx, (int, np.integer)) or not 0 <= qp_idx < rt.qp_num:
-        raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe}: qp_idx {qp_idx!r} out of range 0..{rt.qp_num - 1} "
-                         f"(qp_num is {rt.qp_num}; raise it with aclshmemx_set_qp_num before init)")
+_CALLS = {api: api.call for api in Api}
+_FAST = True  # the inline sufficient conditions (tests turn them off to run every case through the checks)
 
 
-def _nbytes(rt, what: str, nelems, arrays: dict, where: str) -> int:
-    if isinstance(nelems, bool) or not isinstance(nelems, (int, np.integer)) or nelems < 0:
-        raise ValueError(f"pe {rt.my_pe}: {what}{where}: nelems must be a non-negative integer, got {nelems!r}")
-    dtypes = set()
-    for role, arr in arrays.items():
-        if not isinstance(arr, np.ndarray):
-            raise TypeError(f"pe {rt.my_pe}: {what}{where}: {role} must be a numpy array, got {type(arr).__name__}")
-        if not arr.flags.c_contiguous:
-            raise ValueError(f"pe {rt.my_pe}: {what}{where}: {role} must be C-contiguous (one SGE covers one "
-                             f"contiguous range); pass a contiguous slice")
-        if arr.size < nelems:
-            raise ValueError(f"pe {rt.my_pe}: {what}{where}: nelems {nelems} but {role} has only {arr.size} "
-                             f"elements")
-        dtypes.add(arr.dtype)
-    if len(dtypes) > 1:
-        listing = ", ".join(f"{role} {arr.dtype}" for role, arr in arrays.items())
-        raise TypeError(f"pe {rt.my_pe}: {what}{where}: dtype mismatch ({listing})")
-    nbytes = int(nelems) * next(iter(arrays.values())).itemsize
-    if nbytes > MAX_MSG_BYTES:
-        raise ValueError(f"pe {rt.my_pe}: {what}{where}: {nbytes} B is over the 256 MiB limit of one UDMA request; "
-                         f"split it")
-    return nbytes
+def _transfer(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx) -> tuple:
+    """Check and resolve the arguments of a put, get or put_signal: (queue, remote heap offset, bytes, local VA,
+    local registration or None).
 
-
-def _remote(rt, what: str, arr: np.ndarray, nbytes: int, pe: int, where: str, role: str) -> int:
-    """VA on ``pe`` of the symmetric address ``arr`` (a heap view), checked against the live allocation."""
-    try:
-        _, off = rt.heap.locate(arr, role)
-    except ValueError as exc:
-        raise ValueError(f"pe {rt.my_pe}: {what}{where}: {role} must be a heap array (the symmetric address "
-                         f"on the peer): {str(exc).split(': ', 1)[-1]}") from None
-    rt.heap.check_allocated(off, max(nbytes, 1), f"{what}{where} {role}", pe)
-    return HEAP_VA_BASE + pe * HEAP_VA_STRIDE + off
+    The checks are those of ``checks`` (target, bytes, symmetric address) and of ``LocalRegistry.va_of`` (the
+    local side), in that order; each is skipped only when the inline condition before it holds, a plain case
+    that the check accepts. This runs once per token in MoE kernels.
+    """
+    if not (_FAST and type(pe) is int and type(qp_idx) is int and 0 <= pe < rt.n_pes and pe != rt.my_pe
+            and 0 <= qp_idx < rt.qp_num):
+        pe, qp_idx = check_target(rt, _CALLS[api], pe, qp_idx)
+    remote_role = "src" if opcode == Opcode.READ else "dst"
+    if (_FAST and type(nelems) is int and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
+            and 0 <= nelems <= remote_arr.size and nelems <= local_arr.size and remote_arr.dtype == local_arr.dtype
+            and remote_arr.flags.c_contiguous and local_arr.flags.c_contiguous
+            and nelems * remote_arr.itemsize <= MAX_MSG_BYTES):
+        nbytes = nelems * remote_arr.itemsize
+    else:
+        roles = {"dst": local_arr, "src": remote_arr} if opcode == Opcode.READ else {"dst": remote_arr, "src": local_arr}
+        nbytes = transfer_bytes(rt, f"{_CALLS[api]} to pe {pe} qp {qp_idx}", nelems, roles)
+    heap = rt.heap
+    base = heap.base_addr
+    off = data_address(remote_arr) - base
+    if not (0 <= off and heap.allocated(off, nbytes or 1)):  # not in this PE's own copy: any PE's, or an error
+        off = symmetric_offset(rt, f"{_CALLS[api]} to pe {pe} qp {qp_idx}", remote_arr, nbytes, pe, remote_role)
+    udma = rt.udma
+    qp = udma.qps[pe * rt.qp_num + qp_idx]
+    laddr = data_address(local_arr)
+    loff = laddr - base
+    if 0 <= loff and nbytes and heap.allocated(loff, nbytes):  # this PE's heap: no registration
+        return qp, off, nbytes, udma.registry.heap_va + loff, None
+    local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
+                                        lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
+                                        pin=_pin(qp), addr=laddr)
+    return qp, off, nbytes, local_va, reg
 
 
 def _pin(qp) -> tuple[int, int]:
@@ -102,82 +96,25 @@ def _pin(qp) -> tuple[int, int]:
     return qp.index, (qp.head + qp.depth) & M32
 
 
-def _config(rt, what: str, config) -> OpConfig:
-    if not isinstance(config, OpConfig):
-        raise TypeError(f"pe {rt.my_pe}: {what}: config must be an OpConfig (e.g. ACLSHMEMX_UDMA_OP_CONFIG_SO), "
-                        f"got {config!r}")
-    return config
-
-
 # --- put / get ---------------------------------------------------------------------------------------------
 
 
-_CALLS = {api: api.call for api in Api}
-
-
 def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, config, batch, buf) -> None:
-    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``.
-
-    The common case is checked in one expression (this runs per token in MoE kernels); anything unusual goes to
-    ``_rw_checked``, which checks the same things one by one and names what is wrong.
-    """
+    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``."""
     rt = runtime()
-    if ((batch is None or type(batch) in _BATCH_CALLS) and type(config) is OpConfig and type(pe) is int
-            and type(qp_idx) is int and type(nelems) is int and 0 <= qp_idx < rt.qp_num and 0 <= pe < rt.n_pes
-            and pe != rt.my_pe and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
-            and remote_arr.dtype == local_arr.dtype and remote_arr.flags.c_contiguous
-            and local_arr.flags.c_contiguous and 0 < nelems <= remote_arr.size and nelems <= local_arr.size):
-        heap = rt.heap
-        nbytes = nelems * remote_arr.itemsize
-        base = heap.base_addr
-        off = data_address(remote_arr) - base
-        if nbytes <= MAX_MSG_BYTES and 0 <= off and heap.allocated(off, nbytes):
-            udma = rt.udma
-            qp = udma.qps[pe * rt.qp_num + qp_idx]
-            loff = data_address(local_arr) - base
-            if 0 <= loff and heap.allocated(loff, nbytes):  # the local side is on this PE's heap: no registration
-                local_va, reg = udma.registry.heap_va + loff, None
-                if batch is None:
-                    qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
-                    return
-            else:
-                local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
-                                                    lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
-                                                    pin=(qp.index, (qp.head + qp.depth) & M32), addr=loff + base)
-            if batch is not None:
-                batch._add(rt, qp, api, opcode, config, buf, f"{_CALLS[api]} to pe {pe} qp {qp_idx}",
-                           dict(rmt_va=qp.remote_base + off, sge_len=nbytes, sge_va=local_va), reg)
-                return
-            pos = qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
-            if reg is not None:
-                reg.uses[qp.index] = (pos + 1) & M32
-            return
-    _rw_checked(rt, api, opcode, remote_arr, local_arr, nelems, pe, qp_idx, config=config, batch=batch, buf=buf)
-
-
-def _rw_checked(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, config, batch,
-                buf) -> None:
-    what = api.call
-    _check_target(rt, what, pe, qp_idx)
-    where = f" to pe {pe} qp {qp_idx}"
-    roles = {"dst": remote_arr, "src": local_arr} if opcode == Opcode.WRITE else {"dst": local_arr,
-                                                                                   "src": remote_arr}
-    nbytes = _nbytes(rt, what, nelems, roles, where)
-    remote_role = "dst" if opcode == Opcode.WRITE else "src"
-    remote_va = _remote(rt, what, remote_arr, nbytes, pe, where, remote_role)
-    udma = rt.udma
-    qp = udma.qp(int(pe), int(qp_idx))
-    local_va, reg = udma.registry.va_of(local_arr, writable=opcode == Opcode.READ,
-                                        what=f"{what}{where} {'src' if opcode == Opcode.WRITE else 'dst'}",
-                                        pin=_pin(qp))
+    qp, off, nbytes, local_va, reg = _transfer(rt, api, opcode, remote_arr, local_arr, nelems, pe, qp_idx)
     if batch is not None:
-        batch._add(rt, qp, api, opcode, config, buf, what + where,
-                   dict(rmt_va=remote_va, sge_len=nbytes, sge_va=local_va), reg)
+        if not isinstance(batch, _BatchCall):
+            raise TypeError(f"pe {rt.my_pe}: {_CALLS[api]} to pe {qp.peer} qp {qp.qp_idx}: batch= takes "
+                            f"aclshmemx_defer_t(state) or aclshmemx_submit_t(state), not {batch!r}")
+        batch._add(rt, qp, api, opcode, config, buf, f"{_CALLS[api]} to pe {qp.peer} qp {qp.qp_idx}",
+                   dict(rmt_va=qp.remote_base + off, sge_len=nbytes, sge_va=local_va), reg)
         return
-    config = _config(rt, what, config)
+    if type(config) is not OpConfig:
+        config = check_config(rt, _CALLS[api], config)
     if nbytes == 0:
         return
-    pos = qp.post_rw(opcode, config.flag, remote_va, nbytes, local_va, api, what)
+    pos = qp.post_rw(opcode, config.flag, qp.remote_base + off, nbytes, local_va, api, _CALLS[api])
     if reg is not None:
         reg.uses[qp.index] = (pos + 1) & M32
 
@@ -222,60 +159,47 @@ def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id
 
 def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config) -> None:
     rt = runtime()
-    if (type(config) is OpConfig and type(pe) is int and type(qp_idx) is int and type(nelems) is int
-            and type(signal) is int and 0 <= qp_idx < rt.qp_num and 0 <= pe < rt.n_pes and pe != rt.my_pe
-            and type(dst) is np.ndarray and type(src) is np.ndarray and type(sig_addr) is np.ndarray
-            and dst.dtype == src.dtype and dst.flags.c_contiguous and src.flags.c_contiguous
-            and 0 <= nelems <= dst.size and nelems <= src.size and sig_addr.itemsize == 8
-            and sig_addr.dtype.kind in "iu" and -(1 << 63) <= signal < 1 << 64):  # the common case, as in _rw
-        heap = rt.heap
-        base = heap.base_addr
-        nbytes = nelems * dst.itemsize
-        off = data_address(dst) - base
-        sig_off = data_address(sig_addr) - base
-        if (nbytes <= MAX_MSG_BYTES and 0 <= off and heap.allocated(off, max(nbytes, 1)) and 0 <= sig_off
-                and not sig_off % 8 and heap.allocated(sig_off, 8)):
-            udma = rt.udma
-            qp = udma.qps[pe * rt.qp_num + qp_idx]
-            loff = data_address(src) - base
-            if 0 <= loff and nbytes and heap.allocated(loff, nbytes):
-                local_va, reg = udma.registry.heap_va + loff, None
-            else:
-                local_va, reg = udma.registry.va_of(src, False, lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} src",
-                                                    pin=_pin(qp), addr=loff + base)
-            wqe = qp.notify_bytes(config.flag, qp.remote_base + off, nbytes, local_va, qp.remote_base + sig_off,
-                                  signal & 0xFFFF_FFFF_FFFF_FFFF)
-            pos = qp.post_bytes(wqe, config.flag, api, _CALLS[api])
-            if reg is not None:
-                reg.uses[qp.index] = (pos + 2) & M32
-            return
-    what = api.call
-    _check_target(rt, what, pe, qp_idx)
-    where = f" to pe {pe} qp {qp_idx}"
-    config = _config(rt, what, config)
-    nbytes = _nbytes(rt, what, nelems, {"dst": dst, "src": src}, where)
-    remote_va = _remote(rt, what, dst, nbytes, pe, where, "dst")
-    if not isinstance(sig_addr, np.ndarray) or sig_addr.itemsize != 8 or sig_addr.dtype.kind not in "iu":
-        raise TypeError(f"pe {rt.my_pe}: {what}{where}: sig_addr must be a heap view of a 64-bit integer word "
-                        f"(uint64/int64: the engine writes 8 bytes), got "
-                        f"{getattr(sig_addr, 'dtype', type(sig_addr).__name__)}")
-    sig_va = _remote(rt, what, sig_addr, 8, pe, where, "sig_addr")
-    if sig_va % 8:
-        raise ValueError(f"pe {rt.my_pe}: {what}{where}: sig_addr is not 8-byte aligned")
-    try:
-        value = int(signal) & (2**64 - 1) if -(2**63) <= int(signal) < 2**64 else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None:
-        raise ValueError(f"pe {rt.my_pe}: {what}{where}: signal {signal!r} is not a 64-bit integer")
-    udma = rt.udma
-    qp = udma.qp(int(pe), int(qp_idx))
-    local_va, reg = udma.registry.va_of(src, writable=False, what=f"{what}{where} src", pin=_pin(qp))
-    wqe = qp.build(Opcode.WRITE_WITH_NOTIFY, config.flag, remote_va, sge_len=nbytes, sge_va=local_va,
-                   notify_tid=qp.tid, notify_token=qp.token, notify_va=sig_va, notify_value=value)
+    what = _CALLS[api]
+    if type(config) is not OpConfig:
+        config = check_config(rt, what, config)
+    qp, off, nbytes, local_va, reg = _transfer(rt, api, Opcode.WRITE, dst, src, nelems, pe, qp_idx)
+    sig_off = _signal_word(rt, what, qp, sig_addr)
+    if not (type(signal) is int and -(1 << 63) <= signal < 1 << 64):
+        signal = _signal_value(rt, what, qp, signal)
+    wqe = qp.notify_bytes(config.flag, qp.remote_base + off, nbytes, local_va, qp.remote_base + sig_off,
+                          signal & 0xFFFF_FFFF_FFFF_FFFF)
     pos = qp.post_bytes(wqe, config.flag, api, what)
     if reg is not None:
         reg.uses[qp.index] = (pos + 2) & M32
+
+
+def _signal_word(rt, what: str, qp, sig_addr) -> int:
+    """Heap offset of a put_signal's signal word: a heap view of a 64-bit integer word (the engine writes 8
+    aligned bytes)."""
+    if type(sig_addr) is np.ndarray and sig_addr.itemsize == 8 and sig_addr.dtype.kind in "iu":
+        off = data_address(sig_addr) - rt.heap.base_addr
+        if 0 <= off and not off % 8 and rt.heap.allocated(off, 8):
+            return off
+    where = f"{what} to pe {qp.peer} qp {qp.qp_idx}"
+    if not isinstance(sig_addr, np.ndarray) or sig_addr.itemsize != 8 or sig_addr.dtype.kind not in "iu":
+        raise TypeError(f"pe {rt.my_pe}: {where}: sig_addr must be a heap view of a 64-bit integer word "
+                        f"(uint64/int64: the engine writes 8 bytes), got "
+                        f"{getattr(sig_addr, 'dtype', type(sig_addr).__name__)}")
+    off = symmetric_offset(rt, where, sig_addr, 8, qp.peer, "sig_addr")
+    if off % 8:
+        raise ValueError(f"pe {rt.my_pe}: {where}: sig_addr is not 8-byte aligned")
+    return off
+
+
+def _signal_value(rt, what: str, qp, signal) -> int:
+    try:
+        value = int(signal)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"pe {rt.my_pe}: {what} to pe {qp.peer} qp {qp.qp_idx}: signal {signal!r} is not a "
+                         f"64-bit integer")
+    return value
 
 
 def aclshmemx_udma_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, *,
@@ -299,21 +223,15 @@ def aclshmemx_udma_qp_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, qp_
 def aclshmemx_udma_qp_quiet(pe, qp_idx) -> None:
     """Wait until every CQE-producing WQE posted to (pe, qp_idx) completed; raise ``CompletionError`` on an error
     CQE (after consuming the CQ up to ``cqe_cnt``, so the queue is usable again)."""
-    from .control import WaitCall
-
     rt = runtime()
-    _check_target(rt, "aclshmemx_udma_qp_quiet", pe, qp_idx)
-    qp = rt.udma.qp(int(pe), int(qp_idx))
+    qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_qp_quiet", pe, qp_idx))
     qp.poll(qp.cqe_cnt, "aclshmemx_udma_qp_quiet", call=WaitCall.QP_QUIET)
 
 
 def aclshmemx_udma_quiet(pe) -> None:
     """Quiet QP 0 of ``pe`` only (as on the hardware; other QPs need ``aclshmemx_udma_qp_quiet``)."""
-    from .control import WaitCall
-
     rt = runtime()
-    _check_target(rt, "aclshmemx_udma_quiet", pe, 0)
-    qp = rt.udma.qp(int(pe), 0)
+    qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_quiet", pe, 0))
     qp.poll(qp.cqe_cnt, "aclshmemx_udma_quiet", call=WaitCall.QUIET)
 
 
@@ -350,10 +268,6 @@ class aclshmemx_submit_state_t:
     def __repr__(self) -> str:
         return f"aclshmemx_submit_state_t(pending_count={self.pending_count})"
 
-    def _add(self, rt, qp, api: Api, opcode: int, config, buf, what: str, fields: dict, reg) -> None:
-        raise TypeError(f"pe {rt.my_pe}: {what}: batch= takes aclshmemx_defer_t(state) or "
-                        f"aclshmemx_submit_t(state), not the state itself")
-
 
 class _BatchCall:
     submit = False
@@ -368,7 +282,7 @@ class _BatchCall:
         default = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT if self.submit else ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE
         if config is ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT and not self.submit:
             config = default
-        config = _config(rt, what, config)
+        config = check_config(rt, what, config)
         if config.cqe != int(self.submit):
             kind = "submit" if self.submit else "defer"
             raise ValueError(f"pe {rt.my_pe}: {what}: a {kind} call needs a config with cqe={int(self.submit)} "
@@ -428,26 +342,23 @@ class aclshmemx_submit_t(_BatchCall):
     submit = True
 
 
-_BATCH_CALLS = (aclshmemx_defer_t, aclshmemx_submit_t)
-
 
 # --- MTE: direct copies by the calling thread ---------------------------------------------------------------
 
 
 def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     rt = runtime()
-    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
-    where = f" to pe {pe}" if remote_is_dst else f" from pe {pe}"
-    nbytes = _nbytes(rt, what, nelems, {"dst": dst, "src": src}, where)
+    pe = check_pe(rt, what, pe)
+    where = f"{what} to pe {pe}" if remote_is_dst else f"{what} from pe {pe}"
+    nbytes = transfer_bytes(rt, where, nelems, {"dst": dst, "src": src})
     sym = dst if remote_is_dst else src
-    _remote(rt, what, sym, nbytes, int(pe), where, "dst" if remote_is_dst else "src")
+    symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
     if nbytes == 0:
         return
-    peer = rt.heap.peer_view(sym, int(pe)).reshape(-1)[:nelems]
+    peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
     if remote_is_dst:
         np.copyto(peer, src.reshape(-1)[:nelems])
-        rt.ctl.wake(int(pe))
+        rt.ctl.wake(pe)
     else:
         np.copyto(dst.reshape(-1)[:nelems], peer)
 

@@ -21,13 +21,20 @@ import time
 
 import numpy as np
 
-from .atomics import fetch_add_u32, futex_wake, futex_wake_add
+from .atomics import fetch_add_u32
+from .futex import futex_wake, futex_wake_add
 from .segment import Segment, segment_name
 
 __all__ = [
     "JobState",
     "PeStatus",
     "WaitCall",
+    "WAIT_CALLS",
+    "BARRIER_CALLS",
+    "QUIET_CALLS",
+    "CMP_SYMBOLS",
+    "BARRIER_WAIT_NAMES",
+    "find_allocation",
     "HEADER_DTYPE",
     "PE_DTYPE",
     "WAIT_DTYPE",
@@ -82,6 +89,19 @@ class WaitCall(enum.IntEnum):
     SYNC_VEC_ALL = 14
     BLOCK_SYNC = 15
     SQ_CREDIT = 16
+
+
+# What each kind of wait is counted as (the stats' quiet / barrier / wait timers; init, finalize, malloc and free
+# count as none of them)
+WAIT_CALLS = frozenset({WaitCall.WAIT_UNTIL, WaitCall.SIGNAL_WAIT_UNTIL, WaitCall.WAIT_UNTIL_ALL,
+                        WaitCall.WAIT_UNTIL_ANY, WaitCall.WAIT_UNTIL_SOME})
+BARRIER_CALLS = frozenset({WaitCall.BARRIER_ALL, WaitCall.SYNC_ALL, WaitCall.SYNC_VEC_ALL})
+QUIET_CALLS = frozenset({WaitCall.QUIET, WaitCall.QP_QUIET, WaitCall.SQ_CREDIT})
+# The calls that wait in the job-wide barrier (a report lists them after the other waits, grouped by barrier)
+BARRIER_WAIT_NAMES = frozenset(c.name.lower() for c in BARRIER_CALLS | {WaitCall.INIT, WaitCall.FINALIZE,
+                                                                           WaitCall.MALLOC, WaitCall.FREE})
+# The comparison a wait slot records (``cmp``, ACLSHMEM_CMP_EQ..LE = 0..5), as dumps, traces and messages write it
+CMP_SYMBOLS = ("==", "!=", ">", ">=", "<", "<=")
 
 
 def _line(name):  # a u32 alone on its own 64-byte cache line
@@ -256,17 +276,27 @@ class Control:
         allocs = self.pes[pe]["allocs"]
         return allocs[allocs["live"] != 0]
 
+    def allocations(self, pe: int) -> list[tuple[str, int, int]]:
+        """PE ``pe``'s live heap allocations: (name, offset, size), by offset."""
+        live = self.live_allocations(pe)
+        return sorted(((a["name"].decode(errors="replace"), int(a["offset"]), int(a["size"])) for a in live),
+                      key=lambda a: a[1])
+
     def allocation_at(self, pe: int, offset: int):
         """(name, start offset, size) of PE ``pe``'s live allocation holding heap ``offset``, or None."""
-        for a in self.live_allocations(pe):
-            start, size = int(a["offset"]), int(a["size"])
-            if start <= offset < start + max(size, 1):
-                return a["name"].decode(errors="replace"), start, size
-        return None
+        return find_allocation(self.allocations(pe), offset)
 
     def describe_offset(self, pe: int, offset: int) -> str:
         """``'recv_x'+0x200`` for a heap offset inside a named allocation, else ``heap+0x1200``."""
         return format_heap_offset(self.allocation_at(pe, offset), offset)
+
+
+def find_allocation(allocations, offset: int):
+    """The (name, start, size) of ``allocations`` (such triples) that holds heap ``offset``, or None."""
+    for name, start, size in allocations:
+        if start <= offset < start + max(size, 1):
+            return name, start, size
+    return None
 
 
 def format_heap_offset(found: tuple | None, offset: int) -> str:

@@ -1,8 +1,9 @@
-"""The UDMA data plane of one PE: its URMA identity, its queue pairs, its local registry and its DMA engine.
+"""The UDMA data plane of one PE, wired together: its URMA identity, queue pairs, local registry and DMA engine.
 
 ``create`` (before init's barrier) makes the identity and the UDMA segment and publishes the identity in the
 control segment; ``start`` (after the barrier) reads every peer's identity, fills the tables, makes the queue
-pairs and starts the engine; ``stop`` stops the engine. The runtime calls these; kernels use ``rma`` / ``amo``.
+pairs and starts the engine; ``stop`` stops the engine. The runtime calls these; kernels use the API (``api.rma``,
+``api.udma_atomics``, ``api.raw``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import threading
 
 import numpy as np
 
-from .errors import CompletionError, InternalError
-from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE
+from ..errors import InternalError
+from .describe import VaNames
+from .engine import Engine
 from .queues import QueuePair
-from .resources import DEFAULT_DEPTH, LOCAL_VA_BASE, UDMA_VA_BASE, LocalRegistry, UdmaSegment, make_identity
+from .registry import LocalRegistry
+from .segment import DEFAULT_DEPTH, UdmaSegment, make_identity
 
-__all__ = ["Udma", "create", "start", "stop"]
+__all__ = ["DataPlane", "create", "start", "stop"]
 
 
 def _depth(name: str, value) -> int:
@@ -27,8 +30,8 @@ def _depth(name: str, value) -> int:
     return depth
 
 
-class Udma:
-    """This PE's data plane (one per process)."""
+class DataPlane:
+    """This PE's data plane (one per process; ``rt.udma``)."""
 
     def __init__(self, rt, sq_depth: int, cq_depth: int):
         self.rt = rt
@@ -38,6 +41,7 @@ class Udma:
         self.seg = UdmaSegment.create(rt.job_id, rt.my_pe, rt.n_pes, rt.qp_num, sq_depth, cq_depth,
                                       self.identity, rt.heap.size)
         self.tp_base = self.identity["tp_base"]
+        self.va_names = VaNames(rt.n_pes, rt.ctl.describe_offset, self.seg.layout())
         self.hw64 = self.seg.hw32.view(np.uint64)
         self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
         self.qps: dict[int, QueuePair] = {}
@@ -53,8 +57,6 @@ class Udma:
         me["sq_depth"], me["cq_depth"] = sq_depth, cq_depth
 
     def start(self) -> None:
-        from .engine import Engine
-
         rt = self.rt
         for p in range(rt.n_pes):
             e = rt.ctl.pes[p]
@@ -92,19 +94,8 @@ class Udma:
         return False
 
     def describe_va(self, va: int) -> str:
-        """``pe 3 heap +0x1200 ('recv_x'+0x200)`` for any emulated VA."""
-        if HEAP_VA_BASE <= va < HEAP_VA_BASE + self.rt.n_pes * HEAP_VA_STRIDE:
-            pe, off = divmod(va - HEAP_VA_BASE, HEAP_VA_STRIDE)
-            name = self.rt.ctl.describe_offset(pe, off)
-            return f"pe {pe} heap +{off:#x}" + (f" ({name})" if not name.startswith("heap") else "")
-        if UDMA_VA_BASE <= va < UDMA_VA_BASE + self.rt.n_pes * (1 << 36):
-            pe, off = divmod(va - UDMA_VA_BASE, 1 << 36)
-            if off >= self.seg.amo_offset and pe == self.my_pe:
-                return f"pe {pe} amo scratch +{off - self.seg.amo_offset:#x}"
-            return f"pe {pe} udma +{off:#x}"
-        if LOCAL_VA_BASE <= va < UDMA_VA_BASE:
-            return f"pe {self.my_pe} local {va:#x}"
-        return f"{va:#x} (unmapped)"
+        """``pe 3 heap +0x1200 ('recv_x'+0x200)`` for any emulated VA (``describe.VaNames``)."""
+        return self.va_names.describe(va, self.my_pe)
 
     # --- completion bookkeeping ----------------------------------------------------------------------------
 
@@ -142,7 +133,7 @@ def create(rt) -> None:
     cq = _depth("cq_depth", rt.cq_depth or os.environ.get("SHMEMX_CQ_DEPTH") or sq)
     if cq < sq:
         raise ValueError(f"cq_depth {cq} must be at least sq_depth {sq}")
-    rt.udma = Udma(rt, sq, cq)
+    rt.udma = DataPlane(rt, sq, cq)
 
 
 def start(rt) -> None:

@@ -6,10 +6,10 @@ so that ported host code that checks ``== 0`` keeps working.
 
 from __future__ import annotations
 
-from . import runtime as _runtime
-from .control import WaitCall
-from .runtime import InitAttr, runtime
-from .sync import barrier
+from .. import runtime as _runtime
+from ..runtime import InitAttr, runtime
+from ..shm.barrier import barrier
+from ..shm.control import WaitCall
 
 __all__ = [
     "init",

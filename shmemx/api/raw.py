@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import Opcode, build_write_batch
-from .queues import Api, M32, QueuePair
-from .rma import _check_target
-from .runtime import runtime
+from ..runtime import runtime
+from ..udma.layout import M32, Api, Opcode, build_write_batch
+from ..udma.queues import QueuePair
+from .checks import check_target
 
 __all__ = ["RawQueue", "aclshmemx_udma_raw_queue"]
 
@@ -123,5 +123,4 @@ class RawQueue:
 def aclshmemx_udma_raw_queue(pe: int, qp_idx: int = 0) -> RawQueue:
     """Raw access to this PE's queue pair to ``pe`` / ``qp_idx``."""
     rt = runtime()
-    _check_target(rt, "aclshmemx_udma_raw_queue", pe, qp_idx)
-    return RawQueue(rt.udma.qp(int(pe), int(qp_idx)))
+    return RawQueue(rt.udma.qp(*check_target(rt, "aclshmemx_udma_raw_queue", pe, qp_idx)))

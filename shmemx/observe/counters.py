@@ -1,7 +1,7 @@
 """Per-(pe, block) counters: WQEs and bytes per queue, time in quiet, barriers and waits, and user counters.
 
 The public side is ``shmemx.stats()`` (every PE's counters as arrays), ``shmemx.count(name, n)`` (a user
-counter) and ``shmemx run --stats`` (a table at the end of the job).
+counter; both in ``api.inspection``) and ``shmemx run --stats`` (a table at the end of the job).
 
 Each PE owns one stats segment (``shmemx_<job>_stats<pe>``). After a 4 KiB header (the slots in use and the names
 of the user counters) it holds one record per wait slot of the PE (slot = AIV block index, 0 = the main thread,
@@ -30,19 +30,15 @@ import threading
 
 import numpy as np
 
-from .control import MAX_WAIT_SLOTS, WaitCall
-from .segment import Segment, segment_name
+from ..shm.control import MAX_WAIT_SLOTS
+from ..shm.segment import Segment, segment_name
+from ..udma.segment import UdmaSegment
 
 __all__ = [
     "TIMERS",
     "MAX_USER",
     "StatsSegment",
     "JobStats",
-    "stats",
-    "count",
-    "QUIET_CALLS",
-    "BARRIER_CALLS",
-    "WAIT_CALLS",
 ]
 
 MAGIC = 0x31305F5354415453  # "STATS_01"
@@ -55,10 +51,6 @@ NAMES_OFFSET = 1024  # S32 per user counter
 NAME_BYTES = 32
 HEADER_SIZE = 4096
 
-QUIET_CALLS = frozenset({WaitCall.QUIET, WaitCall.QP_QUIET, WaitCall.SQ_CREDIT})
-BARRIER_CALLS = frozenset({WaitCall.BARRIER_ALL, WaitCall.SYNC_ALL, WaitCall.SYNC_VEC_ALL})
-WAIT_CALLS = frozenset({WaitCall.WAIT_UNTIL, WaitCall.SIGNAL_WAIT_UNTIL, WaitCall.WAIT_UNTIL_ALL,
-                        WaitCall.WAIT_UNTIL_ANY, WaitCall.WAIT_UNTIL_SOME})
 
 
 def _slot_words(n_queues: int) -> int:
@@ -128,6 +120,18 @@ class StatsSegment:
         w = self.words
         w[i] += ns
         w[i + 1] += 1
+
+    def add_quiet(self, slot: int, ns: int) -> None:
+        self.add_time(slot, T_QUIET, ns)
+
+    def add_barrier(self, slot: int, ns: int) -> None:
+        self.add_time(slot, T_BARRIER, ns)
+
+    def add_wait(self, slot: int, ns: int) -> None:
+        self.add_time(slot, T_WAIT, ns)
+
+    def add_region(self, slot: int, ns: int) -> None:
+        self.add_time(slot, T_REGION, ns)
 
     def add_user(self, slot: int, name: str, n: int) -> None:
         index = self._user.get(name)
@@ -209,8 +213,6 @@ class JobStats:
         return out
 
     def _take_completed(self, job_id: str, pe: int) -> None:
-        from .resources import UdmaSegment
-
         try:
             udma = UdmaSegment.attach(job_id, pe)
         except (FileNotFoundError, ValueError):
@@ -293,33 +295,3 @@ def _fmt(value) -> str:
         v = float(value)
         return f"{v:.4f}" if abs(v) < 1000 else f"{v:.0f}"
     return f"{int(value):,}"
-
-
-# --- the public API ------------------------------------------------------------------------------------------
-
-
-def count(name: str, n: int = 1) -> None:
-    """Add ``n`` to the user counter ``name`` of the calling PE and block (shown by ``--stats``, ``stats()``).
-
-    Cheap (a few hundred ns: a store into this thread's own slot); at most 64 names per PE, 32 bytes each.
-    """
-    from .runtime import runtime
-    from .waits import thread_slot
-
-    rt = runtime()
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"pe {rt.my_pe}: shmemx.count({name!r}, n): n must be an integer, got {n!r}")
-    rt.stats.add_user(thread_slot(), name, int(n))
-
-
-def stats() -> JobStats:
-    """Every PE's counters now, as arrays (see ``JobStats``); call after a barrier for exact totals.
-
-    Publishes the calling thread's posted counts first. Other PEs' posted counts are as of their last quiet.
-    """
-    from .runtime import runtime
-
-    rt = runtime()
-    if rt.udma is not None:
-        rt.udma.publish_counts(mine_only=True)
-    return JobStats.read(rt.job_id, rt.n_pes, segments={rt.my_pe: rt.stats})

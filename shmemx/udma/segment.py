@@ -1,4 +1,4 @@
-"""URMA resources of a PE: its identity, its queue tables and rings, and its registered local memory.
+"""The UDMA segment of a PE: its URMA identity, its queue tables and rings.
 
 Each PE owns one UDMA segment (``shmemx_<job>_udma<pe>``), laid out as on the device: a header, then tables of
 ``n_pes * qp_num`` 64-byte records indexed ``slot * qp_num + qp_idx`` (slot = peer PE; the self slot stays zero):
@@ -6,9 +6,9 @@ Each PE owns one UDMA segment (``shmemx_<job>_udma<pe>``), laid out as on the de
 ``wq_ctx`` and ``cq_ctx`` (ring address, depth, head, tail, doorbell address, cqe_cnt, amo scratch address),
 the engine's own per-queue record (``hw``: doorbells, consumer index, error state), the atomic fetch scratch,
 the SQ and CQ rings, and a sidecar word per SQ slot saying which API call and block posted it (metadata beside
-the WQE, never inside it, so the 64 bytes stay bit-exact). The file is sparse: a ring's pages are touched only as its head moves, so 128 PEs
-with 2 QPs and 32768-deep rings reserve 1 GiB of address space per PE but use only what is posted (see the README
-for the footprint).
+the WQE, never inside it, so the 64 bytes stay bit-exact). The file is sparse: a ring's pages are touched only as
+its head moves, so 128 PEs with 2 QPs and 32768-deep rings reserve 1 GiB of address space per PE but use only what
+is posted (see the README for the footprint).
 
 Identity, made at init and exchanged through the control segment:
 * EID: 128 bits; the low 32 bits are the PE number, the rest random per PE (the engine checks all 128);
@@ -16,25 +16,21 @@ Identity, made at init and exchanged through the control segment:
 * the heap segment's tokenId (20 bits) and token value (32 bits, random: the secret a WQE must carry).
 
 Local memory that is not on the heap (a put's source, a get's destination) is registered for the life of the
-WQEs that use it, in a local VA range of its own; see ``LocalRegistry``.
+WQEs that use it, in a local VA range of its own (``LOCAL_VA_BASE``); see ``registry``.
 """
 
 from __future__ import annotations
 
-import bisect
 import secrets
-import threading
 
 import numpy as np
 
-from .heap import HEAP_VA_BASE, HEAP_VA_STRIDE, data_address
+from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
+from ..shm.segment import PAGE_SIZE, Segment, align_up, segment_name
 from .layout import CQ_CTX_DTYPE, REMOTE_MEM_INFO_DTYPE, WQ_CTX_DTYPE
-from .segment import PAGE_SIZE, Segment, segment_name
 
 __all__ = [
     "UdmaSegment",
-    "LocalRegistry",
-    "Registration",
     "HW_DTYPE",
     "UDMA_VA_BASE",
     "UDMA_VA_STRIDE",
@@ -91,10 +87,6 @@ def make_identity(pe: int) -> dict:
     }
 
 
-def _align(n: int, a: int) -> int:
-    return -(-n // a) * a
-
-
 class UdmaSegment:
     """The UDMA segment of one PE (its own, or a peer's mapped read-only by inspection tools)."""
 
@@ -121,7 +113,7 @@ class UdmaSegment:
         off += 64 * n
         self.amo_offset = off
         self.amo = segment.view("<u8", off, (n, 8))
-        off = _align(off + 64 * n, PAGE_SIZE)
+        off = align_up(off + 64 * n, PAGE_SIZE)
         self.sq_offset = off
         self.sq_bytes = self.sq_depth * 64
         off += n * self.sq_bytes
@@ -135,7 +127,7 @@ class UdmaSegment:
     @staticmethod
     def size(n_pes: int, qp_num: int, sq_depth: int, cq_depth: int) -> int:
         n = n_pes * qp_num
-        return _align(4096 + 5 * 64 * n, PAGE_SIZE) + n * (64 * (sq_depth + cq_depth) + 4 * sq_depth)
+        return align_up(4096 + 5 * 64 * n, PAGE_SIZE) + n * (64 * (sq_depth + cq_depth) + 4 * sq_depth)
 
     @classmethod
     def create(cls, job_id: str, pe: int, n_pes: int, qp_num: int, sq_depth: int, cq_depth: int,
@@ -153,6 +145,12 @@ class UdmaSegment:
     def attach(cls, job_id: str, pe: int, readonly: bool = True) -> "UdmaSegment":
         return cls(Segment(segment_name(job_id, f"udma{pe}"), readonly=readonly))
 
+    def layout(self) -> dict:
+        """The offsets that name addresses inside a UDMA segment (the same for every PE of a job; dumps save it)."""
+        return {"qp_num": self.qp_num, "n_slots": self.n_slots, "sq_depth": self.sq_depth,
+                "cq_depth": self.cq_depth, "amo_offset": self.amo_offset, "sq_offset": self.sq_offset,
+                "sq_bytes": self.sq_bytes, "cq_offset": self.cq_offset, "cq_bytes": self.cq_bytes}
+
     def va(self, pe: int, offset: int) -> int:
         """Emulated device VA of byte ``offset`` of PE ``pe``'s UDMA segment."""
         return UDMA_VA_BASE + pe * UDMA_VA_STRIDE + offset
@@ -162,7 +160,7 @@ class UdmaSegment:
         return self.segment.view(np.uint8, self.sq_offset + index * self.sq_bytes, (self.sq_depth, 64))
 
     def sidecar(self, index: int) -> np.ndarray:
-        """``[depth] uint32`` per-slot metadata of SQ ``index``: api id | block << 8 (see ``queues.Api``)."""
+        """``[depth] uint32`` per-slot metadata of SQ ``index``: ``layout.sidecar_word`` (api id | block << 8)."""
         return self.segment.view("<u4", self.sidecar_offset + index * self.sq_depth * 4, (self.sq_depth,))
 
     def cq_ring(self, index: int) -> np.ndarray:
@@ -195,139 +193,3 @@ class UdmaSegment:
 
     def close(self) -> None:
         self.segment.close()
-
-
-class Registration:
-    """Local memory registered as an URMA segment: ``[va, va + nbytes)`` maps to ``data`` (uint8)."""
-
-    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable")
-
-    def __init__(self, va: int, data: np.ndarray, tid: int, address: int):
-        self.va = va
-        self.nbytes = data.nbytes
-        self.tid = tid
-        self.data = data
-        self.address = address
-        self.writable = bool(data.flags.writeable)
-        self.uses: dict[int, int] = {}  # queue index -> BB position after its last WQE that used this
-
-
-class LocalRegistry:
-    """Local VAs of this PE: its heap, its UDMA segment's amo scratch, and registered local buffers.
-
-    Posting threads register; the engine thread resolves. A registration lives while a WQE that uses it may
-    still run: ``collect`` drops those whose last WQE every queue has retired (quiet passed it).
-    """
-
-    def __init__(self, pe: int, heap, udma: UdmaSegment, amo_tid: int):
-        self.pe = pe
-        self.heap = heap
-        self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
-        self.udma = udma
-        self.amo_va = udma.va(pe, udma.amo_offset)
-        self.amo_bytes = udma.segment.bytes[udma.amo_offset:udma.amo_offset + 64 * udma.n_slots]
-        self.amo_tid = amo_tid
-        self._next_va = LOCAL_VA_BASE
-        self._next_tid = (amo_tid + 1) & 0xFFFFF or 1
-        self._by_address: dict[tuple[int, int], Registration] = {}
-        self._lock = threading.Lock()
-        self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
-        self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
-
-    def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
-              addr: int | None = None) -> tuple[int, Registration | None]:
-        """Local VA of a C-contiguous array's first byte; registers it when it is not on this PE's heap.
-
-        Returns (va, registration or None for heap memory). ValueError for another PE's heap memory. ``what``
-        (a string, or a function making it) names the argument in errors. ``pin`` = (queue index, BB position):
-        record that use under the registry's lock, so that a ``collect`` by another thread (a quiet of another
-        queue) cannot drop the registration between this lookup and the caller's post. ``addr``: ``arr``'s
-        address, when the caller has it.
-        """
-        if addr is None:
-            addr = data_address(arr)
-        last = self._last  # rows of the array used last: no heap lookups, no root walk
-        if (last is not None and last.address <= addr and addr + arr.nbytes <= last.address + last.nbytes
-                and (last.writable or not writable)):
-            with self._lock:
-                if last is self._last:  # not collected meanwhile
-                    if pin is not None:
-                        last.uses[pin[0]] = pin[1]
-                    return last.va + (addr - last.address), last
-        off = addr - self.heap.base_addr
-        if 0 <= off and self.heap.allocated(off, arr.nbytes):
-            return self.heap_va + off, None
-        if callable(what):
-            what = what()
-        found = self.heap.locate_address(addr)
-        if found is not None:
-            pe, off = found
-            if pe != self.pe:
-                raise ValueError(f"pe {self.pe}: {what} is pe {pe}'s heap memory; it must be local (this PE's "
-                                 f"heap or a local array)")
-            self.heap.check_allocated(off, arr.nbytes, what, pe)
-            return self.heap_va + off, None
-        if writable and not arr.flags.writeable:
-            raise ValueError(f"pe {self.pe}: {what} is read-only")
-        root = arr
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if not root.flags.c_contiguous:
-            root = arr
-        root_addr = data_address(root)
-        if not root_addr <= addr <= addr + arr.nbytes <= root_addr + root.nbytes:
-            root, root_addr = arr, addr
-        with self._lock:
-            reg = self._by_address.get((root_addr, root.nbytes))
-            if reg is None:
-                reg = self._register(root, root_addr)
-            if pin is not None:
-                reg.uses[pin[0]] = pin[1]
-            self._last = reg
-        return reg.va + (addr - root_addr), reg
-
-    def _register(self, root: np.ndarray, root_addr: int) -> Registration:
-        """A new registration (the caller holds the lock)."""
-        data = root.reshape(-1).view(np.uint8) if root.nbytes else np.zeros(0, np.uint8)
-        va = self._next_va + root_addr % PAGE_SIZE
-        self._next_va = _align(va + max(data.nbytes, 1), PAGE_SIZE)
-        reg = Registration(va, data, self._next_tid, root_addr)
-        self._next_tid = (self._next_tid + 1) & 0xFFFFF or 1
-        self._by_address[(root_addr, root.nbytes)] = reg
-        self._publish()
-        return reg
-
-    def _publish(self) -> None:
-        regs = sorted(self._by_address.values(), key=lambda r: r.va)
-        self.snapshot = ([r.va for r in regs], regs)
-
-    def resolve(self, va: int, length: int) -> tuple[np.ndarray, int] | None:
-        """(uint8 buffer, offset) of local ``[va, va+length)``, or None when it is not registered memory."""
-        off = va - self.heap_va
-        if 0 <= off and off + length <= self.heap.size:
-            return self.heap.segments[self.pe].bytes, off
-        off = va - self.amo_va
-        if 0 <= off and off + length <= self.amo_bytes.nbytes:
-            return self.amo_bytes, off
-        vas, regs = self.snapshot
-        i = bisect.bisect_right(vas, va) - 1
-        if i >= 0:
-            reg = regs[i]
-            off = va - reg.va
-            if off + length <= reg.nbytes:
-                return reg.data, off
-        return None
-
-    def collect(self, retired: dict[int, int]) -> None:
-        """Drop registrations whose every use is retired (``retired[queue index]`` = BB position done)."""
-        with self._lock:
-            dead = [key for key, reg in self._by_address.items()
-                    if all(((retired.get(q, 0) - pos) & 0xFFFF_FFFF) < 0x8000_0000 for q, pos in reg.uses.items())]
-            if dead:
-                for key in dead:
-                    if self._by_address.pop(key) is self._last:
-                        self._last = None
-                self._publish()
-
-    def __len__(self) -> int:
-        return len(self._by_address)

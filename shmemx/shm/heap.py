@@ -22,10 +22,10 @@ import ctypes
 
 import numpy as np
 
-from .errors import HeapExhaustedError
+from ..errors import HeapExhaustedError
 from .segment import Segment, segment_name
 
-__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address"]
+__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address", "extent"]
 
 HEAP_VA_BASE = 0x1000_0000_0000
 HEAP_VA_STRIDE = 1 << 36  # 64 GiB of VA per PE
@@ -68,7 +68,7 @@ if not _layout_known():  # an unusual numpy / Python build: use the portable (sl
     data_address = _slow_address  # noqa: F811
 
 
-def _extent(arr: np.ndarray) -> tuple[int, int]:
+def extent(arr: np.ndarray) -> tuple[int, int]:
     """Byte range ``[lo, hi)`` that ``arr`` spans, relative to its first element (handles negative strides)."""
     lo = hi = 0
     for n, s in zip(arr.shape, arr.strides):
@@ -150,7 +150,7 @@ class Heap:
             raise ValueError(f"pe {self.my_pe}: {what} is not on the symmetric heap "
                              f"(allocate it with shmemx.zeros/empty/aclshmem_malloc)")
         pe, off = found
-        lo, hi = _extent(arr)
+        lo, hi = extent(arr)
         if off + lo < 0 or off + hi > self.size:
             raise ValueError(f"pe {self.my_pe}: {what} spans heap bytes {off + lo:#x}..{off + hi:#x}, "
                              f"outside the heap of pe {pe} (size {self.size:#x})")

@@ -19,10 +19,11 @@ import threading
 
 import numpy as np
 
-from .control import WaitCall
-from .runtime import runtime
-from .sync import barrier
-from .waits import set_thread_slot
+from ..errors import WaitTimeoutError
+from ..runtime import runtime
+from ..shm.barrier import barrier
+from ..shm.control import WaitCall
+from ..shm.waits import set_thread_slot
 
 __all__ = [
     "launch",
@@ -117,8 +118,6 @@ def sync_all() -> None:
     except threading.BrokenBarrierError:
         if state.errors:
             raise
-        from .errors import WaitTimeoutError
-
         raise WaitTimeoutError(f"pe {rt.my_pe}: sync_all in block {get_block_idx()}: not every one of the "
                                f"{state.block_dim} blocks arrived within {rt.timeout:g} s") from None
 

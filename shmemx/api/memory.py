@@ -15,11 +15,12 @@ from typing import Callable
 
 import numpy as np
 
-from .control import ALLOC_DTYPE, COLL_LOG, WaitCall
-from .errors import HeapExhaustedError, SymmetryError
-from .heap import DEFAULT_ALIGN
-from .runtime import runtime
-from .sync import barrier
+from ..errors import HeapExhaustedError, SymmetryError
+from ..runtime import runtime
+from ..shm.barrier import barrier
+from ..shm.control import COLL_LOG, WaitCall
+from ..shm.heap import DEFAULT_ALIGN, extent
+from .checks import check_pe
 
 __all__ = [
     "aclshmem_malloc",
@@ -172,8 +173,7 @@ def aclshmem_ptr(arr: np.ndarray, pe: int) -> np.ndarray:
     not wake the peer's waiters, use ``aclshmemx_signal_op`` or the UDMA API for anything a peer waits on.
     """
     rt = runtime()
-    _check_pe(rt, pe, "aclshmem_ptr")
-    return rt.heap.peer_view(arr, pe, "aclshmem_ptr argument")
+    return rt.heap.peer_view(arr, check_pe(rt, "aclshmem_ptr", pe), "aclshmem_ptr argument")
 
 
 def prefault(arr: np.ndarray) -> None:
@@ -185,19 +185,11 @@ def prefault(arr: np.ndarray) -> None:
     into peers' windows (MTE, HCCL window mode) warm the parts they will write with this. Pages of a region never
     written before get memory here, so prefault only what the kernel will touch.
     """
-    from .heap import _extent
-
     rt = runtime()
     pe, offset = rt.heap.locate(arr, "prefault argument")
-    lo, hi = _extent(arr)
+    lo, hi = extent(arr)
     if hi > lo:
         rt.heap.segments[pe].prefault(offset + lo, hi - lo)
-
-
-def _check_pe(rt, pe, what: str) -> int:
-    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
-    return int(pe)
 
 
 def _shaped(shape, dtype, name, fill, prefault) -> np.ndarray:

@@ -3,8 +3,9 @@
 A signal or wait word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; the view's
 dtype decides the word size and the comparison. ``aclshmemx_signal_op`` stores into the target PE's heap
 directly (as MTE does on the device): SET is one aligned store, ADD an atomic add, then the target's wake word is
-bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the wake word of the PE whose memory holds the word (the
-calling PE's own, or a peer's when the view came from ``aclshmem_ptr``), see ``waits.block_until``.
+bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the
+wake word of the PE whose memory holds the word (the calling PE's own, or a peer's when the view came from
+``aclshmem_ptr``), see ``shm.waits``.
 
 Semantics follow OpenSHMEM 1.5: ``signal_wait_until`` returns the value that met the condition; ``status``
 entries that are nonzero exclude that word; an empty set makes ``*_all`` return at once, ``*_any`` return None
@@ -18,10 +19,11 @@ import weakref
 
 import numpy as np
 
-from . import atomics
-from .control import WaitCall
-from .runtime import runtime
-from .waits import block_on_word, block_until
+from ..runtime import runtime
+from ..shm import atomics
+from ..shm.control import CMP_SYMBOLS, WaitCall
+from ..shm.waits import Sleep, Wait, block_on_word, block_until
+from .checks import check_pe
 
 __all__ = [
     "ACLSHMEM_CMP_EQ",
@@ -32,7 +34,6 @@ __all__ = [
     "ACLSHMEM_CMP_LE",
     "ACLSHMEM_SIGNAL_SET",
     "ACLSHMEM_SIGNAL_ADD",
-    "CMP_NAMES",
     "aclshmemx_signal_op",
     "aclshmem_signal_wait_until",
     "aclshmem_wait_until",
@@ -49,8 +50,7 @@ __all__ = [
 ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_LT, ACLSHMEM_CMP_LE = range(6)
 ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
 
-_OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
-CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
+_OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)  # by ACLSHMEM_CMP_*
 _WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
 _BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES}
 _U64 = 2**64 - 1
@@ -163,14 +163,6 @@ def _as_word(rt, value, dtype: np.dtype, what: str):
     return dtype.type(_as_int(rt, value, dtype, what))
 
 
-def _check_pe(rt, pe, what: str) -> int:
-    if type(pe) is int and 0 <= pe < rt.n_pes:
-        return pe
-    if isinstance(pe, bool) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < rt.n_pes:
-        raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
-    return int(pe)
-
-
 def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int) -> None:
     """Update the signal word ``sig_addr`` on PE ``pe``: SET stores ``signal``, ADD adds it atomically.
 
@@ -184,7 +176,7 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     """
     rt = runtime()
     if type(pe) is not int or not 0 <= pe < rt.n_pes:
-        pe = _check_pe(rt, pe, "aclshmemx_signal_op")
+        pe = check_pe(rt, "aclshmemx_signal_op", pe)
     if sig_op != ACLSHMEM_SIGNAL_SET and sig_op != ACLSHMEM_SIGNAL_ADD:
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
@@ -217,9 +209,9 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     if rt.tracer is None:
         if op(v, target):  # met already: nothing to record
             return v
-        return block_on_word(rt, words, idx, op, target, call=int(call), pe=w.pe, offset=w.offset, cmp=cmp,
-                             value=target & _U64, dtype=w.dtype_str,
-                             describe=lambda: _describe_word(rt, name, w, f"{CMP_NAMES[cmp]} {target}"))
+        return block_on_word(rt, words, idx, op, target,
+                             Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+                             lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     seen = [v]  # tracing: the generic wait, which records the wait (or its instant) in the trace
 
     def ready() -> bool:
@@ -229,8 +221,8 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
             return True
         return False
 
-    block_until(rt, ready, call=call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str,
-                word_pe=w.pe, describe=lambda: _describe_word(rt, name, w, f"{CMP_NAMES[cmp]} {target}"))
+    block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+                lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"), sleep=Sleep.wake(w.pe))
     return seen[0]
 
 
@@ -293,14 +285,14 @@ class _Words:
         n_active = int(self.active.sum())
         met = int(self.matches().sum())
         return (f"pe {rt.my_pe}: {self.name} on {n_active} words at {where} (pe {self.pe}) "
-                f"{CMP_NAMES[self.cmp]} {self.values if np.ndim(self.values) == 0 else self.values.tolist()}: "
+                f"{CMP_SYMBOLS[self.cmp]} {self.values if np.ndim(self.values) == 0 else self.values.tolist()}: "
                 f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
 
     def block(self, rt, call: WaitCall, ready) -> None:
         value = int(self.values) if np.ndim(self.values) == 0 else 0
-        block_until(rt, ready, call=call, pe=self.pe, offset=self.offset, cmp=self.cmp,
-                    value=value & (2**64 - 1), dtype=self.ivars.dtype.str.encode(), count=len(self.ivars),
-                    word_pe=self.pe, describe=lambda: self.describe(rt))
+        wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
+                    dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
+        block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:

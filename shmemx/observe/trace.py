@@ -8,8 +8,8 @@ to 0.75 us per post):
 * every posting path (``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell``) appends three integers per WQE
   to its queue's array (time, BB position, bytes << 16 | opcode << 8 | block): one ``None`` check when off;
 * the DMA engine appends five per turn on a queue (start, end, queue, first BB position, BBs covered);
-* waits, quiets, barriers and user regions (``with shmemx.region("notify"):``) append one tuple each (per call,
-  not per WQE).
+* waits, quiets, barriers and user regions (``with shmemx.region("notify"):``, ``api.inspection``) append one
+  tuple each (per call, not per WQE).
 
 At finalize (or when a failing rank tears down) each rank expands its records into events and writes them to
 ``<dir>/pe<N>.json``; the launcher concatenates the parts into one JSON document. Times are nanoseconds of the
@@ -41,18 +41,16 @@ import time
 
 import numpy as np
 
-from .control import WaitCall
-from .layout import Opcode, wqe_bbs
+from ..shm.control import CMP_SYMBOLS, WaitCall
+from ..udma.layout import M32, Opcode, wqe_bbs_of
 
-__all__ = ["Tracer", "region", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
+__all__ = ["Tracer", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
 
 TRACE_DIR_ENV = "SHMEMX_TRACE_DIR"
 TRACE_T0_ENV = "SHMEMX_TRACE_T0"
-M32 = 0xFFFF_FFFF
 _TID_STRIDE = 100_000
 _QUEUE_TID = 1000
 _ENGINE_TID = 999
-_CMP = ("==", "!=", ">", ">=", "<", "<=")
 _now = time.perf_counter_ns
 
 
@@ -189,7 +187,7 @@ class _Export:
             return
         t_post, pos, packed = rows[:, 0], _unwrap(rows[:, 1]), rows[:, 2]
         block, ops, nbytes = packed & 0xFF, packed >> 8 & 0xFF, packed >> 16
-        bbs = np.where(np.isin(ops, (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS)), 2, 1)
+        bbs = wqe_bbs_of(ops)
         t0 = self.tr.t0
         if batches is not None and len(batches):
             k = np.searchsorted(batches[:, 2], pos, side="right") - 1
@@ -233,7 +231,7 @@ class _Export:
         if kind == "wait":
             pe, offset, cmp, value, dtype, count = args
             where = self.describe_offset(pe, offset) if self.describe_offset else f"heap+{offset:#x}"
-            detail = {"pe": pe, "offset": offset, "where": where, "cmp": _CMP[cmp] if 0 <= cmp < 6 else cmp,
+            detail = {"pe": pe, "offset": offset, "where": where, "cmp": CMP_SYMBOLS[cmp] if 0 <= cmp < 6 else cmp,
                       "value": value, "dtype": dtype, "count": count}
         elif kind == "quiet":
             peer, qp, target = args
@@ -251,70 +249,6 @@ def _unwrap(x: np.ndarray) -> np.ndarray:
     if len(x) < 2:
         return x
     return np.concatenate([x[:1], x[0] + np.cumsum(np.diff(x) & M32)])
-
-
-def batch_rows(sq32: np.ndarray, mask: int, head: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positions, lengths, opcodes) of the WQEs in ``n`` BBs of an SQ ring from BB position ``head``."""
-    slots = (head + np.arange(n)) & mask
-    ops = (sq32[slots, 1] >> 8) & 0xFF
-    two = np.isin(ops, (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS))
-    if not two.any():
-        return (head + np.arange(n)) & M32, sq32[slots, 12].astype(np.int64), ops.astype(np.int64)
-    positions, lengths, opcodes = [], [], []
-    i = 0
-    while i < n:
-        op = int(ops[i])
-        if op == Opcode.WRITE_WITH_NOTIFY:  # the SGE is at bytes 80-95: word 4 of the second BB
-            length = int(sq32[(int(slots[i]) + 1) & mask, 4])
-        else:
-            length = int(sq32[slots[i], 12])
-        positions.append((head + i) & M32)
-        lengths.append(length)
-        opcodes.append(op)
-        i += wqe_bbs(op)
-    return np.array(positions, np.int64), np.array(lengths, np.int64), np.array(opcodes, np.int64)
-
-
-# --- the public API ------------------------------------------------------------------------------------------
-
-
-class _Region:
-    __slots__ = ("tracer", "rt", "name", "start", "slot")
-
-    def __init__(self, rt, name: str):
-        self.rt = rt
-        self.tracer = rt.tracer
-        self.name = name
-
-    def __enter__(self):
-        from .waits import thread_slot
-
-        self.slot = thread_slot()
-        self.start = _now()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        from .counters import T_REGION
-
-        tracer = self.tracer
-        if tracer is not None:
-            tracer.span(self.start, self.slot, "region", self.name)
-        if self.rt.stats is not None:  # (None once finalize ran inside the region)
-            self.rt.stats.add_time(self.slot, T_REGION, _now() - self.start)
-
-
-def region(name: str) -> _Region:
-    """``with shmemx.region("notify"):`` marks a span of a kernel: a slice on its block's track in the trace, and
-    time and count in the block's ``region_ns`` / ``regions`` counters.
-
-    Cheap when tracing is off (two clock reads and two stores).
-    """
-    from .runtime import runtime
-
-    rt = runtime()
-    if not isinstance(name, str):
-        raise TypeError(f"pe {rt.my_pe}: shmemx.region(name): name must be a string, got {name!r}")
-    return _Region(rt, name)
 
 
 def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 
 from . import atomics
-from .control import WaitCall
-from .counters import BARRIER_CALLS, T_BARRIER
-from .waits import block_until, thread_slot
+from .control import BARRIER_CALLS, WaitCall
+from .futex import futex_wake
+from .waits import Sleep, Wait, block_until, thread_slot
 
 __all__ = ["barrier"]
 
@@ -38,7 +38,7 @@ def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = N
         _barrier(rt, call, timeout)
     finally:
         if call in BARRIER_CALLS and rt.stats is not None:
-            rt.stats.add_time(thread_slot(), T_BARRIER, time.perf_counter_ns() - start)
+            rt.stats.add_barrier(thread_slot(), time.perf_counter_ns() - start)
         if rt.tracer is not None:
             number = int(rt.ctl.pes[rt.my_pe]["barriers"])
             rt.tracer.span(start, thread_slot(), "barrier", call.name.lower(), (number,))
@@ -56,7 +56,7 @@ def _barrier(rt, call: WaitCall, timeout: float | None) -> None:
     if arrived == rt.n_pes - 1:
         rt.word_view(ctl.header_addr("barrier_count"))[0] = 0
         atomics.fetch_add_u32(gen_addr, 1)  # locked: the reset above is visible before the new generation
-        atomics.futex_wake(gen_addr)
+        futex_wake(gen_addr)
         return
 
     def describe() -> str:
@@ -65,8 +65,8 @@ def _barrier(rt, call: WaitCall, timeout: float | None) -> None:
         return (f"pe {rt.my_pe}: {name} (barrier #{number}): {_pe_list(missing)} "
                 f"{'has' if len(missing) == 1 else 'have'} not arrived")
 
-    block_until(rt, lambda: gen_word[0] != gen, call=call, describe=describe, word_addr=gen_addr,
-                target=number, timeout=timeout, sleepers=False)
+    block_until(rt, lambda: gen_word[0] != gen, Wait(call, target=number), describe, sleep=Sleep.word(gen_addr),
+                timeout=timeout)
 
 
 def _pe_list(pes: list[int]) -> str:

@@ -1,6 +1,6 @@
 """``shmemx dump``: every queue, wait and allocation of a job, as one JSON document and as text.
 
-``snapshot(reader)`` reads a live or stopped job (read-only, see ``inspect``) into a plain dict, the document
+``snapshot(reader)`` reads a live or stopped job (read-only, see ``reader``) into a plain dict, the document
 ``shmemx dump --json`` prints and the launcher saves after a timeout or failure (schema ``shmemx-dump/1``, in
 the README). ``render(doc)`` turns a document into text and ``diagnosis(doc)`` into the short who-waits-on-what
 lines; both work only from the document, so a saved dump (``shmemx dump --file F``) reads exactly like a live
@@ -24,17 +24,18 @@ import time
 
 import numpy as np
 
-from .control import JobState, PeStatus
-from .inspect import JobReader, VaMap, pid_alive
-from .layout import CqeStatus, decode_cqe, decode_wqe, format_cqe, format_wqe, odr_name, split_flag, wqe_bbs
-from .queues import Api
-from .trace import batch_rows
+from ..shm.control import BARRIER_WAIT_NAMES, JobState, PeStatus
+from ..udma.describe import VaNames, format_cqe, format_wqe
+from ..udma.layout import M32, CqeStatus, decode_cqe, decode_sidecar, decode_wqe, odr_name, read_wqe, scan_wqes, \
+    split_flag
+from .counters import JobStats
+from .jobs import pid_alive
+from .reader import Allocations, JobReader
 
 __all__ = ["SCHEMA", "snapshot", "render", "diagnosis", "load", "save", "DEFAULT_LIMIT"]
 
 SCHEMA = "shmemx-dump/1"
 DEFAULT_LIMIT = 64  # WQEs and CQEs listed per queue (the counts are always complete)
-M32 = 0xFFFF_FFFF
 
 
 # --- reading ---------------------------------------------------------------------------------------------------
@@ -54,7 +55,8 @@ def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: b
     """
     ctl = reader.ctl
     hdr = ctl.header
-    vamap = reader.va_map()
+    allocations = reader.allocation_tables()
+    vamap = reader.va_names(allocations)
     pes = sorted(set(pes)) if pes is not None else list(range(reader.n_pes))
     doc = {
         "schema": SCHEMA,
@@ -73,8 +75,8 @@ def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: b
         "reason": reason,
         "udma_layout": vamap.udma,
         # every PE's allocations, also those of PEs filtered out: they name the remote VAs of the WQEs shown
-        "va_names": {str(pe): [[name, off, size] for off, size, name in allocs]
-                     for pe, allocs in vamap.allocations.items()},
+        "va_names": {str(pe): [[name, off, size] for name, off, size in allocs]
+                     for pe, allocs in allocations.tables.items()},
         "filters": {"pes": pes if len(pes) < reader.n_pes else None,
                     "peers": sorted(set(peers)) if peers is not None else None,
                     "qps": sorted(set(qps)) if qps is not None else None, "all_queues": all_queues, "limit": limit},
@@ -91,7 +93,7 @@ def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: b
     return doc
 
 
-def _pe(reader: JobReader, pe: int, vamap: VaMap, waits: list, peers, qps, all_queues: bool, limit: int) -> dict:
+def _pe(reader: JobReader, pe: int, vamap: VaNames, waits: list, peers, qps, all_queues: bool, limit: int) -> dict:
     rec = reader.ctl.pes[pe]
     eid = [int(x) for x in rec["eid"]]
     out = {
@@ -119,7 +121,7 @@ def _pe(reader: JobReader, pe: int, vamap: VaMap, waits: list, peers, qps, all_q
     return out
 
 
-def _queues(udma, pe: int, vamap: VaMap, peers, qps, all_queues: bool, limit: int) -> list[dict]:
+def _queues(udma, pe: int, vamap: VaNames, peers, qps, all_queues: bool, limit: int) -> list[dict]:
     wq, cq, hw = (np.array(t) for t in (udma.wq_ctx, udma.cq_ctx, udma.hw))  # one copy of every context now
     index = np.arange(udma.n_slots)
     peer_of, qp_of = index // udma.qp_num, index % udma.qp_num
@@ -137,7 +139,7 @@ def _fields(record) -> dict:
     return {name: int(record[name]) for name in record.dtype.names if not name.startswith("_")}
 
 
-def _queue(udma, pe: int, i: int, wq, cq, hw, vamap: VaMap, limit: int) -> dict:
+def _queue(udma, pe: int, i: int, wq, cq, hw, vamap: VaNames, limit: int) -> dict:
     peer, qp = divmod(i, udma.qp_num)
     depth, mask = udma.sq_depth, udma.sq_depth - 1
     head, tail, ci = int(wq["head"]), int(wq["tail"]), int(hw["ci"])
@@ -146,8 +148,8 @@ def _queue(udma, pe: int, i: int, wq, cq, hw, vamap: VaMap, limit: int) -> dict:
     sidecar = udma.sidecar(i)
     unexecuted_bbs = min((head - ci) & M32, depth)
     executed_bbs = min((ci - tail) & M32, depth)
-    pending_pos = batch_rows(sq32, mask, ci, unexecuted_bbs)[0] if unexecuted_bbs else np.zeros(0, np.int64)
-    executed_pos = batch_rows(sq32, mask, tail, executed_bbs)[0] if executed_bbs else np.zeros(0, np.int64)
+    pending_pos = scan_wqes(sq32, mask, ci, unexecuted_bbs)[0] if unexecuted_bbs else np.zeros(0, np.int64)
+    executed_pos = scan_wqes(sq32, mask, tail, executed_bbs)[0] if executed_bbs else np.zeros(0, np.int64)
     out = {
         "peer": peer,
         "qp": qp,
@@ -201,25 +203,10 @@ def _status_name(status: int) -> str:
         return f"status {status:#x}"
 
 
-def _wqe_bytes(ring: np.ndarray, mask: int, pos: int) -> bytes:
-    first = bytes(ring[pos & mask])
-    if wqe_bbs(first[5]) == 1:
-        return first
-    return first + bytes(ring[(pos + 1) & mask])
-
-
-def _api(sidecar_word: int) -> tuple[str, int]:
-    try:
-        call = Api(sidecar_word & 0xFF).call
-    except ValueError:
-        call = f"api {sidecar_word & 0xFF}"
-    return call, sidecar_word >> 8
-
-
-def _wqe_record(ring, sidecar, mask: int, pos: int, vamap: VaMap, pe: int) -> dict:
-    raw = _wqe_bytes(ring, mask, pos)
+def _wqe_record(ring, sidecar, mask: int, pos: int, vamap: VaNames, pe: int) -> dict:
+    raw = read_wqe(ring, mask, pos)
     w = decode_wqe(raw)
-    call, block = _api(int(sidecar[pos & mask]))
+    call, block = decode_sidecar(int(sidecar[pos & mask]))
     fields = dataclasses.asdict(w)
     fields["rmt_eid"] = f"{w.rmt_eid:#034x}"
     flag = split_flag(w.flag)
@@ -229,13 +216,11 @@ def _wqe_record(ring, sidecar, mask: int, pos: int, vamap: VaMap, pe: int) -> di
             "fields": fields, "text": _wqe_text(raw, vamap, pe)}
 
 
-def _wqe_text(raw: bytes, vamap: VaMap, pe: int) -> str:
+def _wqe_text(raw: bytes, vamap: VaNames, pe: int) -> str:
     return format_wqe(decode_wqe(raw), lambda va: vamap.describe(va, pe))
 
 
 def _stats(reader: JobReader) -> dict | None:
-    from .counters import JobStats
-
     try:
         return JobStats.read(reader.job_id, reader.n_pes).to_json()
     except (OSError, ValueError):
@@ -258,7 +243,7 @@ def diagnosis(doc: dict, max_queues: int = 16, group: int = 8) -> list[str]:
     for p in doc["pes"]:
         for w in p["waits"]:
             waiting.add(p["pe"])
-            if w["call"] in _BARRIER_CALLS:
+            if w["call"] in BARRIER_WAIT_NAMES:
                 barriers.setdefault((w["call"], w["target"]), []).append(w)
             else:
                 culprits.append(w["text"])
@@ -281,9 +266,6 @@ def diagnosis(doc: dict, max_queues: int = 16, group: int = 8) -> list[str]:
         if p["pe"] not in waiting:
             lines.append(f"pe {p['pe']} {p['state']}" + (f": {p['error']}" if p["error"] else ""))
     return lines
-
-
-_BARRIER_CALLS = ("barrier_all", "sync_all", "sync_vec_all", "init", "finalize", "malloc", "free")
 
 
 def _queue_lines(pe: int, q: dict) -> list[str]:
@@ -322,7 +304,8 @@ def render(doc: dict, *, pes=None, peers=None, qps=None) -> str:
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"not a shmemx dump (schema {doc.get('schema')!r}, expected {SCHEMA!r})")
     job = doc["job"]
-    vamap = VaMap(job["n_pes"], {int(pe): allocs for pe, allocs in doc["va_names"].items()}, doc["udma_layout"])
+    allocations = Allocations({int(pe): allocs for pe, allocs in doc["va_names"].items()})
+    vamap = VaNames(job["n_pes"], allocations.describe_offset, doc["udma_layout"])
     started = datetime.datetime.fromtimestamp(job["start_time"]).strftime("%Y-%m-%d %H:%M:%S")
     taken = datetime.datetime.fromtimestamp(doc["taken_at"]).strftime("%H:%M:%S")
     launcher = "alive" if job["launcher_alive"] else "gone"  # when the dump was taken
@@ -341,7 +324,7 @@ def render(doc: dict, *, pes=None, peers=None, qps=None) -> str:
     return "\n".join(out) + "\n"
 
 
-def _render_pe(p: dict, vamap: VaMap, peers, qps) -> list[str]:
+def _render_pe(p: dict, vamap: VaNames, peers, qps) -> list[str]:
     out = [f"pe {p['pe']}: pid {p['pid']}, {p['status']}, eid {p['eid']}, heap tokenId {p['heap_tid']:#x} token "
            f"{p['heap_token']:#010x}, qp_num {p['qp_num']}, sq/cq depth {p['sq_depth']}/{p['cq_depth']}, "
            f"{p['barriers']} barriers entered" + (f"; error: {p['error']}" if p["error"] else "")]
@@ -364,7 +347,7 @@ def _render_pe(p: dict, vamap: VaMap, peers, qps) -> list[str]:
     return out
 
 
-def _render_queue(pe: int, q: dict, vamap: VaMap) -> list[str]:
+def _render_queue(pe: int, q: dict, vamap: VaNames) -> list[str]:
     c, wq, cq, hw = q["counts"], q["wq_ctx"], q["cq_ctx"], q["engine"]
     state = "error" if q["error"] and q["error"]["active"] else ("stalled" if c["unexecuted_wqes"] else "busy")
     out = [f"  queue pe {pe} -> pe {q['peer']} qp {q['qp']} [{state}]: {c['posted_wqes']} WQEs posted since the "

@@ -19,11 +19,16 @@ import numpy as np
 
 from .atomics import address_of
 
-__all__ = ["SHM_DIR", "Segment", "segment_name", "job_segments", "remove_job_segments", "PAGE_SIZE"]
+__all__ = ["SHM_DIR", "Segment", "segment_name", "job_segments", "remove_job_segments", "PAGE_SIZE", "align_up"]
 
 SHM_DIR = "/dev/shm"
 PAGE_SIZE = mmap.PAGESIZE
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python 3.11 has no constant for it
+
+
+def align_up(n: int, alignment: int) -> int:
+    """``n`` rounded up to a multiple of ``alignment``."""
+    return -(-n // alignment) * alignment
 
 
 def segment_name(job_id: str, what: str) -> str:

@@ -30,8 +30,9 @@ data. shmemx puts the WQE's BB position (monotonic) in user_data, so a CQE alway
 fetched old value of FAA/CAS in data. Success is status == substatus == 0; the error statuses are shmemx's own
 (the hardware's codes are not public), listed in ``CqeStatus``.
 
-Everything that decodes (dumps, traces, error messages) goes through ``decode_wqe`` / ``decode_cqe`` and
-``format_wqe`` / ``format_cqe``.
+Everything that decodes (dumps, traces, error messages) goes through ``decode_wqe`` / ``decode_cqe``, and puts
+them into words with ``describe`` (``format_wqe``, ``format_cqe``, ``VaNames``). Code that reads WQEs or CQEs as
+rows of words uses the named positions here (``W_*``, ``Q_*``, ``C_*``), never numbers of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
+    "M32",
     "WQEBB_SIZE",
     "CQE_SIZE",
     "MAX_MSG_BYTES",
@@ -58,6 +60,7 @@ __all__ = [
     "ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE",
     "REDUCE_FLAG",
     "wqe_bbs",
+    "wqe_bbs_of",
     "odr_name",
     "make_flag",
     "split_flag",
@@ -67,16 +70,31 @@ __all__ = [
     "decode_wqe",
     "decode_cqe",
     "pack_cqe",
-    "format_wqe",
-    "format_cqe",
     "build_write_batch",
     "WQE_DTYPE",
     "CQE_DTYPE",
     "REMOTE_MEM_INFO_DTYPE",
     "WQ_CTX_DTYPE",
     "CQ_CTX_DTYPE",
+    "TWO_BB_OPCODES",
+    "Api",
+    "sidecar_word",
+    "decode_sidecar",
+    "RW_WQE",
+    "NOTIFY_WQE",
+    "DW0",
+    "DW1",
+    "tp_word",
+    "sge_len_word",
+    "wqe_length",
+    "scan_wqes",
+    "read_wqe",
+    "cqe_status_word",
+    "cqe_words",
+    "cqe_rows",
 ]
 
+M32 = 0xFFFF_FFFF  # positions, heads and counters are monotonic 32-bit BB / CQE counts
 WQEBB_SIZE = 64
 CQE_SIZE = 64
 MAX_MSG_BYTES = 256 << 20  # one UDMA request is at most 256 MiB (the SGE length field is 32-bit)
@@ -104,11 +122,17 @@ class Opcode(enum.IntEnum):
 
 
 TWO_BB_OPCODES = frozenset({Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS})
+_TWO_BB_LIST = sorted(int(op) for op in TWO_BB_OPCODES)  # for np.isin
 
 
 def wqe_bbs(opcode: int) -> int:
     """Basic blocks a WQE of ``opcode`` occupies: 2 for WRITE_WITH_NOTIFY, FAA and CAS, else 1."""
     return 2 if opcode in TWO_BB_OPCODES else 1
+
+
+def wqe_bbs_of(opcodes: np.ndarray) -> np.ndarray:
+    """``wqe_bbs`` of every opcode of an array."""
+    return np.where(np.isin(opcodes, _TWO_BB_LIST), 2, 1)
 
 
 class Odr(enum.IntEnum):
@@ -200,9 +224,25 @@ def split_flag(flag: int) -> dict:
 
 _SQE = struct.Struct("<IIIIQQIIQ")  # the 48-byte SQE base
 _SGE = struct.Struct("<IIQ")
-_WRITE = struct.Struct("<IIIIQQIIQIIQ")  # SQE base + SGE: one whole 64-byte WRITE/READ WQE
 _NOTIFY = struct.Struct("<QQQQ")
-_NOTIFY_WQE = struct.Struct("<IIIIQQIIQQQQQIIQ32x")  # SQE base + notify ctx + SGE: a whole 128-byte NOTIFY WQE
+# Whole WQEs in one pack, for the posting paths: the SQE base (dw0, dw1, tp word, tokenId, EID lo, EID hi, token
+# value, reduce attributes, remote VA), then the SGE (length, token id, local VA); a WRITE_WITH_NOTIFY has the
+# notify context (tid | token << 32, signal VA, signal value, 0) between them and 32 bytes of padding after.
+RW_WQE = struct.Struct("<IIIIQQIIQIIQ")  # one 64-byte WRITE / READ
+NOTIFY_WQE = struct.Struct("<IIIIQQIIQQQQQIIQ32x")  # one 128-byte WRITE_WITH_NOTIFY
+
+
+def _dw0(flag: int, token_en: int = 1, sqe_bb_idx: int = 0) -> int:
+    return (sqe_bb_idx & 0xFFFF) | (flag & 0xFF) << 16 | (token_en & 1) << 28 | REMOTE_JETTY_TYPE << 29
+
+
+DW0 = tuple(_dw0(flag) for flag in range(256))  # word 0 of a WQE by its flag byte (token_en 1, jetty type 1)
+DW1 = tuple(opcode << 8 for opcode in range(256))  # word 1 by opcode (target_hint 0, no inline data)
+
+
+def tp_word(tp_id: int) -> int:
+    """Word 2 of a WQE: the TP id and sge_num = 1."""
+    return (tp_id & 0xFFFFFF) | 1 << 24
 
 WQE_DTYPE = np.dtype(
     [
@@ -220,6 +260,82 @@ WQE_DTYPE = np.dtype(
     ]
 )
 assert WQE_DTYPE.itemsize == WQEBB_SIZE
+
+# u32 word positions of a WQE's first BB, for code that reads rings as ``[n, 16] uint32`` rows (the vectorised
+# engine paths, ring scans), and u64 positions for ``[n, 8] uint64`` rows
+W_DW0, W_DW1, W_TP, W_SEG = (WQE_DTYPE.fields[f][1] // 4 for f in ("dw0", "dw1", "tp_sge", "rmt_seg_id"))
+W_TOKEN, W_SGE_LEN = WQE_DTYPE.fields["rmt_token_value"][1] // 4, WQE_DTYPE.fields["sge_len"][1] // 4
+Q_EID_LO = WQE_DTYPE.fields["rmt_eid"][1] // 8
+Q_EID_HI = Q_EID_LO + 1
+Q_RMT_VA, Q_SGE_VA = WQE_DTYPE.fields["rmt_va"][1] // 8, WQE_DTYPE.fields["sge_va"][1] // 8
+OPCODE_BYTE = WQE_DTYPE.fields["dw1"][1] + 1  # byte 5 of a WQE holds its opcode
+FLAG_BYTE = WQE_DTYPE.fields["dw0"][1] + 2  # byte 2 its flag
+_NOTIFY_SGE_OFFSET = 80  # a WRITE_WITH_NOTIFY's SGE follows its 32-byte notify context
+
+
+# Fields of a WQE's words, for ints and numpy arrays of words alike
+def opcode_of(dw1):
+    return (dw1 >> 8) & 0xFF
+
+
+def flag_of(dw0):
+    return (dw0 >> 16) & 0xFF
+
+
+def jetty_type_of(dw0):
+    return (dw0 >> 29) & 3
+
+
+def tp_id_of(tp):
+    return tp & 0xFFFFFF
+
+
+def sge_num_of(tp):
+    return tp >> 24
+
+
+def seg_id_of(seg):
+    return seg & 0xFFFFF
+
+
+def sge_len_word(opcode: int) -> int:
+    """u32 index, from the WQE's first byte, of the SGE length of a WQE of ``opcode`` (word 20, in the second BB,
+    for WRITE_WITH_NOTIFY; word 12 otherwise)."""
+    return _NOTIFY_SGE_OFFSET // 4 if opcode == Opcode.WRITE_WITH_NOTIFY else W_SGE_LEN
+
+
+def wqe_length(wqe) -> int:
+    """The SGE length (payload bytes) of a WQE given as its 64 or 128 bytes."""
+    (length,) = struct.unpack_from("<I", wqe, 4 * sge_len_word(wqe[OPCODE_BYTE]))
+    return length
+
+
+def read_wqe(ring: np.ndarray, mask: int, pos: int) -> bytes:
+    """The bytes (64 or 128) of the WQE at BB position ``pos`` of an SQ ring (``[depth, 64] uint8``, ``mask`` =
+    depth - 1), its second BB taken from the ring start when it wrapped."""
+    first = bytes(ring[pos & mask])
+    if wqe_bbs(first[OPCODE_BYTE]) == 1:
+        return first
+    return first + bytes(ring[(pos + 1) & mask])
+
+
+def scan_wqes(sq32: np.ndarray, mask: int, head: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(BB positions, SGE lengths, opcodes), as int64 arrays, of the WQEs in the ``n`` BBs of an SQ ring (``[depth,
+    16] uint32``, ``mask`` = depth - 1) that start at BB position ``head``; two-BB WQEs count once."""
+    slots = (head + np.arange(n)) & mask
+    ops = opcode_of(sq32[slots, W_DW1])
+    if not np.isin(ops, _TWO_BB_LIST).any():
+        return (head + np.arange(n)) & M32, sq32[slots, W_SGE_LEN].astype(np.int64), ops.astype(np.int64)
+    positions, lengths, opcodes = [], [], []
+    i = 0
+    while i < n:
+        op = int(ops[i])
+        word = sge_len_word(op)  # beyond 16 it lies in the next BB, which wraps like the slot
+        lengths.append(int(sq32[(int(slots[i]) + word // 16) & mask, word % 16]))
+        positions.append((head + i) & M32)
+        opcodes.append(op)
+        i += wqe_bbs(op)
+    return np.array(positions, np.int64), np.array(lengths, np.int64), np.array(opcodes, np.int64)
 
 
 @dataclass
@@ -299,15 +415,14 @@ def pack_wqe(
     """One WQE as bytes (64 or 128, by opcode). The hot posting path packs straight into the ring instead."""
     bbs = wqe_bbs(opcode)
     buf = bytearray(64 * bbs)
-    dw0 = (sqe_bb_idx & 0xFFFF) | (flag & 0xFF) << 16 | (token_en & 1) << 28 | REMOTE_JETTY_TYPE << 29
     dw1 = (target_hint & 0xFF) | (opcode & 0xFF) << 8
-    _SQE.pack_into(buf, 0, dw0, dw1, (tp_id & 0xFFFFFF) | 1 << 24, rmt_seg_id & 0xFFFFF,
+    _SQE.pack_into(buf, 0, _dw0(flag, token_en, sqe_bb_idx), dw1, tp_word(tp_id), rmt_seg_id & 0xFFFFF,
                    rmt_eid & (2**64 - 1), rmt_eid >> 64 & (2**64 - 1), rmt_token_value & 0xFFFF_FFFF,
                    (reduce_dtype & 0xF) << 8 | (reduce_op & 0xF) << 12, rmt_va)
     if opcode == Opcode.WRITE_WITH_NOTIFY:
         _NOTIFY.pack_into(buf, 48, (notify_tid & 0xFFFFF) | (notify_token & 0xFFFF_FFFF) << 32, notify_va,
                           notify_value & (2**64 - 1), 0)
-        _SGE.pack_into(buf, 80, sge_len, 0, sge_va)
+        _SGE.pack_into(buf, _NOTIFY_SGE_OFFSET, sge_len, 0, sge_va)
     else:
         _SGE.pack_into(buf, 48, sge_len, 0, sge_va)
     if opcode in (Opcode.FAA, Opcode.CAS):
@@ -334,7 +449,7 @@ def decode_wqe(data) -> Wqe:
     if opcode == Opcode.WRITE_WITH_NOTIFY and len(data) >= 96:
         q0, w.notify_va, w.notify_value, _ = _NOTIFY.unpack_from(data, 48)
         w.notify_tid, w.notify_token = q0 & 0xFFFFF, q0 >> 32
-        w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, 80)
+        w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, _NOTIFY_SGE_OFFSET)
     else:
         w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, 48)
     if opcode in (Opcode.FAA, Opcode.CAS) and len(data) >= 80:
@@ -369,9 +484,8 @@ def build_write_batch(
         raise ValueError(f"build_write_batch builds one-BB WQEs (WRITE, READ, NOP), not {Opcode(opcode).name}")
     out = np.empty((n, 8), np.uint64)
     flag = np.asarray(flag, np.uint64)
-    out[:, 0] = (flag << np.uint64(16)) | np.uint64(1 << 28 | REMOTE_JETTY_TYPE << 29) | (
-        np.uint64(opcode << 8) << np.uint64(32))
-    tp = np.asarray(tp_id, np.uint64) & np.uint64(0xFFFFFF) | np.uint64(1 << 24)
+    out[:, 0] = (flag << np.uint64(16)) | np.uint64(_dw0(0)) | (np.uint64(DW1[opcode]) << np.uint64(32))
+    tp = np.asarray(tp_id, np.uint64) & np.uint64(0xFFFFFF) | np.uint64(tp_word(0))
     out[:, 1] = tp | (np.asarray(rmt_seg_id, np.uint64) & np.uint64(0xFFFFF)) << np.uint64(32)
     out[:, 2] = np.uint64(rmt_eid & (2**64 - 1))
     out[:, 3] = np.uint64(rmt_eid >> 64 & (2**64 - 1))
@@ -429,12 +543,48 @@ class Cqe:
             return f"status {self.status:#x}"
 
 
+# u32 word positions of a CQE
+C_STATUS, C_ENTRY_IDX, C_TPN, C_BYTE_CNT, C_USER_DATA, C_EID, C_DATA = 0, 1, 3, 4, 5, 7, 11
+OWNER_SHIFT = 2  # the owner bit of word 0
+
+
+def cqe_status_word(owner: int, opcode: int, status: int = 0, substatus: int = 0) -> int:
+    """Word 0 of a CQE: owner bit, opcode (low 3 bits), substatus and status. The engine stores it last."""
+    return (owner & 1) << OWNER_SHIFT | (opcode & 7) << 4 | (substatus & 0xFF) << 16 | (status & 0xFF) << 24
+
+
+def cqe_owner(cq_pos: int, cq_depth: int) -> int:
+    """The owner bit a CQE at monotonic position ``cq_pos`` carries: 1 on even laps of the CQ ring, 0 on odd."""
+    return (cq_pos // cq_depth) & 1 ^ 1
+
+
+def cqe_words(*, pos: int, bbs: int, tpn: int, byte_cnt: int, eid: int, data: int = 0) -> list[int]:
+    """Words 1-15 of the CQE of the WQE at BB position ``pos`` (``bbs`` long): entry_idx (the next BB), tpn,
+    byte_cnt, user_data (``pos``), remote EID and the fetched data; word 0 (``cqe_status_word``) is separate."""
+    return [(pos + bbs) & 0xFFFF, 0, tpn & 0xFFFFFF, byte_cnt & M32, pos & M32, 0, eid & M32, eid >> 32 & M32,
+            eid >> 64 & M32, eid >> 96 & M32, data & M32, data >> 32 & M32, 0, 0, 0]
+
+
+def cqe_rows(pos: np.ndarray, tpn: int, byte_cnt, eid_lo, eid_hi) -> np.ndarray:
+    """``[m, 16] uint32``: successful CQEs for one-BB WQEs at BB positions ``pos`` (``cqe_words`` vectorised),
+    word 0 left 0 for the caller (who stores it last). ``eid_lo`` / ``eid_hi``: uint64, one per CQE or one for
+    all."""
+    rows = np.zeros((len(pos), 16), np.uint32)
+    rows[:, C_ENTRY_IDX] = (pos + 1) & 0xFFFF
+    rows[:, C_TPN] = tpn & 0xFFFFFF
+    rows[:, C_BYTE_CNT] = byte_cnt
+    rows[:, C_USER_DATA] = pos
+    rows[:, C_EID:C_EID + 2] = np.ascontiguousarray(eid_lo, np.uint64).view(np.uint32).reshape(-1, 2)
+    rows[:, C_EID + 2:C_EID + 4] = np.ascontiguousarray(eid_hi, np.uint64).view(np.uint32).reshape(-1, 2)
+    return rows
+
+
 def pack_cqe(*, owner: int, opcode: int, status: int, substatus: int, entry_idx: int, tpn: int, byte_cnt: int,
              user_data: int, rmt_eid: int, data: int = 0) -> bytes:
-    dw0 = (owner & 1) << 2 | (opcode & 7) << 4 | (substatus & 0xFF) << 16 | (status & 0xFF) << 24
+    """One CQE as 64 bytes (the engine writes the same words, ``cqe_words``, straight into the ring)."""
     buf = bytearray(64)
-    _CQE.pack_into(buf, 0, dw0, entry_idx & 0xFFFF, 0, tpn & 0xFFFFFF, byte_cnt & 0xFFFF_FFFF,
-                   user_data & (2**64 - 1), rmt_eid & (2**64 - 1), rmt_eid >> 64 & (2**64 - 1),
+    _CQE.pack_into(buf, 0, cqe_status_word(owner, opcode, status, substatus), entry_idx & 0xFFFF, 0, tpn & 0xFFFFFF,
+                   byte_cnt & M32, user_data & (2**64 - 1), rmt_eid & (2**64 - 1), rmt_eid >> 64 & (2**64 - 1),
                    data & (2**64 - 1))
     return bytes(buf)
 
@@ -446,42 +596,39 @@ def decode_cqe(data) -> Cqe:
                rmt_eid=eid_hi << 64 | eid_lo, data=value)
 
 
-# --- formatting (shared by dumps, traces and error messages) ------------------------------------------------
+# --- the sidecar word beside each SQ slot: who posted the WQE (never inside the WQE) -------------------------
 
 
-def format_flag(flag: int) -> str:
-    f = split_flag(flag)
-    parts = [f"odr={odr_name(f['odr'])}"] + [name for name in ("fence", "se", "cqe", "reduce") if f[name]]
-    return f"{flag:#04x}({','.join(parts)})"
+class Api(enum.IntEnum):
+    """Which call posted a WQE (low byte of the sidecar word; the posting AIV block is above it)."""
+
+    RAW = 0
+    PUT_NBI = 1
+    GET_NBI = 2
+    QP_PUT_NBI = 3
+    QP_GET_NBI = 4
+    PUT_SIGNAL_NBI = 5
+    QP_PUT_SIGNAL_NBI = 6
+    ATOMIC = 7
+    SUBMIT = 8
+    DEFER = 9
+
+    @property
+    def call(self) -> str:
+        return "raw post" if self is Api.RAW else f"aclshmemx_udma_{self.name.lower()}"
 
 
-def format_wqe(w: Wqe, describe_va=None) -> str:
-    """One line, every field by name. ``describe_va(va)`` may turn a VA into "pe 3 heap +0x1200 ('recv_x'+0x200)"."""
-    dva = describe_va or (lambda va: f"{va:#x}")
-    text = (f"{w.opcode_name} flag={format_flag(w.flag)} tp_id={w.tp_id:#x} tokenId={w.rmt_seg_id:#x} "
-            f"eid={w.rmt_eid:#034x} token={w.rmt_token_value:#010x} remote={dva(w.rmt_va)} len={w.sge_len} "
-            f"local={dva(w.sge_va)}")
-    if w.opcode == Opcode.WRITE_WITH_NOTIFY:
-        text += (f" signal={dva(w.notify_va)} value={w.notify_value:#x} notify_tokenId={w.notify_tid:#x} "
-                 f"notify_token={w.notify_token:#010x}")
-    elif w.opcode == Opcode.FAA:
-        text += f" add={w.operand:#x}"
-    elif w.opcode == Opcode.CAS:
-        text += f" swap={w.operand:#x} compare={w.compare:#x}"
-    if w.flag & REDUCE_FLAG:
-        text += f" reduce_dtype={w.reduce_dtype:#x} reduce_op={w.reduce_op:#x}"
-    if w.sge_num != 1 or w.rmt_jetty_type != REMOTE_JETTY_TYPE or not w.token_en:
-        text += f" sge_num={w.sge_num} jetty_type={w.rmt_jetty_type} token_en={w.token_en}"
-    rare = {"sqe_bb_idx": w.sqe_bb_idx, "owner": w.owner, "target_hint": w.target_hint,
-            "inline_msg_len": w.inline_msg_len, "sge_token_id": w.sge_token_id}
-    text += "".join(f" {name}={value:#x}" for name, value in rare.items() if value)  # shown when not the usual 0
-    return text
+def sidecar_word(api: int, block: int) -> int:
+    return api | block << 8
 
 
-def format_cqe(c: Cqe) -> str:
-    return (f"{c.status_name} substatus={c.substatus} opcode={c.opcode} entry_idx={c.entry_idx:#06x} tpn={c.tpn:#x} "
-            f"bytes={c.byte_cnt} wqe_pos={c.user_data} owner={c.owner} eid={c.rmt_eid:#034x}"
-            + (f" data={c.data:#x}" if c.data else ""))
+def decode_sidecar(word: int) -> tuple[str, int]:
+    """(the posting call's name, its AIV block) of a sidecar word."""
+    try:
+        call = Api(word & 0xFF).call
+    except ValueError:
+        call = f"api {word & 0xFF}"
+    return call, word >> 8
 
 
 # --- queue context tables -------------------------------------------------------------------------------------

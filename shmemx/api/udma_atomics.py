@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .control import WaitCall
-from .layout import REDUCE_FLAG, Opcode
-from .queues import Api
-from .rma import _check_target, _remote
-from .runtime import runtime
+from ..runtime import runtime
+from ..shm.control import WaitCall
+from ..udma.layout import REDUCE_FLAG, Api, Opcode
+from .checks import check_target, symmetric_offset
 
 __all__ = [
     "aclshmemx_udma_atomic_add",
@@ -48,7 +47,7 @@ class _Target:
 
     def __init__(self, what: str, dst, pe, *, floats: bool = False):
         rt = runtime()
-        _check_target(rt, what, pe, 0)
+        pe, _ = check_target(rt, what, pe, 0)
         if not isinstance(dst, np.ndarray) or dst.size == 0:
             raise TypeError(f"pe {rt.my_pe}: {what} to pe {pe}: dst must be a non-empty heap view")
         allowed = _INT_DTYPES | ({np.dtype("<f4")} if floats else set())
@@ -59,10 +58,10 @@ class _Target:
         self.what = what
         self.dtype = dst.dtype
         self.size = dst.itemsize
-        self.va = _remote(rt, what, dst, self.size, int(pe), f" to pe {pe}", "dst")
+        self.qp = rt.udma.qp(pe, 0)
+        self.va = self.qp.remote_base + symmetric_offset(rt, f"{what} to pe {pe}", dst, self.size, pe, "dst")
         if self.va % self.size:
             raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe}: dst is not {self.size}-byte aligned")
-        self.qp = rt.udma.qp(int(pe), 0)
         self.mask = (1 << 8 * self.size) - 1
 
     def bits(self, value) -> int:

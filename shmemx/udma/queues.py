@@ -24,44 +24,22 @@ quiet has retired everything it posted (or its kernel launch ends); another thre
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 
 import numpy as np
 
-from .control import WaitCall
-from .errors import CompletionError, ShmemError, SubmitterError
-from .layout import _NOTIFY_WQE, _WRITE, CqeStatus, Opcode, decode_cqe, decode_wqe, format_cqe, format_wqe, pack_wqe, wqe_bbs
-from .resources import (CQ_TAIL, CREDIT_GUARD, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
-from .counters import T_QUIET
-from .trace import batch_rows
-from .waits import block_until, thread_slot
+from ..errors import CompletionError, ShmemError, SubmitterError
+from ..shm.control import WaitCall
+from ..shm.waits import Wait, block_until, thread_slot
+from .describe import format_cqe, format_wqe
+from .layout import (DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, Api, CqeStatus, Opcode, cqe_owner,
+                     decode_cqe, decode_sidecar, decode_wqe, pack_wqe, read_wqe, scan_wqes, sidecar_word, tp_word, wqe_bbs, wqe_length)
+from .segment import CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL
 
-__all__ = ["QueuePair", "Api", "M32"]
+__all__ = ["QueuePair"]
 
-M32 = 0xFFFF_FFFF
 _now = time.perf_counter_ns
-_JETTY_TOKEN = 1 << 28 | 1 << 29  # token_en | rmt_jetty_type = 1
-
-
-class Api(enum.IntEnum):
-    """Which call posted a WQE (the sidecar word beside each SQ slot)."""
-
-    RAW = 0
-    PUT_NBI = 1
-    GET_NBI = 2
-    QP_PUT_NBI = 3
-    QP_GET_NBI = 4
-    PUT_SIGNAL_NBI = 5
-    QP_PUT_SIGNAL_NBI = 6
-    ATOMIC = 7
-    SUBMIT = 8
-    DEFER = 9
-
-    @property
-    def call(self) -> str:
-        return "raw post" if self is Api.RAW else f"aclshmemx_udma_{self.name.lower()}"
 
 
 class QueuePair:
@@ -104,12 +82,12 @@ class QueuePair:
         self.remote_len = int(rmi["len"])
         self.amo_va = int(seg.wq_ctx[i]["amo_addr"])
         self.amo = seg.amo[i]  # [8] uint64 fetch scratch
-        self._dw2 = (self.tpn & 0xFFFFFF) | 1 << 24
+        self._dw2 = tp_word(self.tpn)
         # posting side (kernel threads)
         self.head = self.tail = self.cqe_cnt = self.cq_tail = 0
         self.owner: int | None = None
         self.owner_block = -1
-        # inspection: WQEs and bytes posted since the owner last published them (counters.py), and the trace list
+        # inspection: WQEs and bytes posted since the owner last published them (observe.counters), and the trace list
         self.n_posted = self.b_posted = 0
         self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
         # engine side
@@ -172,7 +150,7 @@ class QueuePair:
 
     def _rang(self, head: int, flag: int, api: int, bbs: int) -> None:
         w = self._w
-        w[self._i_sidecar + ((head - bbs) & self.mask)] = api | self.owner_block << 8
+        w[self._i_sidecar + ((head - bbs) & self.mask)] = sidecar_word(api, self.owner_block)
         self.head = head
         w[self._i_head] = head & M32
         if flag & 0x20:
@@ -192,10 +170,10 @@ class QueuePair:
             self._room(1, what)
             head = self.head
         slot = head & self.mask
-        _WRITE.pack_into(self.mm, self.sq_base + slot * 64, flag << 16 | _JETTY_TOKEN, opcode << 8, self._dw2,
-                         self.tid, self.eid_lo, self.eid_hi, self.token, 0, rmt_va, length, 0, local_va)
+        RW_WQE.pack_into(self.mm, self.sq_base + slot * 64, DW0[flag], DW1[opcode], self._dw2, self.tid,
+                         self.eid_lo, self.eid_hi, self.token, 0, rmt_va, length, 0, local_va)
         w = self._w
-        w[self._i_sidecar + slot] = api | self.owner_block << 8
+        w[self._i_sidecar + slot] = api | self.owner_block << 8  # sidecar_word, inlined
         self.head = new = (head + 1) & M32
         w[self._i_head] = new
         if flag & 0x20:
@@ -227,56 +205,38 @@ class QueuePair:
         self.mm[off:off + first] = wqe[:first]
         if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
             self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
-        length = int.from_bytes(wqe[80:84] if wqe[5] == Opcode.WRITE_WITH_NOTIFY else wqe[48:52], "little")
+        length = wqe_length(wqe)
         tr = self.trace
         if tr is not None:  # stamped before the doorbell (``_rang``): the engine may run the WQE right after it
             tr.append(_now())
             tr.append(head)
-            tr.append(length << 16 | wqe[5] << 8 | self.owner_block)
+            tr.append(length << 16 | wqe[OPCODE_BYTE] << 8 | self.owner_block)
         self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
         self.b_posted += length
         return head
 
     def _count_batch(self, n: int) -> None:
-        """Count (and trace) the WQEs in the ``n`` BBs a doorbell publishes from ``self.head`` (raw / submit path).
-
-        Small batches are read word by word (~0.2 us per WQE), large ones with numpy (~10 us + 15 ns per WQE).
-        """
-        if n > 32 or self.trace is not None:
-            positions, lengths, ops = batch_rows(self.sq32, self.mask, self.head, n)
-            self.n_posted += len(positions)
-            self.b_posted += int(lengths.sum())
-            if self.trace is not None:
-                rows = np.empty((len(positions), 3), np.int64)
-                rows[:, 0], rows[:, 1] = _now(), positions
-                rows[:, 2] = lengths << 16 | ops << 8 | self.owner_block
-                self.trace.frombytes(rows.tobytes())
-            return
-        w, base, mask, head = self._w, self.sq_base // 4, self.mask, self.head
-        i = wqes = nbytes = 0
-        while i < n:
-            row = base + ((head + i) & mask) * 16
-            op = w[row + 1] >> 8 & 0xFF
-            if op == Opcode.WRITE_WITH_NOTIFY:  # its SGE is in the second BB (bytes 80-95)
-                nbytes += w[base + ((head + i + 1) & mask) * 16 + 4]
-            else:
-                nbytes += w[row + 12]
-            i += wqe_bbs(op)
-            wqes += 1
-        self.n_posted += wqes
-        self.b_posted += nbytes
+        """Count (and trace) the WQEs in the ``n`` BBs a doorbell publishes from ``self.head`` (raw / submit path)."""
+        positions, lengths, ops = scan_wqes(self.sq32, self.mask, self.head, n)
+        self.n_posted += len(positions)
+        self.b_posted += int(lengths.sum())
+        if self.trace is not None:
+            rows = np.empty((len(positions), 3), np.int64)
+            rows[:, 0], rows[:, 1] = _now(), positions
+            rows[:, 2] = lengths << 16 | ops << 8 | self.owner_block
+            self.trace.frombytes(rows.tobytes())
 
     def rw_bytes(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int) -> bytes:
         """The 64 bytes ``post_rw`` would write for this WRITE or READ (a defer batch stages them)."""
-        return _WRITE.pack(flag << 16 | _JETTY_TOKEN, opcode << 8, self._dw2, self.tid, self.eid_lo, self.eid_hi,
-                           self.token, 0, rmt_va, length, 0, local_va)
+        return RW_WQE.pack(DW0[flag], DW1[opcode], self._dw2, self.tid, self.eid_lo, self.eid_hi, self.token, 0,
+                           rmt_va, length, 0, local_va)
 
     def notify_bytes(self, flag: int, rmt_va: int, length: int, local_va: int, sig_va: int, value: int) -> bytes:
         """The 128 bytes of a WRITE_WITH_NOTIFY to this queue's peer (the signal word on its heap as well)."""
-        return _NOTIFY_WQE.pack(flag << 16 | _JETTY_TOKEN, Opcode.WRITE_WITH_NOTIFY << 8, self._dw2, self.tid,
-                                self.eid_lo, self.eid_hi, self.token, 0, rmt_va, self.tid | self.token << 32, sig_va,
-                                value, 0, length, 0, local_va)
+        return NOTIFY_WQE.pack(DW0[flag], DW1[Opcode.WRITE_WITH_NOTIFY], self._dw2, self.tid, self.eid_lo,
+                               self.eid_hi, self.token, 0, rmt_va, self.tid | self.token << 32, sig_va, value, 0, length,
+                               0, local_va)
 
     def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
         """A WQE for this queue's peer (its TP, tokenId, EID and token) as bytes."""
@@ -304,7 +264,7 @@ class QueuePair:
             self.claim("doorbell")
         if n:
             slots = (self.head + np.arange(n)) & self.mask
-            self.sidecar[slots] = api | thread_slot() << 8
+            self.sidecar[slots] = sidecar_word(api, thread_slot())
             self._count_batch(n)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
@@ -329,15 +289,13 @@ class QueuePair:
             return 0
         pos = t + np.arange(n, dtype=np.int64)
         slots = pos % self.cq_depth
-        owner = (self.cq32[slots, 0] >> 2) & 1
-        valid = owner == (((pos // self.cq_depth) & 1) ^ 1)
+        owner = (self.cq32[slots, 0] >> OWNER_SHIFT) & 1
+        valid = owner == cqe_owner(pos, self.cq_depth)
         return n if valid.all() else int(np.argmin(valid))
 
     def _cqe_valid(self, pos: int) -> bool:
-        """Whether the engine has written the CQE at position ``pos``: its owner bit (bit 2 of word 0) is 1 on even
-        laps of the CQ ring, 0 on odd ones."""
-        lap, slot = divmod(pos, self.cq_depth)
-        return (self._w[self._i_cq + 16 * slot] >> 2 & 1) == (lap & 1 ^ 1)
+        """Whether the engine has written the CQE at position ``pos`` (its owner bit, ``cqe_owner``)."""
+        return (self._w[self._i_cq + 16 * (pos % self.cq_depth)] >> OWNER_SHIFT & 1) == cqe_owner(pos, self.cq_depth)
 
     def poll(self, target: int, what: str = "qp_quiet", *, call: WaitCall = WaitCall.QP_QUIET,
              report: bool = True, release: bool = True) -> None:
@@ -357,61 +315,70 @@ class QueuePair:
             slot = thread_slot()
             if self.n_posted and self.owner == threading.get_ident():
                 self.publish()
-            rt.stats.add_time(slot, T_QUIET, _now() - start)
+            rt.stats.add_quiet(slot, _now() - start)
             if rt.tracer is not None:
                 rt.tracer.span(start, slot, "quiet", call.name.lower(), (self.peer, self.qp_idx, target))
 
     def _poll(self, target: int, what: str, call: WaitCall, report: bool, release: bool) -> None:
-        rt = self.udma.rt
         t = self.cq_tail
         first_error = None
         while t != target:
-            n = (target - t) & M32
-            k = self._valid_count(t, min(n, self.cq_depth))
+            k = self._valid_count(t, min((target - t) & M32, self.cq_depth))
             if k == 0:
-                def ready(t=t) -> bool:
-                    return self._valid_count(t, 1) == 1 or self.udma.dead is not None
-
-                block_until(rt, ready, call=call, pe=self.peer, qp=self.qp_idx, target=target, spin=0.0,
-                            describe=lambda: self._describe_wait(what, target))
-                if self.udma.dead is not None:
-                    self.udma.raise_dead()
+                self._wait_cqe(t, target, what, call)
                 continue
-            slots = (t + np.arange(k, dtype=np.int64)) % self.cq_depth
-            rows = self.cq32[slots]
-            status = rows[:, 0] >> 16
-            if first_error is None and status.any():
-                bad = int(np.argmax(status != 0))
-                first_error = bytes(self.cq[int(slots[bad])])
-            entry_idx = int(rows[-1, 1] & 0xFFFF)
+            error = self._consume(t, k)
+            first_error = first_error or error
             t = (t + k) & M32
-            self.tail = (self.tail + ((entry_idx - self.tail) & 0xFFFF)) & M32
         if t != self.cq_tail:
-            self.cq_tail = t
-            self.cq_ctx32[CQ_TAIL] = t
-            self.hw32[HW_CQ_DB] = t & 0xFFFFFF
-            self.wq32[WQ_TAIL] = self.tail
-            self.udma.retired(self)
+            self._retire(t)
         if release and self.owner == threading.get_ident() and self.tail == self.head:
             self.release()
-        if first_error is not None and report:
+        if report and first_error is not None:
             self._raise(decode_cqe(first_error), what)
-        if self.error is not None and report:
+        if report and self.error is not None:
             self._raise(None, what)
+
+    def _wait_cqe(self, t: int, target: int, what: str, call: WaitCall) -> None:
+        """Sleep until the engine wrote the CQE at position ``t`` (or died)."""
+        udma = self.udma
+
+        def ready() -> bool:
+            return self._valid_count(t, 1) == 1 or udma.dead is not None
+
+        block_until(udma.rt, ready, Wait(call, pe=self.peer, qp=self.qp_idx, target=target),
+                    lambda: self._describe_wait(what, target), spin=0.0)
+        if udma.dead is not None:
+            udma.raise_dead()
+
+    def _consume(self, t: int, k: int) -> bytes | None:
+        """Take the ``k`` written CQEs from position ``t``: restore the SQ tail from the last one's entry_idx;
+        returns the first error CQE's bytes, or None."""
+        slots = (t + np.arange(k, dtype=np.int64)) % self.cq_depth
+        rows = self.cq32[slots]
+        status = rows[:, 0] >> 16
+        entry_idx = int(rows[-1, 1] & 0xFFFF)
+        self.tail = (self.tail + ((entry_idx - self.tail) & 0xFFFF)) & M32
+        if status.any():
+            return bytes(self.cq[int(slots[int(np.argmax(status != 0))])])
+        return None
+
+    def _retire(self, t: int) -> None:
+        """Publish the new CQ tail (consumed up to ``t``) and SQ tail; registrations only they used may go."""
+        self.cq_tail = t
+        self.cq_ctx32[CQ_TAIL] = t
+        self.hw32[HW_CQ_DB] = t & 0xFFFFFF
+        self.wq32[WQ_TAIL] = self.tail
+        self.udma.retired(self)
 
     def _describe_wait(self, what: str, target: int) -> str:
         return (f"pe {self.my_pe}: {what} on pe {self.peer} qp {self.qp_idx}: {target - self.cq_tail & M32} CQEs "
                 f"outstanding (cqe_cnt {target}, CQ tail {self.cq_tail}); the engine executed "
-                f"{(int(self.hw32[2]) - self.tail) & M32} of {(self.head - self.tail) & M32} posted BBs")
+                f"{(int(self.hw32[HW_CI]) - self.tail) & M32} of {(self.head - self.tail) & M32} posted BBs")
 
     def wqe_at(self, pos: int) -> bytes:
         """The bytes of the WQE posted at BB position ``pos`` (unwrapped, 64 or 128 bytes)."""
-        slot = pos & self.mask
-        first = bytes(self.sq[slot])
-        opcode = first[5]
-        if wqe_bbs(opcode) == 1:
-            return first
-        return first + bytes(self.sq[(slot + 1) & self.mask])
+        return read_wqe(self.sq, self.mask, pos)
 
     def _raise(self, cqe, what: str) -> None:
         err = self.error
@@ -425,15 +392,13 @@ class QueuePair:
         # WQE asked for no CQE)
         status = CqeStatus(err["status"]).name if err is not None else cqe.status_name
         detail = (err or {}).get("detail", "")
-        api = Api(self.sidecar[pos & self.mask] & 0xFF)
-        block = int(self.sidecar[pos & self.mask]) >> 8
-        describe_va = self.udma.describe_va
-        lines = [f"pe {self.my_pe}: {api.call} to pe {self.peer} qp {self.qp_idx} (block {block}, WQE at BB "
+        call, block = decode_sidecar(int(self.sidecar[pos & self.mask]))
+        lines = [f"pe {self.my_pe}: {call} to pe {self.peer} qp {self.qp_idx} (block {block}, WQE at BB "
                  f"{pos}): {status}" + (f": {detail}" if detail else "")]
         if cqe is not None and cqe.user_data != pos:
             lines.append(f"  CQE of the WQE at BB {cqe.user_data} (the failing WQE asked for none): {format_cqe(cqe)}")
         elif cqe is not None:
             lines.append(f"  CQE: {format_cqe(cqe)}")
-        lines.append(f"  WQE: {format_wqe(wqe, describe_va)}")
+        lines.append(f"  WQE: {format_wqe(wqe, self.udma.describe_va)}")
         raise CompletionError("\n".join(lines), cqe=cqe, wqe=wqe, pe=self.my_pe, peer=self.peer,
                               qp_idx=self.qp_idx)

@@ -1,0 +1,75 @@
+"""The inspection API of a rank: ``region`` (a named span of a kernel), ``count`` (a user counter) and ``stats``
+(every PE's counters as arrays).
+
+Regions and counters are recorded into the runtime's recorders (``rt.tracer``, ``rt.stats``, see ``observe``);
+``shmemx run --trace`` and ``--stats`` show them for the whole job.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..observe.counters import JobStats
+from ..runtime import runtime
+from ..shm.waits import thread_slot
+
+__all__ = ["region", "count", "stats"]
+
+_now = time.perf_counter_ns
+
+
+class _Region:
+    __slots__ = ("tracer", "rt", "name", "start", "slot")
+
+    def __init__(self, rt, name: str):
+        self.rt = rt
+        self.tracer = rt.tracer
+        self.name = name
+
+    def __enter__(self):
+        self.slot = thread_slot()
+        self.start = _now()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.span(self.start, self.slot, "region", self.name)
+        if self.rt.stats is not None:  # (None once finalize ran inside the region)
+            self.rt.stats.add_region(self.slot, _now() - self.start)
+
+
+def region(name: str) -> _Region:
+    """``with shmemx.region("notify"):`` marks a span of a kernel: a slice on its block's track in the trace, and
+    time and count in the block's ``region_ns`` / ``regions`` counters.
+
+    Cheap when tracing is off (two clock reads and two stores).
+    """
+    rt = runtime()
+    if not isinstance(name, str):
+        raise TypeError(f"pe {rt.my_pe}: shmemx.region(name): name must be a string, got {name!r}")
+    return _Region(rt, name)
+
+
+def count(name: str, n: int = 1) -> None:
+    """Add ``n`` to the user counter ``name`` of the calling PE and block (shown by ``--stats``, ``stats()``).
+
+    Cheap (a few hundred ns: a store into this thread's own slot); at most 64 names per PE, 32 bytes each.
+    """
+    rt = runtime()
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"pe {rt.my_pe}: shmemx.count({name!r}, n): n must be an integer, got {n!r}")
+    rt.stats.add_user(thread_slot(), name, int(n))
+
+
+def stats() -> JobStats:
+    """Every PE's counters now, as arrays (see ``JobStats``); call after a barrier for exact totals.
+
+    Publishes the calling thread's posted counts first. Other PEs' posted counts are as of their last quiet.
+    """
+    rt = runtime()
+    if rt.udma is not None:
+        rt.udma.publish_counts(mine_only=True)
+    return JobStats.read(rt.job_id, rt.n_pes, segments={rt.my_pe: rt.stats})
