@@ -19,8 +19,10 @@ every PE's counters (``counters.JobStats.table``), both after the ranks ended an
 
 When one rank fails, the others are stopped (SIGTERM, then SIGKILL after 2 s) and the launcher says which rank
 failed and why. The launcher owns the job's segments: whatever way the job ends, every ``shmemx_<job>_*`` file is
-removed before ``launch`` returns (only a SIGKILL of the launcher itself can leave them; ``shmemx clean``
-removes those). Ranks die with the launcher (PR_SET_PDEATHSIG) and ignore Ctrl-C, which the launcher handles.
+removed before ``launch`` returns; if the launcher itself dies first (kill -9), its reaper (``reaper``) removes
+them once the ranks have ended. Ranks die with the launcher (PR_SET_PDEATHSIG) and ignore Ctrl-C, which the
+launcher handles. A reader that goes away (``shmemx run ... | head -1``) costs only the rest of that stream's
+output: the job runs on and is cleaned up as usual.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from shmemx.observe.reader import JobReader
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
 from shmemx.shm.control import Control, JobState, PeStatus
 from shmemx.shm.segment import remove_job_segments
+
+from .reaper import Reaper
 
 __all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
@@ -147,7 +151,8 @@ class Job:
         self.env = env
         self.out = stdout or sys.stdout
         self.err = stderr or sys.stderr
-        self.job_id = f"{os.getpid():x}{secrets.token_hex(3)}"
+        self.launcher_pid = os.getpid()
+        self.job_id = f"{self.launcher_pid:x}{secrets.token_hex(3)}"
         self.ranks: list[_Rank] = []
         self.ctl: Control | None = None
         self.failure: tuple[int, int] | None = None  # (rank, exit status) of the first failure
@@ -161,17 +166,19 @@ class Job:
         self.dump_dir: str | None = None
         self.dump = True
         self.dump_path: str | None = None  # the post-mortem dump written, if any
+        self.reaper: Reaper | None = None
+        self._gone: set[int] = set()  # ids of output streams whose reader went away
 
     # --- the whole run -------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        from shmemx.runtime import parse_size
-
         if self.heap_size is not None:
-            self.heap_size = parse_size(self.heap_size)
+            self.heap_size = rt_module.parse_size(self.heap_size)
         handlers = self._install_signal_handlers()
+        self.reaper = Reaper(self.job_id)  # before anything is created that it may have to remove
         if self.trace_path:
             self.trace_dir = tempfile.mkdtemp(prefix=f"shmemx_{self.job_id}_trace_")
+            self.reaper.trace_dir(self.trace_dir)
         try:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
@@ -184,13 +191,16 @@ class Job:
             return EXIT_INTERRUPTED if exc.signum == signal.SIGINT else EXIT_TERMINATED
         finally:
             self._defer_signals = True  # a second Ctrl-C must not cut the cleanup short (leaked segments)
-            self._reap_all()
-            self._drain_all()
-            self._finish_inspection()
-            if self.ctl is not None:
-                self.ctl.close()
-            remove_job_segments(self.job_id)
-            self._restore_signal_handlers(handlers)
+            try:
+                self._reap_all()
+                self._drain_all()
+                self._finish_inspection()
+                if self.ctl is not None:
+                    self.ctl.close()
+                remove_job_segments(self.job_id)
+            finally:
+                self.reaper.done()  # (had the cleanup failed half-way, the reaper would remove them instead)
+                self._restore_signal_handlers(handlers)
 
     def _target_name(self) -> str:
         if callable(self.target):
@@ -228,8 +238,9 @@ class Job:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             proc = ctx.Process(target=_rank_main, name=f"shmemx-pe{rank}", daemon=False,
-                               args=(rank, self, out_w, err_w, parent_fds + [out_r, err_r]))
+                               args=(rank, self, out_w, err_w, parent_fds + [out_r, err_r, self.reaper.fd]))
             proc.start()
+            self.reaper.watch(proc.pid)
             os.close(out_w)
             os.close(err_w)
             parent_fds += [out_r, err_r]
@@ -295,9 +306,19 @@ class Job:
         if self.tag_output:
             tag = f"[pe {stream.rank}] "
             text = "".join(tag + line for line in text.splitlines(keepends=True))
-        dest = self.out if stream.kind == "out" else self.err
-        dest.write(text)
-        dest.flush()
+        self._write(self.out if stream.kind == "out" else self.err, text)
+
+    def _write(self, dest, text: str) -> None:
+        """Write to the launcher's stdout or stderr; once its reader has gone away (a closed pipe), drop the rest
+        of that stream's output instead of dying with the job's segments left behind."""
+        if id(dest) in self._gone:
+            return
+        try:
+            dest.write(text)
+            dest.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: the stream object itself was closed
+            self._gone.add(id(dest))
+            _silence(dest)
 
     def _exited(self, r: _Rank) -> None:
         r.proc.join()
@@ -362,8 +383,7 @@ class Job:
                 self._message(f"could not read the counters: {exc}")
             else:
                 self._message(f"counters of job {self.job_id} ({self.n} PEs):")
-                self.err.write(table + "\n")
-                self.err.flush()
+                self._write(self.err, table + "\n")
         if self.trace_dir:
             try:
                 meta = {"job": self.job_id, "n_pes": self.n, "script": self._target_name()}
@@ -379,8 +399,7 @@ class Job:
                 self.trace_dir = None
 
     def _message(self, text: str) -> None:
-        self.err.write(f"shmemx: {text}\n")
-        self.err.flush()
+        self._write(self.err, f"shmemx: {text}\n")
 
     # --- stopping ------------------------------------------------------------------------------------------
 
@@ -445,6 +464,17 @@ class Job:
             signal.signal(sig, old)
 
 
+def _silence(stream) -> None:
+    """Point a stream whose reader went away at /dev/null, so that flushing it again (at exit) is quiet."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return  # not a file (a StringIO): dropping its output is enough
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def _status(exitcode: int) -> int:
     return 128 - exitcode if exitcode < 0 else exitcode
 
@@ -461,6 +491,7 @@ def _signame(signum: int) -> str:
 
 def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]) -> None:
     """The body of a rank process (after fork): set up, run the target, report, and exit."""
+    launcher_pid = job.launcher_pid
     for fd in inherited:
         os.close(fd)
     os.dup2(out_w, 1)
@@ -473,6 +504,8 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != launcher_pid:  # the launcher died before the death signal was set: nobody supervises us
+        os._exit(1)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
     os.environ.update(job._rank_env(rank))

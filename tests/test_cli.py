@@ -180,3 +180,74 @@ def test_launcher_stopped_from_outside_leaves_nothing(scripts, command, signals,
     while any(map(_alive, rank_pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in rank_pids if _alive(pid)], "rank processes outlived the launcher"
+
+
+def _start_ready_job(scripts: Path, n: int, command: str = "shmemx", **popen) -> tuple[subprocess.Popen, list[int]]:
+    """``shmemx run -n N ready.py`` as a subprocess, returned once every rank said it is ready (with their pids)."""
+    proc = subprocess.Popen(COMMANDS[command] + ["run", "-n", str(n), "ready.py"], cwd=scripts, env=_env(),
+                            stdout=subprocess.PIPE, text=True, **popen)
+    rank_pids = []
+    while len(rank_pids) < n:
+        line = proc.stdout.readline()
+        assert line, f"the job ended before every rank was ready: {proc.communicate(timeout=30)}"
+        rank_pids.append(int(line.split()[-1]))
+    return proc, rank_pids
+
+
+def _gone_within(pid: int, seconds: float) -> float | None:
+    """Seconds until launcher ``pid``'s jobs had no segment left, or None if some were still there after ``seconds``."""
+    start = time.monotonic()
+    while _segments(pid):
+        if time.monotonic() - start > seconds:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_kill_9_of_the_launcher_leaves_no_segment(scripts, command):
+    """The ranks die with the launcher; its reaper then removes the job's segments (bar: within 5 s)."""
+    n = 4
+    proc, rank_pids = _start_ready_job(scripts, n, command, stderr=subprocess.DEVNULL)
+    try:
+        assert len(_segments(proc.pid)) >= 1 + 3 * n, _segments(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        seconds = _gone_within(proc.pid, 5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seconds is not None, f"segments left 5 s after kill -9 of the launcher: {_segments(proc.pid)}"
+    deadline = time.monotonic() + 5
+    while any(map(_alive, rank_pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in rank_pids if _alive(pid)], "rank processes outlived the launcher"
+
+
+def test_a_reader_that_goes_away_costs_only_the_output(scripts):
+    """``shmemx run ... | head -1``: the launcher's stdout pipe closes while ranks still print; the job runs to its
+    end (here: every rank fails after printing), reports on stderr, and leaves no segment."""
+    (scripts / "chatty.py").write_text(textwrap.dedent("""
+        import shmemx
+        shmemx.init()
+        for i in range(3000):
+            print("line", i, flush=True)
+        shmemx.aclshmem_barrier_all()
+        raise SystemExit(3 if shmemx.my_pe() == 1 else 0)
+    """))
+    proc = subprocess.Popen(COMMANDS["shmemx"] + ["run", "-n", "4", "chatty.py"], cwd=scripts, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("[pe ")
+        proc.stdout.close()  # the reader goes away, as `| head -1` does
+        err = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    assert "shmemx: pe 1 failed with exit code 3" in err, err
+    assert "BrokenPipeError" not in err and "Exception ignored" not in err, err
+    assert _segments(proc.pid) == []

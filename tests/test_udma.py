@@ -844,7 +844,10 @@ def test_a_vector_run_through_another_tp_of_the_peer_is_executed(run_ok):
 # --- bad input is rejected before anything is posted -----------------------------------------------------------
 
 
-def _bad_input():
+def _bad_input(fast: bool):
+    from shmemx.api import rma
+
+    rma._FAST = fast  # False: every call runs through the named checks (api.checks), not the inline conditions
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
     shmemx.init(heap_size="300M")
     me, n = shmemx.my_pe(), shmemx.n_pes()
@@ -899,8 +902,56 @@ def _bad_input():
     shmemx.finalize()
 
 
-def test_bad_input_is_rejected_before_posting(run_ok):
-    run_ok(2, _bad_input)
+@pytest.mark.parametrize("fast", [True, False], ids=["inline checks", "named checks"])
+def test_bad_input_is_rejected_before_posting(run_ok, fast):
+    """The same refusals, with the same messages, whether a call's inline sufficient conditions run or not."""
+    run_ok(2, _bad_input, fast)
+
+
+def _inline_and_named_checks_post_the_same():
+    """Valid calls of every shape post the same WQE bytes whether the inline conditions or the named checks run."""
+    from shmemx.api import rma
+
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    dst = shmemx.zeros(64, np.int32, name="dst")
+    src = shmemx.full(64, me, np.int32, name="src")
+    sig = shmemx.zeros(2, np.uint64, name="sig")
+    local = np.arange(64, dtype=np.int32)
+    shmemx.aclshmem_barrier_all()
+    calls = [
+        lambda: shmemx.aclshmemx_udma_qp_put_nbi(dst, src, 8, nxt, 1),
+        lambda: shmemx.aclshmemx_udma_qp_put_nbi(dst[8:], local[4:], 4, np.int64(nxt), np.int32(1)),
+        lambda: shmemx.aclshmemx_udma_qp_put_nbi(shmemx.aclshmem_ptr(dst, nxt)[16:], local, 0, nxt, 1),
+        lambda: shmemx.aclshmemx_udma_qp_put_nbi(shmemx.aclshmem_ptr(dst, nxt)[16:], local, 3, nxt, 1),
+        lambda: shmemx.aclshmemx_udma_qp_get_nbi(local[32:], dst[32:], 16, nxt, 1),
+        lambda: shmemx.aclshmemx_udma_qp_put_nbi(dst, src, np.int64(2), nxt, 1,
+                                                 config=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_SO),
+        lambda: shmemx.aclshmemx_udma_qp_put_signal_nbi(dst, local, 4, sig[1:], 7, nxt, 1),
+        lambda: shmemx.aclshmemx_udma_qp_put_signal_nbi(dst, src, 0, sig[:1], np.uint64(1 << 63), nxt, 1),
+    ]
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 1)
+    runtime().udma.engine.pause()  # keeps the registrations of the local arrays (and so their VAs) alive
+    rings = []
+    for fast in (True, False):
+        rma._FAST = fast
+        start = q.head
+        for call in calls:
+            call()
+        rings.append(bytes(q.sq[start:q.head]))
+    rma._FAST = True
+    runtime().udma.engine.resume()
+    shmemx.aclshmemx_udma_qp_quiet(nxt, 1)
+    assert len(rings[0]) == 64 * 9  # the zero-length put posts nothing
+    assert rings[0] == rings[1]
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_inline_and_named_checks_post_the_same(run_ok):
+    run_ok(2, _inline_and_named_checks_post_the_same)
 
 
 def test_data_address_matches_array_interface():
