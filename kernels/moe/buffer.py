@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +24,7 @@ import numpy as np
 import shmemx
 
 from .combine import REDUCE_CHUNK, CombineArgs, combine_kernel
-from .dispatch import DispatchArgs, DispatchOutputs, dispatch_kernel
+from .dispatch import DispatchArgs, dispatch_kernel
 from .lanes import Lanes
 from .notify import notify_dispatch
 from .pool import OutputPool
@@ -34,6 +32,7 @@ from .routing import DispatchLayout, channel_bounds, channel_counts, check_topk_
     make_send_head
 from .schedule import POLICY_QPS, Schedule, plan_rounds
 from .measure import CallStats
+from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall, Payload, Recv, Routing
 from .workspace import plan_workspace
 
 __all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
@@ -42,64 +41,6 @@ bf16 = ml_dtypes.bfloat16
 _KINDS = {np.dtype(bf16): 0, np.dtype(np.int8): 1, np.dtype(ml_dtypes.float8_e4m3fn): 2}
 GE = shmemx.ACLSHMEM_CMP_GE
 DISPATCH, COMBINE = 0, 1
-
-
-@dataclass(frozen=True)
-class DispatchHandle:
-    """The routing of one dispatch, for cached dispatch and for combine (DeepEP's 6-tuple, typed).
-
-    Attributes:
-        rank_prefix_matrix: ``[P, P] int32``, ``[i][j]`` = tokens sent to j by ranks 0..i (the same on every PE);
-            rows from source i are ``[M[i-1][me], M[i][me])`` of recv_x.
-        channel_prefix_matrix: ``[P, C] int32``, this PE's inclusive prefix over channels of the tokens it sends
-            to each rank.
-        recv_channel_prefix_matrix: ``[P, C] int32``, start of source s's channel c within s's block here.
-        recv_src_idx: ``[num_recv] int32``, source token index of each received row.
-        is_token_in_rank: ``[T, P] bool``, this PE's routing mask.
-        send_head: ``[T, P] int32``, row of token t among the rows sent to rank r, -1 if not sent.
-        num_recv_tokens: rows this PE received.
-        hidden: H of the dispatch.
-    """
-
-    rank_prefix_matrix: np.ndarray
-    channel_prefix_matrix: np.ndarray
-    recv_channel_prefix_matrix: np.ndarray
-    recv_src_idx: np.ndarray
-    is_token_in_rank: np.ndarray
-    send_head: np.ndarray
-    num_recv_tokens: int
-    hidden: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.is_token_in_rank.shape[0]
-
-
-class DispatchResult(NamedTuple):
-    """What ``dispatch`` returns (DeepEP's order, without the event).
-
-    Attributes:
-        recv_x: ``[rows, H] bfloat16``, or a pair (``[rows, H]`` int8 / float8_e4m3fn, ``[rows, H/128] float32``
-            scales). rows = received tokens, or ``num_worst_tokens`` when given (tail zero).
-        recv_topk_idx: ``[rows, K] int64`` local expert index or -1 (None without top-k or when cached).
-        recv_topk_weights: ``[rows, K] float32``, 0 where the index is -1.
-        num_recv_tokens_per_expert_list: per local expert, aligned counts (empty with num_worst_tokens, None when
-            cached).
-        handle: the ``DispatchHandle``.
-    """
-
-    recv_x: object
-    recv_topk_idx: np.ndarray | None
-    recv_topk_weights: np.ndarray | None
-    num_recv_tokens_per_expert_list: list | None
-    handle: DispatchHandle | None
-
-
-class CombineResult(NamedTuple):
-    """``combined_x [T, H] bfloat16`` and ``combined_topk_weights [T, K] float32`` (None without weights)."""
-
-    combined_x: np.ndarray
-    combined_topk_weights: np.ndarray | None
 
 
 class Buffer:
@@ -257,7 +198,7 @@ class Buffer:
         """
         self._check_open()
         start = time.perf_counter()
-        xb, kind, data_dtype, scales, n_tok = self._payload(x)
+        payload = self._payload(x)
         if not isinstance(num_worst_tokens, (int, np.integer)) or num_worst_tokens < 0:
             raise ValueError(f"pe {self.me}: dispatch: num_worst_tokens must be an integer >= 0, got "
                              f"{num_worst_tokens!r}")
@@ -265,117 +206,134 @@ class Buffer:
             raise ValueError(f"pe {self.me}: dispatch: expert_alignment must be an integer >= 1, got "
                              f"{expert_alignment!r}")
         if handle is not None:
-            return self._cached_dispatch(start, x, xb, kind, data_dtype, scales, n_tok, handle, topk_idx,
-                                         topk_weights, num_worst_tokens)
-        topk_idx, topk_weights = self._topk(n_tok, topk_idx, topk_weights)
-        layout = self._layout(n_tok, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx)
-        seq, credit_wait = self._next(DISPATCH)
-        per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
-        t_notify = time.perf_counter()
-        header = dict(schedule=self._schedule.code, num_tokens=n_tok, row_bytes=xb.shape[1], x_kind=kind,
-                      with_topk=int(topk_idx is not None), num_channels=self.num_channels, num_topk=self.num_topk)
-        note = notify_dispatch(self.views, self.me, self.n_pes, seq, num_tokens_per_rank=layout.num_tokens_per_rank,
-                               num_tokens_per_expert=layout.num_tokens_per_expert, channel_counts=per_channel,
-                               header=header, expert_alignment=int(expert_alignment))
-        t_notify = time.perf_counter() - t_notify
-        result, stats = self._run_dispatch(
-            "dispatch", seq, xb, data_dtype, scales, topk_idx, topk_weights, layout.is_token_in_rank, per_channel,
-            note.rank_prefix_matrix, note.channel_prefix_matrix, note.recv_channel_prefix_matrix, num_worst_tokens,
-            None if num_worst_tokens else note.num_recv_tokens_per_expert_list)
-        stats.notify = t_notify
-        stats.extra["credit_wait"] = credit_wait
+            result, stats = self._cached_dispatch(payload, handle, topk_idx, topk_weights, int(num_worst_tokens))
+        else:
+            result, stats = self._fresh_dispatch(payload, num_tokens_per_rank, is_token_in_rank,
+                                                 num_tokens_per_expert, topk_idx, topk_weights,
+                                                 int(expert_alignment), int(num_worst_tokens))
         stats.wall = time.perf_counter() - start
         self._raise_overflow(stats, num_worst_tokens)
         return result
 
-    def _cached_dispatch(self, start, x, xb, kind, data_dtype, scales, n_tok, handle, topk_idx, topk_weights,
-                         num_worst_tokens) -> DispatchResult:
+    def _fresh_dispatch(self, payload: Payload, per_rank, in_rank, per_expert, topk_idx, topk_weights,
+                        expert_alignment: int, num_worst_tokens: int):
+        """notify_dispatch (the routing every PE agrees on), then the dispatch kernel."""
+        n_tok = payload.num_tokens
+        topk = self._topk(n_tok, topk_idx, topk_weights)
+        layout = self._layout(n_tok, per_rank, in_rank, per_expert, topk[0])
+        seq, credit_wait = self._next(DISPATCH)
+        per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
+        t_notify = time.perf_counter()
+        header = dict(schedule=self._schedule.code, num_tokens=n_tok, row_bytes=payload.rows.shape[1],
+                      x_kind=payload.kind, with_topk=int(topk[0] is not None), num_channels=self.num_channels,
+                      num_topk=self.num_topk)
+        note = notify_dispatch(self.views, self.me, self.n_pes, seq, num_tokens_per_rank=layout.num_tokens_per_rank,
+                               num_tokens_per_expert=layout.num_tokens_per_expert, channel_counts=per_channel,
+                               header=header, expert_alignment=expert_alignment)
+        t_notify = time.perf_counter() - t_notify
+        routing = Routing(layout.is_token_in_rank, per_channel, note.rank_prefix_matrix, note.channel_prefix_matrix,
+                           note.recv_channel_prefix_matrix)
+        call = DispatchCall("dispatch", seq, num_worst_tokens, *topk)
+        result, stats = self._run_dispatch(call, payload, routing,
+                                           None if num_worst_tokens else note.num_recv_tokens_per_expert_list)
+        stats.notify = t_notify
+        stats.extra["credit_wait"] = credit_wait
+        return result, stats
+
+    def _cached_dispatch(self, payload: Payload, handle, topk_idx, topk_weights, num_worst_tokens: int):
+        """The dispatch kernel on the routing of an earlier dispatch's handle (no notify)."""
         if not isinstance(handle, DispatchHandle):
             raise TypeError(f"pe {self.me}: dispatch: handle must be the DispatchHandle of an earlier dispatch, "
                             f"got {type(handle).__name__}")
         if topk_idx is not None or topk_weights is not None:
             raise ValueError(f"pe {self.me}: cached dispatch (handle given) takes no topk_idx/topk_weights: the "
                              f"routing is the handle's")
-        if n_tok != handle.num_tokens or handle.hidden != self.hidden:
-            raise ValueError(f"pe {self.me}: cached dispatch: x has {n_tok} tokens of hidden {self.hidden}, the "
-                             f"handle was made for {handle.num_tokens} tokens of hidden {handle.hidden}")
+        if payload.num_tokens != handle.num_tokens or handle.hidden != self.hidden:
+            raise ValueError(f"pe {self.me}: cached dispatch: x has {payload.num_tokens} tokens of hidden "
+                             f"{self.hidden}, the handle was made for {handle.num_tokens} tokens of hidden "
+                             f"{handle.hidden}")
         seq, credit_wait = self._next(DISPATCH)
-        per_channel = channel_counts(handle.is_token_in_rank, self.num_channels)
-        result, stats = self._run_dispatch(
-            "cached_dispatch", seq, xb, data_dtype, scales, None, None, handle.is_token_in_rank, per_channel,
-            handle.rank_prefix_matrix, handle.channel_prefix_matrix, handle.recv_channel_prefix_matrix,
-            num_worst_tokens, None, handle=handle)
+        routing = Routing(handle.is_token_in_rank, channel_counts(handle.is_token_in_rank, self.num_channels),
+                           handle.rank_prefix_matrix, handle.channel_prefix_matrix,
+                           handle.recv_channel_prefix_matrix)
+        result, stats = self._run_dispatch(DispatchCall("cached_dispatch", seq, num_worst_tokens), payload, routing,
+                                           None, handle=handle)
         stats.extra["credit_wait"] = credit_wait
-        stats.wall = time.perf_counter() - start
-        self._raise_overflow(stats, num_worst_tokens)
-        return result
+        return result, stats
 
-    def _run_dispatch(self, kind_name, seq, xb, data_dtype, scales, topk_idx, topk_weights, is_token_in_rank,
-                      per_channel, prefix, channel_prefix, recv_channel_prefix, num_worst_tokens, expert_list,
-                      handle=None):
-        me, n_pes, n_ch = self.me, self.n_pes, self.num_channels
-        prefix = np.asarray(prefix, np.int64)
+    def _run_dispatch(self, call: DispatchCall, payload: Payload, routing: Routing, expert_list,
+                      handle: DispatchHandle | None = None):
+        """Run the dispatch kernel of one call: outputs, kernel arguments, launch, then the result and its stats.
+
+        Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
+        me, n_pes = self.me, self.n_pes
+        prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
         counts = np.diff(prefix, axis=0, prepend=0)
         num_recv = int(prefix[-1, me])
-        recv_lo = np.concatenate([[0], prefix[:-1, me]])
-        plan = plan_rounds(me, n_pes, per_channel.T, self._schedule)
-        rows = num_worst_tokens if num_worst_tokens else num_recv
-        overflow = bool(num_worst_tokens) and num_recv > num_worst_tokens
-        if overflow:
-            rows = num_worst_tokens
-        take = self._pool.take
-        rb = xb.shape[1]
-        zero_copy = self.zero_copy and not overflow and rows * rb <= self.views["x"].size
-        if zero_copy:  # the receive rows themselves, in the order dispatch returns them
-            recv_x = self.views["x"][:rows * rb].view(data_dtype).reshape(rows, self.hidden)
-        else:
-            recv_x = take((rows, self.hidden), data_dtype)
-        src_idx = take(rows, np.int32)
-        recv_scales = take((rows, scales.shape[1]), np.float32) if scales is not None else None
-        recv_topk = recv_w = None
-        if topk_idx is not None:
-            recv_topk = take((rows, self.num_topk), np.int64)
-            recv_w = take((rows, self.num_topk), np.float32)
-        if num_worst_tokens and not overflow:  # the padding rows: x 0, topk_idx -1, weights 0
-            tail = slice(num_recv, rows)
-            for arr, fill in ((recv_x.view(np.uint8), 0), (src_idx, 0), (recv_scales, 0), (recv_topk, -1),
-                              (recv_w, 0)):
-                if arr is not None:
-                    arr[tail] = fill
-        out = None if overflow else DispatchOutputs(None if zero_copy else recv_x.view(np.uint8).reshape(rows, rb),
-                                                    src_idx, recv_topk, recv_w, recv_scales,
-                                                    credit=not self.zero_copy)
-        stats = CallStats.empty(kind_name, me, seq, self._schedule, plan.rounds, n_ch, n_pes, plan.lane_rows.shape[1])
+        plan = plan_rounds(me, n_pes, routing.per_channel.T, self._schedule)
+        overflow = bool(call.num_worst_tokens) and num_recv > call.num_worst_tokens
+        recv = self._recv_outputs(call, payload, num_recv, overflow)
+        stats = CallStats.empty(call.kind_name, me, call.seq, self._schedule, plan.rounds, self.num_channels, n_pes,
+                                plan.lane_rows.shape[1])
         args = DispatchArgs(
-            me=me, n_pes=n_pes, seq=seq, num_local_experts=self.num_local_experts, views=self.views,
-            lanes=self.lanes, plan=plan, stats=stats, xb=xb, topk_idx=topk_idx, topk_weights=topk_weights,
-            scales=scales, is_token_in_rank=is_token_in_rank, bounds=channel_bounds(xb.shape[0], n_ch),
+            me=me, n_pes=n_pes, seq=call.seq, num_local_experts=self.num_local_experts, views=self.views,
+            lanes=self.lanes, plan=plan, stats=stats, xb=payload.rows, topk_idx=call.topk_idx,
+            topk_weights=call.topk_weights, scales=payload.scales, is_token_in_rank=routing.is_token_in_rank,
+            bounds=channel_bounds(payload.num_tokens, self.num_channels),
             rank_base=prefix[me - 1] if me > 0 else np.zeros(n_pes, np.int64),
-            channel_start=np.asarray(channel_prefix, np.int64) - per_channel,
-            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=recv_lo, recv_hi=prefix[:, me], out=out,
+            channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
+            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=np.concatenate([[0], prefix[:-1, me]]),
+            recv_hi=prefix[:, me], out=None if overflow else recv.kernel_outputs(payload, not self.zero_copy),
             aggregate=self._schedule.aggregate, region_offsets=self.offsets)
         t_kernel = time.perf_counter()
-        shmemx.launch(dispatch_kernel, n_ch, args)
+        shmemx.launch(dispatch_kernel, self.num_channels, args)
         stats.kernel = time.perf_counter() - t_kernel
         if self.zero_copy:
             self._owed = [s for s in range(n_pes) if s != me and counts[s, me]]
-        stats.local_rows = int(counts[me, me])
-        stats.local_bytes = stats.local_rows * xb.shape[1]
-        stats.sent_rows = int(counts[me].sum() - counts[me, me])
-        stats.recv_rows = num_recv
-        stats.extra.update(num_recv=num_recv, row_bytes=xb.shape[1])
-        self._last[DISPATCH] = seq
+        self._count_rows(stats, counts, num_recv, payload.rows.shape[1])
+        self._last[DISPATCH] = call.seq
         self.history.append(stats)
         if overflow:
             return None, stats
         if handle is None:
-            handle = DispatchHandle(prefix.astype(np.int32), np.asarray(channel_prefix, np.int32),
-                                    np.asarray(recv_channel_prefix, np.int32), src_idx[:num_recv].copy(),
-                                    is_token_in_rank, make_send_head(is_token_in_rank), num_recv, self.hidden)
-        if num_worst_tokens:
-            expert_list = []
-        x_out = (recv_x, recv_scales) if scales is not None else recv_x
-        return DispatchResult(x_out, recv_topk, recv_w, expert_list, handle), stats
+            handle = DispatchHandle(prefix.astype(np.int32), np.asarray(routing.channel_prefix_matrix, np.int32),
+                                    np.asarray(routing.recv_channel_prefix_matrix, np.int32),
+                                    recv.src_idx[:num_recv].copy(), routing.is_token_in_rank,
+                                    make_send_head(routing.is_token_in_rank), num_recv, self.hidden)
+        x_out = (recv.x, recv.scales) if payload.scales is not None else recv.x
+        return DispatchResult(x_out, recv.topk_idx, recv.topk_weights,
+                              [] if call.num_worst_tokens else expert_list, handle), stats
+
+    def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool) -> Recv:
+        """The arrays a dispatch returns: ``num_worst_tokens`` rows (its padding filled) or the rows received; with
+        ``zero_copy`` recv_x is a view of the workspace's receive rows."""
+        rows = call.num_worst_tokens or num_recv
+        take = self._pool.take
+        rb = payload.rows.shape[1]
+        zero_copy = self.zero_copy and not overflow and rows * rb <= self.views["x"].size
+        if zero_copy:  # the receive rows themselves, in the order dispatch returns them
+            x = self.views["x"][:rows * rb].view(payload.dtype).reshape(rows, self.hidden)
+        else:
+            x = take((rows, self.hidden), payload.dtype)
+        recv = Recv(x, zero_copy, take(rows, np.int32),
+                     take((rows, payload.scales.shape[1]), np.float32) if payload.scales is not None else None,
+                     take((rows, self.num_topk), np.int64) if call.topk_idx is not None else None,
+                     take((rows, self.num_topk), np.float32) if call.topk_idx is not None else None)
+        if call.num_worst_tokens and not overflow:  # the padding rows: x 0, topk_idx -1, weights 0
+            tail = slice(num_recv, rows)
+            for arr, fill in ((recv.x.view(np.uint8), 0), (recv.src_idx, 0), (recv.scales, 0), (recv.topk_idx, -1),
+                              (recv.topk_weights, 0)):
+                if arr is not None:
+                    arr[tail] = fill
+        return recv
+
+    def _count_rows(self, stats: CallStats, counts: np.ndarray, num_recv: int, row_bytes: int) -> None:
+        me = self.me
+        stats.local_rows = int(counts[me, me])
+        stats.local_bytes = stats.local_rows * row_bytes
+        stats.sent_rows = int(counts[me].sum() - counts[me, me])
+        stats.recv_rows = num_recv
+        stats.extra.update(num_recv=num_recv, row_bytes=row_bytes)
 
     def _raise_overflow(self, stats: CallStats, num_worst_tokens: int) -> None:
         if num_worst_tokens and stats.recv_rows > num_worst_tokens:
@@ -479,8 +437,8 @@ class Buffer:
                                            status=(np.arange(self.n_pes) == self.me).astype(np.int32))
         return self._seq, time.perf_counter() - t
 
-    def _payload(self, x):
-        """(row bytes ``[T, RB] uint8``, payload kind, data dtype, scales or None, T) of dispatch's ``x``."""
+    def _payload(self, x) -> Payload:
+        """dispatch's ``x`` (bfloat16, or a quantised pair with its scales), checked, as row bytes."""
         scales = None
         if isinstance(x, (tuple, list)):
             if len(x) != 2:
@@ -508,8 +466,8 @@ class Buffer:
                                  f"{scales.shape}")
             scales = np.ascontiguousarray(scales, np.float32)
         data = np.ascontiguousarray(data)
-        return (data.view(np.uint8).reshape(n_tok, self.hidden * data.itemsize), _KINDS[data.dtype], data.dtype,
-                scales, n_tok)
+        return Payload(data.view(np.uint8).reshape(n_tok, self.hidden * data.itemsize), _KINDS[data.dtype],
+                        data.dtype, scales)
 
     def _topk(self, n_tok, topk_idx, topk_weights):
         if (topk_idx is None) != (topk_weights is None):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import runtime
-from ..udma.layout import M32, Api, Opcode, build_write_batch
+from ..udma.layout import M32, Opcode, build_write_batch
+from ..udma.rings import Api
 from ..udma.queues import QueuePair
 from .checks import check_target
 

@@ -21,8 +21,9 @@ import numpy as np
 
 from ..shm.control import WaitCall
 from ..shm.heap import data_address
-from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, M32, MAX_MSG_BYTES, Api,
+from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, M32, MAX_MSG_BYTES,
                            Opcode, OpConfig)
+from ..udma.rings import Api
 from ..runtime import runtime
 from .checks import check_config, check_pe, check_target, symmetric_offset, transfer_bytes
 
@@ -49,6 +50,7 @@ __all__ = [
 # --- argument checks ---------------------------------------------------------------------------------------
 
 _CALLS = {api: api.call for api in Api}
+_READ = int(Opcode.READ)
 _FAST = True  # the inline sufficient conditions (tests turn them off to run every case through the checks)
 
 
@@ -63,27 +65,27 @@ def _transfer(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_i
     if not (_FAST and type(pe) is int and type(qp_idx) is int and 0 <= pe < rt.n_pes and pe != rt.my_pe
             and 0 <= qp_idx < rt.qp_num):
         pe, qp_idx = check_target(rt, _CALLS[api], pe, qp_idx)
-    remote_role = "src" if opcode == Opcode.READ else "dst"
     if (_FAST and type(nelems) is int and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
             and 0 <= nelems <= remote_arr.size and nelems <= local_arr.size and remote_arr.dtype == local_arr.dtype
             and remote_arr.flags.c_contiguous and local_arr.flags.c_contiguous
             and nelems * remote_arr.itemsize <= MAX_MSG_BYTES):
         nbytes = nelems * remote_arr.itemsize
     else:
-        roles = {"dst": local_arr, "src": remote_arr} if opcode == Opcode.READ else {"dst": remote_arr, "src": local_arr}
+        roles = {"dst": local_arr, "src": remote_arr} if opcode == _READ else {"dst": remote_arr, "src": local_arr}
         nbytes = transfer_bytes(rt, f"{_CALLS[api]} to pe {pe} qp {qp_idx}", nelems, roles)
     heap = rt.heap
     base = heap.base_addr
     off = data_address(remote_arr) - base
     if not (0 <= off and heap.allocated(off, nbytes or 1)):  # not in this PE's own copy: any PE's, or an error
-        off = symmetric_offset(rt, f"{_CALLS[api]} to pe {pe} qp {qp_idx}", remote_arr, nbytes, pe, remote_role)
+        off = symmetric_offset(rt, f"{_CALLS[api]} to pe {pe} qp {qp_idx}", remote_arr, nbytes, pe,
+                               "src" if opcode == _READ else "dst")
     udma = rt.udma
     qp = udma.qps[pe * rt.qp_num + qp_idx]
     laddr = data_address(local_arr)
     loff = laddr - base
     if 0 <= loff and nbytes and heap.allocated(loff, nbytes):  # this PE's heap: no registration
         return qp, off, nbytes, udma.registry.heap_va + loff, None
-    local_va, reg = udma.registry.va_of(local_arr, opcode == Opcode.READ,
+    local_va, reg = udma.registry.va_of(local_arr, opcode == _READ,
                                         lambda: f"{_CALLS[api]} to pe {pe} qp {qp_idx} local array",
                                         pin=_pin(qp), addr=laddr)
     return qp, off, nbytes, local_va, reg

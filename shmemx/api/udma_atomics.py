@@ -17,7 +17,8 @@ import numpy as np
 
 from ..runtime import runtime
 from ..shm.control import WaitCall
-from ..udma.layout import REDUCE_FLAG, Api, Opcode
+from ..udma.layout import REDUCE_FLAG, Opcode
+from ..udma.rings import Api
 from .checks import check_target, symmetric_offset
 
 __all__ = [

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..shm.control import BARRIER_WAIT_NAMES, JobState, PeStatus
 from ..udma.describe import VaNames, format_cqe, format_wqe
-from ..udma.layout import M32, CqeStatus, decode_cqe, decode_sidecar, decode_wqe, odr_name, read_wqe, scan_wqes, \
-    split_flag
+from ..udma.layout import M32, CqeStatus, decode_cqe, decode_wqe, odr_name, split_flag
+from ..udma.rings import decode_sidecar, read_wqe, scan_wqes
 from .counters import JobStats
 from .jobs import pid_alive
 from .reader import Allocations, JobReader

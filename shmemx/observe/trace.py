@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..udma.layout import M32, Opcode, wqe_bbs_of
+from ..udma.layout import M32, opcode_name, wqe_bbs_of
 
 __all__ = ["Tracer", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
 
@@ -52,13 +52,6 @@ _TID_STRIDE = 100_000
 _QUEUE_TID = 1000
 _ENGINE_TID = 999
 _now = time.perf_counter_ns
-
-
-def _op_name(op: int) -> str:
-    try:
-        return Opcode(op).name
-    except ValueError:
-        return f"op{op:#x}"
 
 
 def _us(ns: int) -> str:
@@ -202,7 +195,7 @@ class _Export:
             start = dur = np.zeros(len(pos), np.int64)
         pid, qtid = self.pid, self.tid_queue(index)
         tids = {b: self.tid_block(b) for b in set(block.tolist())}
-        names = {op: _op_name(op) for op in set(ops.tolist())}
+        names = {op: opcode_name(op) for op in set(ops.tolist())}
         lines = self.lines
         # microseconds as floats with 3 decimals: exact for whole nanoseconds below 2**53 ns (104 days)
         posted, start_us, dur_us = (np.maximum(a, 0) / 1000 for a in (t_post - t0, start, dur))

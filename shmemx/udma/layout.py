@@ -31,7 +31,8 @@ fetched old value of FAA/CAS in data. Success is status == substatus == 0; the e
 (the hardware's codes are not public), listed in ``CqeStatus``.
 
 Everything that decodes (dumps, traces, error messages) goes through ``decode_wqe`` / ``decode_cqe``, and puts
-them into words with ``describe`` (``format_wqe``, ``format_cqe``, ``VaNames``). Code that reads WQEs or CQEs as
+them into words with ``describe`` (``format_wqe``, ``format_cqe``, ``VaNames``); how WQEs sit in an SQ ring (two-BB
+wrap, the sidecar word of each slot, scanning a span of BBs) is ``rings``. Code that reads WQEs or CQEs as
 rows of words uses the named positions here (``W_*``, ``Q_*``, ``C_*``), never numbers of its own.
 """
 
@@ -62,6 +63,7 @@ __all__ = [
     "wqe_bbs",
     "wqe_bbs_of",
     "odr_name",
+    "opcode_name",
     "make_flag",
     "split_flag",
     "Wqe",
@@ -77,9 +79,6 @@ __all__ = [
     "WQ_CTX_DTYPE",
     "CQ_CTX_DTYPE",
     "TWO_BB_OPCODES",
-    "Api",
-    "sidecar_word",
-    "decode_sidecar",
     "RW_WQE",
     "NOTIFY_WQE",
     "DW0",
@@ -87,8 +86,6 @@ __all__ = [
     "tp_word",
     "sge_len_word",
     "wqe_length",
-    "scan_wqes",
-    "read_wqe",
     "cqe_status_word",
     "cqe_words",
     "cqe_rows",
@@ -123,6 +120,14 @@ class Opcode(enum.IntEnum):
 
 TWO_BB_OPCODES = frozenset({Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS})
 _TWO_BB_LIST = sorted(int(op) for op in TWO_BB_OPCODES)  # for np.isin
+
+
+def opcode_name(opcode: int) -> str:
+    """``WRITE``, ``FAA``, ... or ``opcode 0x1f`` for a value that is no URMA opcode."""
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"opcode {opcode:#x}"
 
 
 def wqe_bbs(opcode: int) -> int:
@@ -310,34 +315,6 @@ def wqe_length(wqe) -> int:
     return length
 
 
-def read_wqe(ring: np.ndarray, mask: int, pos: int) -> bytes:
-    """The bytes (64 or 128) of the WQE at BB position ``pos`` of an SQ ring (``[depth, 64] uint8``, ``mask`` =
-    depth - 1), its second BB taken from the ring start when it wrapped."""
-    first = bytes(ring[pos & mask])
-    if wqe_bbs(first[OPCODE_BYTE]) == 1:
-        return first
-    return first + bytes(ring[(pos + 1) & mask])
-
-
-def scan_wqes(sq32: np.ndarray, mask: int, head: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(BB positions, SGE lengths, opcodes), as int64 arrays, of the WQEs in the ``n`` BBs of an SQ ring (``[depth,
-    16] uint32``, ``mask`` = depth - 1) that start at BB position ``head``; two-BB WQEs count once."""
-    slots = (head + np.arange(n)) & mask
-    ops = opcode_of(sq32[slots, W_DW1])
-    if not np.isin(ops, _TWO_BB_LIST).any():
-        return (head + np.arange(n)) & M32, sq32[slots, W_SGE_LEN].astype(np.int64), ops.astype(np.int64)
-    positions, lengths, opcodes = [], [], []
-    i = 0
-    while i < n:
-        op = int(ops[i])
-        word = sge_len_word(op)  # beyond 16 it lies in the next BB, which wraps like the slot
-        lengths.append(int(sq32[(int(slots[i]) + word // 16) & mask, word % 16]))
-        positions.append((head + i) & M32)
-        opcodes.append(op)
-        i += wqe_bbs(op)
-    return np.array(positions, np.int64), np.array(lengths, np.int64), np.array(opcodes, np.int64)
-
-
 @dataclass
 class Wqe:
     """A decoded WQE, every field by name (``decode_wqe``)."""
@@ -374,11 +351,9 @@ class Wqe:
 
     @property
     def opcode_name(self) -> str:
-        try:
-            name = Opcode(self.opcode).name
-        except ValueError:
-            return f"opcode {self.opcode:#x}"
-        return "WRITE_WITH_REDUCE" if self.opcode == Opcode.WRITE and self.flag & REDUCE_FLAG else name
+        if self.opcode == Opcode.WRITE and self.flag & REDUCE_FLAG:
+            return "WRITE_WITH_REDUCE"
+        return opcode_name(self.opcode)
 
     @property
     def cqe(self) -> int:
@@ -594,41 +569,6 @@ def decode_cqe(data) -> Cqe:
     return Cqe(owner=dw0 >> 2 & 1, opcode=dw0 >> 4 & 7, status=dw0 >> 24 & 0xFF, substatus=dw0 >> 16 & 0xFF,
                entry_idx=dw1 & 0xFFFF, tpn=dw3 & 0xFFFFFF, byte_cnt=byte_cnt, user_data=user_data,
                rmt_eid=eid_hi << 64 | eid_lo, data=value)
-
-
-# --- the sidecar word beside each SQ slot: who posted the WQE (never inside the WQE) -------------------------
-
-
-class Api(enum.IntEnum):
-    """Which call posted a WQE (low byte of the sidecar word; the posting AIV block is above it)."""
-
-    RAW = 0
-    PUT_NBI = 1
-    GET_NBI = 2
-    QP_PUT_NBI = 3
-    QP_GET_NBI = 4
-    PUT_SIGNAL_NBI = 5
-    QP_PUT_SIGNAL_NBI = 6
-    ATOMIC = 7
-    SUBMIT = 8
-    DEFER = 9
-
-    @property
-    def call(self) -> str:
-        return "raw post" if self is Api.RAW else f"aclshmemx_udma_{self.name.lower()}"
-
-
-def sidecar_word(api: int, block: int) -> int:
-    return api | block << 8
-
-
-def decode_sidecar(word: int) -> tuple[str, int]:
-    """(the posting call's name, its AIV block) of a sidecar word."""
-    try:
-        call = Api(word & 0xFF).call
-    except ValueError:
-        call = f"api {word & 0xFF}"
-    return call, word >> 8
 
 
 # --- queue context tables -------------------------------------------------------------------------------------

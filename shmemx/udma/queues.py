@@ -33,8 +33,9 @@ from ..errors import CompletionError, ShmemError, SubmitterError
 from ..shm.control import WaitCall
 from ..shm.waits import Wait, block_until, thread_slot
 from .describe import format_cqe, format_wqe
-from .layout import (DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, Api, CqeStatus, Opcode, cqe_owner,
-                     decode_cqe, decode_sidecar, decode_wqe, pack_wqe, read_wqe, scan_wqes, sidecar_word, tp_word, wqe_bbs, wqe_length)
+from .layout import (DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
+                     decode_cqe, decode_wqe, pack_wqe, tp_word, wqe_length)
+from .rings import Api, decode_sidecar, read_wqe, scan_wqes, sidecar_word
 from .segment import CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL
 
 __all__ = ["QueuePair"]
