@@ -34,6 +34,10 @@ from .schedule import POLICY_QPS, Schedule, plan_rounds
 from .measure import CallStats
 from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall, Payload, Recv, Routing
 from .workspace import plan_workspace
+from . import groups as _groups
+from . import hierarchy as _hier
+from .routes import compact_dests, dests_from_mask
+from .topology import GroupMap, Topology
 
 __all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
 
@@ -58,6 +62,15 @@ class Buffer:
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
         server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
+        schedule: the kernel: ``"fullmesh"`` (the channel rounds above), ``"groups"`` (MoonEP's group waves) or
+            ``"hierarchy"`` (HiSilicon's layered relay); see README "Topology-aware schedules".
+        topology: a ``Topology``, or a rank table (a JSON path or its content) for one; default: servers of
+            ``server_size`` (or 16) ranks from rank ids. Counts ``cross_server_bytes``; the hierarchy uses its
+            server size.
+        routing: ``"scan"`` (the ``[T, P]`` mask) or ``"compact"`` (per-token destination lists, ``routes``).
+        group_width, token_blocks, weight_blocks: the groups schedule's width (default min(P, 16)), lane
+            worker blocks (default one per lane) and metadata blocks (default 0; > 0 needs ``qp_num`` one more
+            than the QP policy's QPs).
         history: how many recent ``CallStats`` to keep.
         zero_copy: dispatch returns ``recv_x`` (and its scales stay copies) as a view of the workspace's receive
             rows instead of a fresh array, as the Ascend port does (``MakeShmemTensor``): one copy of every
@@ -71,7 +84,9 @@ class Buffer:
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
                  qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
                  aggregate: bool = True, server_size: int | None = None, history: int = 16,
-                 zero_copy: bool = False):
+                 zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
+                 group_width: int | None = None, token_blocks: int | None = None,
+                 weight_blocks: int | None = None):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
         for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
                                 ("num_experts", num_experts, 1), ("num_channels", num_channels, 1)):
@@ -82,14 +97,23 @@ class Buffer:
                              f"{self.n_pes} PEs")
         if num_channels > 128:
             raise ValueError(f"pe {self.me}: moe.Buffer: num_channels {num_channels} is over 128 AIV blocks")
-        schedule = Schedule(qp_policy, rotate, aggregate)
-        self.qp_num = schedule.num_qps if qp_num is None else int(qp_num)
+        first = Schedule(qp_policy, rotate, aggregate, schedule, routing, group_width or 0, token_blocks or 0,
+                         weight_blocks or 0)
+        self.qp_num = first.num_qps + (1 if first.weight_blocks else 0) if qp_num is None else int(qp_num)
         if not 1 <= self.qp_num <= 32:
             raise ValueError(f"pe {self.me}: moe.Buffer: qp_num {qp_num!r} out of range 1..32")
         self.max_tokens, self.hidden, self.num_topk = int(max_tokens), int(hidden), int(num_topk)
         self.num_experts, self.num_channels = int(num_experts), int(num_channels)
         self.num_local_experts = self.num_experts // self.n_pes
         self.server_size = server_size
+        if isinstance(topology, Topology):
+            self.topology = topology
+        else:
+            self.topology = Topology(self.n_pes, server_size, rank_table=topology)
+        if self.topology.n_pes != self.n_pes:
+            raise ValueError(f"pe {self.me}: moe.Buffer: the topology has {self.topology.n_pes} ranks, the job "
+                             f"{self.n_pes}")
+        self._hier = None  # the hierarchy schedule's own allocation, made when first used
         self.layout = plan_workspace(n_pes=self.n_pes, max_tokens=self.max_tokens, hidden=self.hidden,
                                      num_topk=self.num_topk, num_experts=self.num_experts,
                                      num_channels=self.num_channels, qp_num=self.qp_num)
@@ -103,7 +127,7 @@ class Buffer:
                 f"({exc})") from None
         self.views = self.layout.views(self._block)
         self.offsets = {name: r.offset for name, r in self.layout.regions.items()}
-        for name in ("notify_signal", "credits", "signals", "config"):
+        for name in ("notify_signal", "credits", "signals", "config", "round_credits"):
             self.views[name][...] = 0
         self.views["combine_x"][-1] = 0
         self.views["combine_weights"][-1] = 0
@@ -116,12 +140,14 @@ class Buffer:
         self._owed: list[int] = []  # zero copy: sources owed the credit of the last dispatch's rows
         self._seq = 0
         self._last = [0, 0]  # sequence number of the last dispatch / combine
-        self._schedule = schedule
+        self._schedule = Schedule(qp_policy, rotate, aggregate)
         self.history: collections.deque = collections.deque(maxlen=history)
         self._pool = OutputPool()
         self._scratches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.closed = False
-        self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate)
+        self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate, schedule=first.name,
+                          routing=first.routing, group_width=first.group_width, token_blocks=first.token_blocks,
+                          weight_blocks=first.weight_blocks)
 
     # --- settings --------------------------------------------------------------------------------------------
 
@@ -130,19 +156,40 @@ class Buffer:
         return self._schedule
 
     def set_schedule(self, *, qp_policy: str | None = None, rotate: bool | None = None,
-                     aggregate: bool | None = None) -> Schedule:
-        """Change the QP policy, rotation or aggregation (collective: every PE the same; checked).
+                     aggregate: bool | None = None, schedule: str | None = None, routing: str | None = None,
+                     group_width: int | None = None, token_blocks: int | None = None,
+                     weight_blocks: int | None = None) -> Schedule:
+        """Change the kernel (``schedule``), routing plan, QP policy, rotation, aggregation or the groups
+        settings (collective: every PE the same; checked). Unnamed settings keep their values.
 
         Raises:
-            ValueError: an unknown policy, one that needs more QPs than ``qp_num``, or PEs that disagree.
+            ValueError: an unknown policy, one that needs more QPs than ``qp_num``, a group width that does not
+                fit P, or PEs that disagree.
         """
         self._check_open()
         old = self._schedule
-        new = Schedule(old.qp_policy if qp_policy is None else qp_policy, old.rotate if rotate is None else rotate,
-                       old.aggregate if aggregate is None else aggregate)
-        if new.num_qps > self.qp_num:
+
+        def pick(value, current):
+            return current if value is None else value
+
+        new = Schedule(pick(qp_policy, old.qp_policy), pick(rotate, old.rotate), pick(aggregate, old.aggregate),
+                       pick(schedule, old.name), pick(routing, old.routing), pick(group_width, old.group_width),
+                       pick(token_blocks, old.token_blocks), pick(weight_blocks, old.weight_blocks))
+        extra_qp = 1 if new.name == "groups" and new.weight_blocks else 0
+        if new.num_qps + extra_qp > self.qp_num:
             raise ValueError(f"pe {self.me}: qp_policy {new.qp_policy!r} needs {POLICY_QPS[new.qp_policy]} QPs "
-                             f"per peer; this Buffer was made with qp_num={self.qp_num}")
+                             f"per peer{' and the weight blocks one more' if extra_qp else ''}; this Buffer was "
+                             f"made with qp_num={self.qp_num}")
+        if new.name == "groups":
+            gm = GroupMap(self.n_pes, new.group_width or None)
+            if (new.token_blocks or gm.width) + new.weight_blocks > 128:
+                raise ValueError(f"pe {self.me}: groups: {new.token_blocks or gm.width} token blocks + "
+                                 f"{new.weight_blocks} weight blocks exceed 128 AIV blocks")
+        if new.name == "hierarchy" and self.topology.server_size > 64:
+            raise ValueError(f"pe {self.me}: hierarchy: server_size {self.topology.server_size} is over 64 (the "
+                             f"record's rank mask is 64 bits)")
+        if new.name != "fullmesh":
+            self.topology.check(new.name, self.me)
         config = self.views["config"]
         shmemx.aclshmem_barrier_all()  # nobody still reads the previous code
         config[0] = new.code
@@ -153,7 +200,34 @@ class Buffer:
             raise ValueError(f"pe {self.me}: set_schedule: pe {bad[0]} chose [{Schedule.from_code(codes[bad[0]])}], "
                              f"this pe [{new}]: every pe must use the same schedule")
         self._schedule = new
+        if new.name == "hierarchy" and self._hier is None:
+            self._alloc_hier()
         return new
+
+    def _alloc_hier(self) -> None:
+        """The hierarchy's regions (collective; once): relay records, end flags, IPC flags, combine partials."""
+        layout = _hier.plan_hier_workspace(topo=self.topology, max_tokens=self.max_tokens, hidden=self.hidden,
+                                          num_topk=self.num_topk)
+        try:
+            block = shmemx.aclshmem_malloc(layout.total, name="moe_hierarchy", prefault=False)
+        except shmemx.HeapExhaustedError as exc:
+            raise shmemx.HeapExhaustedError(
+                f"pe {self.me}: moe.Buffer: the hierarchy schedule needs {layout.total} B "
+                f"({layout.total / 2**20:.1f} MiB) more on every PE: start the job with a larger --heap-size "
+                f"({exc})") from None
+        views = layout.views(block)
+        for name in ("relay_end", "ipc_flags", "relay_in"):
+            views[name][...] = 0
+        remote = np.zeros(self.n_pes, np.uint64)
+        local = 0
+        for (peer, q), queue in self.lanes.queues.items():
+            if q == 0:
+                remote[peer] = queue.remote_va(block)
+                local = queue.local_va(block)
+        if not self.lanes.queues:
+            local = 0
+        self._hier = (block, views, {n: r.offset for n, r in layout.regions.items()}, remote, local)
+        shmemx.aclshmem_barrier_all()  # every PE's regions are zero before anyone writes into them
 
     @property
     def last_stats(self) -> CallStats | None:
@@ -222,7 +296,15 @@ class Buffer:
         topk = self._topk(n_tok, topk_idx, topk_weights)
         layout = self._layout(n_tok, per_rank, in_rank, per_expert, topk[0])
         seq, credit_wait = self._next(DISPATCH)
-        per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
+        t_plan = time.perf_counter()
+        dests = None
+        if self._schedule.routing == "compact":  # the plan from topk_idx (or the mask once), counts from it
+            dests = compact_dests(topk[0], self.num_local_experts) if topk[0] is not None else \
+                dests_from_mask(layout.is_token_in_rank, self.num_topk)
+            per_channel = _compact_channel_counts(dests, self.num_channels, self.n_pes)
+        else:
+            per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
+        t_plan = time.perf_counter() - t_plan
         t_notify = time.perf_counter()
         header = dict(schedule=self._schedule.code, num_tokens=n_tok, row_bytes=payload.rows.shape[1],
                       x_kind=payload.kind, with_topk=int(topk[0] is not None), num_channels=self.num_channels,
@@ -235,7 +317,10 @@ class Buffer:
                            note.recv_channel_prefix_matrix)
         call = DispatchCall("dispatch", seq, num_worst_tokens, *topk)
         result, stats = self._run_dispatch(call, payload, routing,
-                                           None if num_worst_tokens else note.num_recv_tokens_per_expert_list)
+                                           None if num_worst_tokens else note.num_recv_tokens_per_expert_list,
+                                           dests=dests)
+        stats.phases[0, 0] += t_plan  # the plan is route work: counted in block 0's route phase
+        stats.extra["plan"] = t_plan
         stats.notify = t_notify
         stats.extra["credit_wait"] = credit_wait
         return result, stats
@@ -262,19 +347,30 @@ class Buffer:
         return result, stats
 
     def _run_dispatch(self, call: DispatchCall, payload: Payload, routing: Routing, expert_list,
-                      handle: DispatchHandle | None = None):
+                      handle: DispatchHandle | None = None, dests: np.ndarray | None = None):
         """Run the dispatch kernel of one call: outputs, kernel arguments, launch, then the result and its stats.
 
         Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
         me, n_pes = self.me, self.n_pes
+        sched = self._schedule
         prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
         counts = np.diff(prefix, axis=0, prepend=0)
         num_recv = int(prefix[-1, me])
-        plan = plan_rounds(me, n_pes, routing.per_channel.T, self._schedule)
+        if sched.routing == "compact" and dests is None:
+            dests = handle.dest_ranks if handle is not None and handle.dest_ranks is not None else \
+                dests_from_mask(routing.is_token_in_rank, self.num_topk)
+        plan, waves = None, None
+        if sched.name == "fullmesh":
+            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched)
+            rounds, blocks, n_qps = plan.rounds, self.num_channels, plan.lane_rows.shape[1]
+        elif sched.name == "groups":
+            waves = self._waves()
+            rounds, blocks, n_qps = waves.gmap.rounds, waves.token_blocks + waves.weight_blocks, waves.used_qps
+        else:
+            rounds, blocks, n_qps = 2, self.topology.num_servers, 1
         overflow = bool(call.num_worst_tokens) and num_recv > call.num_worst_tokens
         recv = self._recv_outputs(call, payload, num_recv, overflow)
-        stats = CallStats.empty(call.kind_name, me, call.seq, self._schedule, plan.rounds, self.num_channels, n_pes,
-                                plan.lane_rows.shape[1])
+        stats = CallStats.empty(call.kind_name, me, call.seq, sched, rounds, blocks, n_pes, n_qps)
         args = DispatchArgs(
             me=me, n_pes=n_pes, seq=call.seq, num_local_experts=self.num_local_experts, views=self.views,
             lanes=self.lanes, plan=plan, stats=stats, xb=payload.rows, topk_idx=call.topk_idx,
@@ -284,10 +380,17 @@ class Buffer:
             channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
             send_base=np.cumsum(counts[me]) - counts[me], recv_lo=np.concatenate([[0], prefix[:-1, me]]),
             recv_hi=prefix[:, me], out=None if overflow else recv.kernel_outputs(payload, not self.zero_copy),
-            aggregate=self._schedule.aggregate, region_offsets=self.offsets)
+            aggregate=sched.aggregate, region_offsets=self.offsets, routing=sched.routing, dests=dests)
+        relay_out: list = [None] * self.topology.num_servers
         t_kernel = time.perf_counter()
-        shmemx.launch(dispatch_kernel, self.num_channels, args)
+        if sched.name == "fullmesh":
+            shmemx.launch(dispatch_kernel, self.num_channels, args)
+        elif sched.name == "groups":
+            shmemx.launch(_groups.groups_dispatch_kernel, blocks, args, waves)
+        else:
+            shmemx.launch(_hier.hier_dispatch_kernel, blocks, args, self._hier_spec(prefix), relay_out)
         stats.kernel = time.perf_counter() - t_kernel
+        self._cross_server(stats)
         if self.zero_copy:
             self._owed = [s for s in range(n_pes) if s != me and counts[s, me]]
         self._count_rows(stats, counts, num_recv, payload.rows.shape[1])
@@ -299,7 +402,10 @@ class Buffer:
             handle = DispatchHandle(prefix.astype(np.int32), np.asarray(routing.channel_prefix_matrix, np.int32),
                                     np.asarray(routing.recv_channel_prefix_matrix, np.int32),
                                     recv.src_idx[:num_recv].copy(), routing.is_token_in_rank,
-                                    make_send_head(routing.is_token_in_rank), num_recv, self.hidden)
+                                    make_send_head(routing.is_token_in_rank), num_recv, self.hidden, dests,
+                                    _hier.RelayInfo([r[0] if r else None for r in relay_out],
+                                                    [r[1] if r else None for r in relay_out])
+                                    if sched.name == "hierarchy" else None)
         x_out = (recv.x, recv.scales) if payload.scales is not None else recv.x
         return DispatchResult(x_out, recv.topk_idx, recv.topk_weights,
                               [] if call.num_worst_tokens else expert_list, handle), stats
@@ -333,7 +439,7 @@ class Buffer:
         stats.local_bytes = stats.local_rows * row_bytes
         stats.sent_rows = int(counts[me].sum() - counts[me, me])
         stats.recv_rows = num_recv
-        stats.extra.update(num_recv=num_recv, row_bytes=row_bytes)
+        stats.extra.update(num_recv=num_recv, row_bytes=row_bytes, hidden_bytes=row_bytes)
 
     def _raise_overflow(self, stats: CallStats, num_worst_tokens: int) -> None:
         if num_worst_tokens and stats.recv_rows > num_worst_tokens:
@@ -377,33 +483,80 @@ class Buffer:
         counts = np.diff(prefix, axis=0, prepend=0)
         starts = np.asarray(handle.recv_channel_prefix_matrix, np.int64)
         ends = np.concatenate([starts[:, 1:], counts[:, me:me + 1]], axis=1)
-        plan = plan_rounds(me, n_pes, (ends - starts).T, self._schedule)
+        sched = self._schedule
         n_tok = handle.num_tokens
         out_x = self._pool.take((n_tok, self.hidden), bf16)
         out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
-        stats = CallStats.empty("combine", me, seq, self._schedule, plan.rounds, n_ch, n_pes, plan.lane_rows.shape[1])
+        plan, waves = None, None
+        if sched.name == "fullmesh":
+            plan = plan_rounds(me, n_pes, (ends - starts).T, sched)
+            rounds, blocks, n_qps = plan.rounds, n_ch, plan.lane_rows.shape[1]
+        elif sched.name == "groups":
+            waves = self._waves()
+            rounds, blocks, n_qps = waves.gmap.rounds, waves.token_blocks, waves.token_qps
+        else:
+            if handle.relay is None:
+                raise ValueError(f"pe {me}: hierarchy combine needs the handle of a hierarchy dispatch (this one "
+                                 f"was made by another schedule)")
+            rounds, blocks, n_qps = 2, self.topology.num_servers, 1
+        stats = CallStats.empty("combine", me, seq, sched, rounds, blocks, n_pes, n_qps)
         dest = np.cumsum(counts, axis=1) - counts
         args = CombineArgs(
             me=me, n_pes=n_pes, seq=seq, views=self.views, lanes=self.lanes, plan=plan, stats=stats,
-            aggregate=self._schedule.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
+            aggregate=sched.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
             recv_lo=np.concatenate([[0], prefix[:-1, me]]), recv_channel_start=starts, dest_base=dest[:, me],
             back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
-            bounds=channel_bounds(n_tok, n_ch), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
-            out_weights=out_w, scratch=self._scratch)
+            bounds=channel_bounds(n_tok, blocks), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
+            out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me])
         t_kernel = time.perf_counter()
-        shmemx.launch(combine_kernel, n_ch, args)
+        if sched.name == "fullmesh":
+            shmemx.launch(combine_kernel, n_ch, args)
+        elif sched.name == "groups":
+            shmemx.launch(_groups.groups_combine_kernel, blocks, args, waves)
+        else:
+            self._hier_combine_args(args, handle)
+            shmemx.launch(_hier.hier_combine_kernel, blocks, args, self._hier_spec(prefix, handle.relay))
         stats.kernel = time.perf_counter() - t_kernel
+        self._cross_server(stats)
         stats.local_rows = int(counts[me, me])
         stats.local_bytes = stats.local_rows * xb.shape[1]
         stats.sent_rows = num_recv - stats.local_rows
         stats.recv_rows = int(counts[me].sum())
-        stats.extra.update(credit_wait=credit_wait, num_recv=num_recv, row_bytes=xb.shape[1])
+        stats.extra.update(credit_wait=credit_wait, num_recv=num_recv, row_bytes=xb.shape[1],
+                           hidden_bytes=xb.shape[1])
         stats.wall = time.perf_counter() - start
         self._last[COMBINE] = seq
         self.history.append(stats)
         return CombineResult(out_x, out_w)
 
     # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _waves(self) -> "_groups.Waves":
+        sched = self._schedule
+        gm = GroupMap(self.n_pes, sched.group_width or None)
+        return _groups.Waves(gm, sched.token_blocks or gm.width, sched.weight_blocks, sched.qp_policy,
+                             sched.num_qps)
+
+    def _hier_spec(self, prefix: np.ndarray, relay=None) -> "_hier.HierSpec":
+        _, views, offsets, remote, local = self._hier
+        return _hier.HierSpec(self.topology, views, offsets, remote, local, prefix, relay)
+
+    def _hier_combine_args(self, args: CombineArgs, handle: DispatchHandle) -> None:
+        """What the hierarchy combine reads about this PE's own tokens: the servers each went to, its row among
+        a server's records, and the rank mask of its own server's ranks."""
+        topo = self.topology
+        s, n = topo.server_size, topo.num_servers
+        mask = handle.is_token_in_rank
+        args.server_mask = mask.reshape(mask.shape[0], n, s).any(2)
+        args.server_pos = np.cumsum(args.server_mask, axis=0) - 1
+        lo = (self.me // s) * s
+        args.own_masks = (mask[:, lo:lo + s].astype(np.uint64) << np.arange(s, dtype=np.uint64)).sum(
+            1, dtype=np.uint64)
+
+    def _cross_server(self, stats: CallStats) -> None:
+        """Hidden-row bytes this PE sent to PEs of other servers (of the Buffer's topology)."""
+        other = self.topology.server != self.topology.server[self.me]
+        stats.cross_server_bytes = int(stats.peer_hidden_bytes[other].sum())
 
     def _scratch(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Block ``block``'s reduction scratch (made once, then reused: no page faults per call)."""
@@ -532,3 +685,13 @@ class Buffer:
         return (f"moe.Buffer(pe {self.me}/{self.n_pes}, max_tokens={self.max_tokens}, hidden={self.hidden}, "
                 f"num_topk={self.num_topk}, num_experts={self.num_experts}, channels={self.num_channels}, "
                 f"qp_num={self.qp_num}, [{self._schedule}])")
+
+
+def _compact_channel_counts(dests: np.ndarray, num_channels: int, n_pes: int) -> np.ndarray:
+    """``[P, C] int64`` tokens channel c sends to rank r, from the compact plan ``dests [T, K]`` (no mask)."""
+    n_tok = dests.shape[0]
+    per = -(-n_tok // num_channels) if n_tok else 1
+    ch = np.broadcast_to((np.arange(n_tok) // per)[:, None], dests.shape)
+    ok = dests >= 0
+    flat = np.bincount(dests[ok].astype(np.int64) * num_channels + ch[ok], minlength=n_pes * num_channels)
+    return flat.reshape(n_pes, num_channels).astype(np.int64)

@@ -62,6 +62,7 @@ class CombineArgs:
     out_x: np.ndarray  # [T, H] bfloat16
     out_weights: np.ndarray | None  # [T, K] float32
     scratch: object  # block -> ([REDUCE_CHUNK, H] float32, [REDUCE_CHUNK, H] uint16), reused across calls
+    recv_rows: np.ndarray | None = None  # [P] rows received from each source (the groups and hierarchy kernels)
 
 
 def _unit_range(a: CombineArgs, u) -> tuple[int, int]:
@@ -97,8 +98,9 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
             writes.range(rbase + a.region_offsets["combine_weights"] + dst * wb,
                          lanes.local_va(peer, q, a.weights) + lo * wb, n * wb)
         t = timer.lap("build", t)
+        a.stats.peer_hidden_bytes[peer] += n * rb
     lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=1 if u.closes else None, seq=a.seq,
-                 lane_rows=int(a.plan.lane_rows[peer, q]))
+                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
     return timer.lap("submit", t)
 
 
@@ -160,6 +162,7 @@ def combine_kernel(a: CombineArgs) -> None:
                 continue
             t = _post_unit(a, u, timer, t)
             posted.append((u.peer, u.qp))
+            a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
     for r in sources:
@@ -170,6 +173,13 @@ def combine_kernel(a: CombineArgs) -> None:
     _reduce(a, int(a.bounds[c]), int(a.bounds[c + 1]))
     t = timer.lap("epilogue", t)
     shmemx.sync_all()
+    timer.count("syncs", 2)
     t = timer.lap("sync", t)
-    for r in sources:
+    give_credits(a, sources, timer)
+
+
+def give_credits(a: CombineArgs, peers, timer) -> None:
+    """The returned rows of ``peers`` were reduced: their regions here may be written again."""
+    for r in peers:
         shmemx.aclshmemx_signal_op(a.views["credits"][1, a.me, 0:1], a.seq, SET, r)
+        timer.count("credit_writes")

@@ -27,6 +27,7 @@ import numpy as np
 import shmemx
 
 from .lanes import Writes
+from .routes import peer_tokens
 from .schedule import Plan
 from .measure import CallStats
 from .workspace import RECORD_WORD
@@ -78,6 +79,8 @@ class DispatchArgs:
     out: DispatchOutputs | None  # None: the rows do not fit (num_worst_tokens overflow); receive, do not copy
     aggregate: bool
     region_offsets: dict  # region name -> byte offset in the workspace
+    routing: str = "scan"
+    dests: np.ndarray | None = None  # [T, K] int32 unique destination ranks per token (routing "compact")
 
     @property
     def row_bytes(self) -> int:
@@ -140,8 +143,10 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
             writes.range(rbase + a.region_offsets[region] + pos * item, lbase + a.region_offsets[staging] + spos * item,
                          n * item)
         t = timer.lap("build", t)
+    if n:
+        a.stats.peer_hidden_bytes[peer] += n * rb
     lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=0 if u.closes else None, seq=a.seq,
-                 lane_rows=int(a.plan.lane_rows[peer, q]))
+                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
     return timer.lap("submit", t)
 
 
@@ -159,6 +164,14 @@ def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the {hi - lo} "
                                f"rows notify announced for call #{a.seq}")
+    return copy_out(a, s, timer, t)
+
+
+def copy_out(a: DispatchArgs, s: int, timer, t: float) -> float:
+    """Source s's rows are all here: copy them out of the workspace into the outputs (top-k experts made local),
+    then give s its credit (every schedule's receive side ends with this)."""
+    v, me = a.views, a.me
+    lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     out = a.out
     if out is not None and hi > lo:
         rb = a.row_bytes
@@ -176,6 +189,7 @@ def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
     t = timer.lap("epilogue", t)
     if s != me and (out is None or out.credit):
         shmemx.aclshmemx_signal_op(v["credits"][0, me, 0:1], a.seq, SET, s)
+        timer.count("credit_writes")
     return t
 
 
@@ -184,10 +198,9 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     c = shmemx.get_block_idx()
     timer = a.stats.timer(c)
     t = timer.mark()
-    t0 = int(a.bounds[c])
-    peers, toks = np.nonzero(a.is_token_in_rank[t0:int(a.bounds[c + 1])].T)
-    split = np.searchsorted(peers, np.arange(a.n_pes + 1))
-    toks = toks + t0
+    toks, split, reads = peer_tokens(int(a.bounds[c]), int(a.bounds[c + 1]), a.n_pes, routing=a.routing,
+                                     mask=a.is_token_in_rank, dests=a.dests)
+    timer.count("route_reads", reads)
     t = timer.lap("route", t)
     for k in range(a.plan.rounds):
         posted = []
@@ -200,6 +213,7 @@ def dispatch_kernel(a: DispatchArgs) -> None:
                 continue
             t = _post_unit(a, u, mine, timer, t)
             posted.append((u.peer, u.qp))
+            a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t)
     for s in range(c, a.n_pes, len(a.bounds) - 1):
         t = _receive(a, s, timer, t)

@@ -126,7 +126,7 @@ class Lanes:
         return wqes
 
     def submit(self, peer: int, qp: int, rmt_va, sge_va, length, stats, *, close_kind: int | None = None,
-               seq: int = 0, lane_rows: int = 0) -> None:
+               seq: int = 0, lane_rows: int = 0, timer=None) -> None:
         """Post a unit's WRITEs on lane (peer, qp) and count them in ``stats``; with ``close_kind`` (0 dispatch,
         1 combine) also the lane's completion after them: its record (rows, bytes, WQEs, seq), then the peer's
         signal slot ``signals[close_kind, me, qp]`` = seq."""
@@ -140,6 +140,9 @@ class Lanes:
             sig = int(self.remote_base[peer]) + slot
             src = self.local_base + self.offsets["send_record"] + (peer * self.qp_num + qp) * 64
             close = (sig + RECORD_WORD * 8, src, 32, sig, seq)
+            if timer is not None:
+                timer.count("so_writes")
+                timer.count("flag_writes")
         stats.lane_wqes[peer, qp] += self.post(peer, qp, rmt_va, sge_va, length, close)
         stats.lane_bytes[peer, qp] += nbytes + (32 if close else 0)
 
@@ -151,6 +154,8 @@ class Lanes:
         that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases."""
         for peer, qp in posted:
             self.quiet(peer, qp)
+        timer.count("quiets", len(posted))
         t = timer.lap("quiet", t)
         shmemx.sync_all()
+        timer.count("syncs")
         return timer.lap("sync", t)

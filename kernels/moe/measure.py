@@ -17,6 +17,24 @@ epilogue    copying received rows out (dispatch) or the reduction (combine)
 
 Per lane (peer, QP): WQEs posted and bytes they carry (payload and metadata, not the 64-byte WQEs themselves),
 counted when posting. Rows sent to this PE itself are local copies and counted apart.
+
+Counts per block (``COUNTS``, summed over blocks by ``totals()``), also counted where the event happens:
+
+=============  =========================================================================================
+so_writes      strong-order (SO) WQEs: fenced completion signals, generation writes, hierarchy records
+quiets         ``qp_quiet`` calls
+syncs          ``sync_all`` calls of the PE's blocks (per block)
+barriers       PE-level barriers (the hierarchy's intra-server flag barrier)
+flag_writes    completion signals, end flags, IPC flags (one per written flag word)
+credit_writes  credit words written to peers (end-of-call credits, MoonEP's per-round credits)
+mte_copies     direct (MTE) copies into a peer's memory (the hierarchy's intra-server forwarding)
+route_reads    elements of the routing plan read by the route phase (scan: tokens x P, compact: tokens x K)
+=============  =========================================================================================
+
+Per round, the PEs this PE posted to (``round_dsts [rounds, P] bool``); over all PEs of a job its column sums
+are the in-degree of each receiver per round (``in_degree``). ``peer_hidden_bytes [P]``: hidden-row bytes this
+PE sent to each PE (relays included, metadata not); ``cross_server_bytes`` is their sum over PEs of other
+servers (of the Buffer's ``Topology``).
 """
 
 from __future__ import annotations
@@ -26,10 +44,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PHASES", "CallStats", "BlockTimer"]
+__all__ = ["PHASES", "COUNTS", "CallStats", "BlockTimer", "over_pes", "in_degree"]
 
 PHASES = ("route", "pack", "build", "submit", "quiet", "sync", "wait", "epilogue")
 _INDEX = {name: i for i, name in enumerate(PHASES)}
+COUNTS = ("so_writes", "quiets", "syncs", "barriers", "flag_writes", "credit_writes", "mte_copies", "route_reads")
+_COUNT = {name: i for i, name in enumerate(COUNTS)}
 
 
 class BlockTimer:
@@ -39,10 +59,15 @@ class BlockTimer:
     chains laps without nested context managers: ``t = timer.lap("build", t)``.
     """
 
-    __slots__ = ("row",)
+    __slots__ = ("row", "counts")
 
-    def __init__(self, row: np.ndarray):
+    def __init__(self, row: np.ndarray, counts: np.ndarray | None = None):
         self.row = row
+        self.counts = counts
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to this block's count ``name`` (one of ``COUNTS``)."""
+        self.counts[_COUNT[name]] += n
 
     @staticmethod
     def mark() -> float:
@@ -70,6 +95,10 @@ class CallStats:
         lane_wqes, lane_bytes: ``[P, Q] int64`` WQEs and bytes posted per (peer, qp).
         local_rows, local_bytes: rows and bytes copied to this PE itself.
         sent_rows: rows sent to other PEs. recv_rows: rows received (from every PE, this one included).
+        counts: ``[blocks, len(COUNTS)] int64`` (see the module docstring; ``totals()`` sums the blocks).
+        round_dsts: ``[rounds, P] bool`` the PEs posted to in each round.
+        peer_hidden_bytes: ``[P] int64`` hidden-row bytes sent to each PE; cross_server_bytes: those to other
+            servers.
     """
 
     kind: str
@@ -88,15 +117,59 @@ class CallStats:
     sent_rows: int = 0
     recv_rows: int = 0
     extra: dict = field(default_factory=dict)
+    counts: np.ndarray | None = None
+    round_dsts: np.ndarray | None = None
+    peer_hidden_bytes: np.ndarray | None = None
+    cross_server_bytes: int = 0
 
     @classmethod
     def empty(cls, kind: str, pe: int, seq: int, schedule, rounds: int, blocks: int, n_pes: int,
               n_qps: int) -> "CallStats":
         return cls(kind, pe, seq, str(schedule), rounds, np.zeros((blocks, len(PHASES))),
-                   np.zeros((n_pes, n_qps), np.int64), np.zeros((n_pes, n_qps), np.int64))
+                   np.zeros((n_pes, n_qps), np.int64), np.zeros((n_pes, n_qps), np.int64),
+                   counts=np.zeros((blocks, len(COUNTS)), np.int64), round_dsts=np.zeros((rounds, n_pes), bool),
+                   peer_hidden_bytes=np.zeros(n_pes, np.int64))
 
     def timer(self, block: int) -> BlockTimer:
-        return BlockTimer(self.phases[block])
+        return BlockTimer(self.phases[block], self.counts[block])
+
+    def totals(self) -> dict[str, int]:
+        """Every count of ``COUNTS`` summed over the blocks."""
+        return {name: int(v) for name, v in zip(COUNTS, self.counts.sum(0))}
+
+    @property
+    def active_peers(self) -> list[int]:
+        """PEs posted to, per round."""
+        return [int(v) for v in self.round_dsts.sum(1)]
+
+    @staticmethod
+    def max_min(values) -> float:
+        """max / min over the entries that are not zero (1.0 when fewer than two; inf when only some are zero is
+        not possible: zeros are left out)."""
+        v = np.asarray(values, np.float64)
+        v = v[v > 0]
+        return float(v.max() / v.min()) if len(v) > 1 else 1.0
+
+    def effective_bandwidth(self, hidden_bytes: int | None = None) -> float:
+        """Bytes per second as DeepEP counts it: received rows x H x element size / the call's time (combine: the
+        rows this PE got back)."""
+        row = self.extra.get("hidden_bytes", hidden_bytes)
+        return self.recv_rows * row / self.wall if self.wall > 0 and row else 0.0
+
+    def record(self) -> dict:
+        """The numbers as plain Python values (JSON-ready; what the experiments collect per PE)."""
+        out = {k: getattr(self, k) for k in ("kind", "pe", "seq", "schedule", "rounds", "wall", "notify",
+                                                  "kernel", "local_rows", "local_bytes", "sent_rows", "recv_rows",
+                                                  "cross_server_bytes")}
+        out.update(self.totals())
+        out["phases"] = self.phase_max()
+        out["qp_wqes"] = self.qp_wqes.tolist()
+        out["qp_bytes"] = self.qp_bytes.tolist()
+        out["active_peers"] = self.active_peers
+        out["round_dsts"] = [np.flatnonzero(r).tolist() for r in self.round_dsts]
+        out["hidden_bytes_sent"] = int(self.peer_hidden_bytes.sum())
+        out["effective_bandwidth"] = self.effective_bandwidth()
+        return out
 
     @property
     def qp_wqes(self) -> np.ndarray:
@@ -151,3 +224,32 @@ class CallStats:
         out["qp_wqes"] = vec[p:p + n_qps].astype(np.int64)
         out["qp_bytes"] = vec[p + n_qps:p + 2 * n_qps].astype(np.int64)
         return out
+
+
+def over_pes(values) -> dict:
+    """max (and which PE), p50, p95 and mean of one number over the PEs of a job."""
+    v = np.asarray(values, np.float64)
+    if not len(v):
+        return {"max": 0.0, "max_pe": -1, "p50": 0.0, "p95": 0.0, "mean": 0.0}
+    return {"max": float(v.max()), "max_pe": int(v.argmax()), "p50": float(np.percentile(v, 50)),
+            "p95": float(np.percentile(v, 95)), "mean": float(v.mean())}
+
+
+def in_degree(round_dsts) -> np.ndarray:
+    """``[rounds, P] int64``: per round, how many PEs posted to each PE, from every PE's ``round_dsts`` (a list
+    over source PEs of ``[rounds, P]`` bool, or of per-round lists of destinations)."""
+    mats = []
+    for r in round_dsts:
+        if isinstance(r, np.ndarray):
+            mats.append(r.astype(np.int64))
+        else:
+            n = len(round_dsts)
+            m = np.zeros((len(r), n), np.int64)
+            for k, dsts in enumerate(r):
+                m[k, list(dsts)] = 1
+            mats.append(m)
+    rounds = max(m.shape[0] for m in mats)
+    out = np.zeros((rounds, mats[0].shape[1]), np.int64)
+    for m in mats:
+        out[:m.shape[0]] += m
+    return out

@@ -31,6 +31,9 @@ class DispatchHandle:
         send_head: ``[T, P] int32``, row of token t among the rows sent to rank r, -1 if not sent.
         num_recv_tokens: rows this PE received.
         hidden: H of the dispatch.
+        dest_ranks: ``[T, K] int32`` per token its unique destination ranks, -1 padded (the compact routing
+            plan; None until a compact-routing dispatch made it).
+        relay: what this PE relayed for other servers (the hierarchy schedule's combine needs it), or None.
     """
 
     rank_prefix_matrix: np.ndarray
@@ -41,6 +44,8 @@ class DispatchHandle:
     send_head: np.ndarray
     num_recv_tokens: int
     hidden: int
+    dest_ranks: np.ndarray | None = None
+    relay: object = None
 
     @property
     def num_tokens(self) -> int:

@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["QP_POLICIES", "POLICY_QPS", "Schedule", "Unit", "Plan", "channel_qp", "plan_rounds"]
+__all__ = ["QP_POLICIES", "POLICY_QPS", "SCHEDULES", "Schedule", "Unit", "Plan", "channel_qp", "plan_rounds"]
 
 POLICY_QPS = {"one": 1, "two_1_1": 2, "two_3_1": 2, "two_1_3": 2, "bytes": 2, "four_rr": 4}
 QP_POLICIES = tuple(POLICY_QPS)
+SCHEDULES = ("fullmesh", "groups", "hierarchy")  # the kernels: this module (fullmesh), groups.py, hierarchy.py
+_ROUTINGS = ("scan", "compact")
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,22 @@ class Schedule:
         aggregate: True = a channel's rows for a peer are packed contiguously and sent with one WQE;
             False = one WQE per (token, peer) for the hidden rows (the small per-token metadata is packed either
             way).
+        name: the kernel, one of ``SCHEDULES``: ``fullmesh`` (this module's rounds), ``groups`` (MoonEP's group
+            waves, ``groups.py``), ``hierarchy`` (HiSilicon's layered relay, ``hierarchy.py``).
+        routing: ``"scan"`` (the ``[T, P]`` mask) or ``"compact"`` (per-token destination lists): ``routes``.
+        group_width: groups: ranks per group (0 = min(P, 16)).
+        token_blocks, weight_blocks: groups: AIV blocks for the hidden rows (0 = one per lane of a group) and for
+            the top-k metadata (0 = none: the token blocks send it with the rows; > 0 needs a QP of its own).
     """
 
     qp_policy: str = "two_3_1"
     rotate: bool = True
     aggregate: bool = True
+    name: str = "fullmesh"
+    routing: str = "scan"
+    group_width: int = 0
+    token_blocks: int = 0
+    weight_blocks: int = 0
 
     def __post_init__(self):
         if self.qp_policy not in POLICY_QPS:
@@ -62,6 +75,14 @@ class Schedule:
         for name in ("rotate", "aggregate"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.name not in SCHEDULES:
+            raise ValueError(f"schedule {self.name!r} is not one of {', '.join(SCHEDULES)}")
+        if self.routing not in _ROUTINGS:
+            raise ValueError(f"routing {self.routing!r} is not one of {', '.join(_ROUTINGS)}")
+        for name, hi in (("group_width", 4095), ("token_blocks", 63), ("weight_blocks", 31)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= hi:
+                raise ValueError(f"{name} must be an integer in 0..{hi} (0 = the default), got {v!r}")
 
     @property
     def num_qps(self) -> int:
@@ -69,16 +90,25 @@ class Schedule:
 
     @property
     def code(self) -> int:
-        """A small integer that identifies the schedule (exchanged by notify to check agreement)."""
-        return QP_POLICIES.index(self.qp_policy) << 2 | int(self.rotate) << 1 | int(self.aggregate)
+        """A small integer (31 bits) that identifies the schedule (exchanged by notify to check agreement)."""
+        return (QP_POLICIES.index(self.qp_policy) << 2 | int(self.rotate) << 1 | int(self.aggregate)
+                | SCHEDULES.index(self.name) << 5 | _ROUTINGS.index(self.routing) << 7 | int(self.group_width) << 8
+                | int(self.token_blocks) << 20 | int(self.weight_blocks) << 26)
 
     @classmethod
     def from_code(cls, code: int) -> "Schedule":
-        return cls(QP_POLICIES[code >> 2], bool(code >> 1 & 1), bool(code & 1))
+        return cls(QP_POLICIES[code >> 2 & 7], bool(code >> 1 & 1), bool(code & 1), SCHEDULES[code >> 5 & 3],
+                   _ROUTINGS[code >> 7 & 1], code >> 8 & 4095, code >> 20 & 63, code >> 26 & 31)
 
     def __str__(self) -> str:
-        return (f"{self.qp_policy}, rotate {'on' if self.rotate else 'off'}, "
+        base = (f"{self.qp_policy}, rotate {'on' if self.rotate else 'off'}, "
                 f"aggregate {'on' if self.aggregate else 'off'}")
+        if self.name == "groups":
+            base = (f"groups width {self.group_width or 'default'} blocks {self.token_blocks or 'lanes'}:"
+                    f"{self.weight_blocks}, " + base)
+        elif self.name == "hierarchy":
+            base = "hierarchy, " + base
+        return base + (", routing compact" if self.routing == "compact" else "")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ recv_channel_prefix    [P, C] int32                source s (notify): where its 
 credits                [2, P, 8] int64             peer p: word 0 = last call (0 dispatch, 1 combine) whose
                                                    rows p has consumed; a sender waits for it before reuse
 config                 [8] int64                   me: my schedule code, read by peers to check agreement
+round_credits          [2, P] int64                groups: word L * rounds + g = the credit of my lane L's
+                                                   destination of round g (seq * (rounds + 1) + g)
 x                      [S*P, 2*hidden] uint8       dispatch senders: received rows (row = hidden * itemsize)
 src_idx                [S*P] int32                 dispatch senders: source token index of each row
 topk_idx               [S*P, K] int64              dispatch senders: the token's global experts
@@ -109,6 +111,7 @@ def plan_workspace(*, n_pes: int, max_tokens: int, hidden: int, num_topk: int, n
     ws.append("recv_channel_prefix", (n_pes, num_channels), np.int32)
     ws.append("credits", (2, n_pes, 8), np.int64)
     ws.append("config", (8,), np.int64)
+    ws.append("round_credits", (2, n_pes), np.int64)
     ws.append("x", (rows * 2 * hidden,), np.uint8)
     ws.append("src_idx", (rows,), np.int32)
     ws.append("topk_idx", (rows, num_topk), np.int64)
