@@ -168,6 +168,7 @@ class CallStats:
         out["active_peers"] = self.active_peers
         out["round_dsts"] = [np.flatnonzero(r).tolist() for r in self.round_dsts]
         out["hidden_bytes_sent"] = int(self.peer_hidden_bytes.sum())
+        out["block_busy"] = self.phases.sum(1).tolist()
         out["effective_bandwidth"] = self.effective_bandwidth()
         return out
 
