@@ -140,6 +140,7 @@ def test_every_schedule_equals_reference(run_ok, n, server_size):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the job's own deadline is 1800 s; 128 ranks share 2 cores
 def test_every_schedule_at_128_pes(run_ok):
     run_ok(128, _schedules_job, 16, ("uniform", "zipf"), ["fullmesh", "groups", "hierarchy",
                                                           "hierarchy compact"], 8, 256, timeout=1800,
