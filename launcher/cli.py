@@ -30,8 +30,14 @@ def main() -> None:
               help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
 @click.option("--dump-dir", default=None, metavar="DIR",
               help="Where the post-mortem dump goes on a timeout or failure (default $SHMEMX_DUMP_DIR or .).")
+@click.option("--check", is_flag=True,
+              help="Protocol sanitizer: report flags before payloads, quiets on the wrong QP, reused slots and the "
+                   "other ordering bugs from happens-before (one 'shmemx check:' line each; exit 3 if any).")
+@click.option("--chaos", default=None, metavar="SEED",
+              help="Jitter kernel threads at waits, quiets and signal_op, every choice drawn from SEED "
+                   "('random': pick one and print it).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, check, chaos, target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -43,8 +49,13 @@ def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, targe
             raise click.UsageError(f"script {target!r} not found")
     else:
         target, args = module, target_and_args
+    if chaos is not None and chaos != "random":
+        try:
+            chaos = int(chaos, 0)
+        except ValueError:
+            raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
-                  tag_output=tag_output, trace=trace, stats=stats, dump_dir=dump_dir)
+                  tag_output=tag_output, trace=trace, stats=stats, dump_dir=dump_dir, check=check, chaos=chaos)
     sys.exit(code)
 
 

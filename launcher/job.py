@@ -53,10 +53,15 @@ from shmemx.observe.reader import JobReader
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
 from shmemx.shm.control import Control, JobState, PeStatus
 from shmemx.shm.segment import remove_job_segments
+from shmemx.udma.chaos import CHAOS_ENV
+from shmemx.udma.check.analyze import analyze
+from shmemx.udma.check.events import read_job_logs
+from shmemx.udma.check.recorder import CHECK_ENV
+from shmemx.udma.check.report import EXIT_FINDINGS
 
 from .reaper import Reaper
 
-__all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
+__all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_FINDINGS"]
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -84,6 +89,8 @@ def launch(
     stats: bool = False,
     dump_dir: str | None = None,
     dump: bool = True,
+    check: bool = False,
+    chaos: int | str | None = None,
 ) -> int:
     """Run ``target`` on ``n`` PEs and return the job's exit status.
 
@@ -101,6 +108,10 @@ def launch(
         stats: print every PE's counters when the job ends.
         dump_dir: where a post-mortem dump goes (default ``$SHMEMX_DUMP_DIR`` or the current directory).
         dump: write a post-mortem dump at all (the diagnosis is printed either way).
+        check: run the protocol sanitizer (``shmemx run --check``): findings are printed as ``shmemx check:``
+            lines and written as JSON lines beside the dump; exit status 3 when the job otherwise succeeded.
+        chaos: a seed (int) for the seeded jitter of kernel threads (``--chaos SEED``), or "random" to pick one
+            (printed).
     """
     job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
               env=env or {}, stdout=stdout, stderr=stderr)
@@ -108,6 +119,8 @@ def launch(
     job.stats = stats
     job.dump_dir = dump_dir
     job.dump = dump
+    job.check = check
+    job.chaos = chaos
     return job.run()
 
 
@@ -167,13 +180,27 @@ class Job:
         self.dump = True
         self.dump_path: str | None = None  # the post-mortem dump written, if any
         self.reaper: Reaper | None = None
+        self.check = False  # --check: the ranks log events, the launcher analyses them (udma.check)
+        self.chaos: int | str | None = None  # --chaos SEED
+        self.check_findings = None  # the analysis' Findings once the ranks ended
         self._gone: set[int] = set()  # ids of output streams whose reader went away
 
     # --- the whole run -------------------------------------------------------------------------------------
 
     def run(self) -> int:
+        code = self._run()
+        if code == 0 and self.check_findings is not None and self.check_findings.errors:
+            code = EXIT_FINDINGS
+        return code
+
+    def _run(self) -> int:
         if self.heap_size is not None:
             self.heap_size = rt_module.parse_size(self.heap_size)
+        if self.chaos == "random":
+            self.chaos = secrets.randbelow(1 << 32)
+            self._message(f"chaos seed {self.chaos} (rerun it with --chaos {self.chaos})")
+        elif self.chaos is not None:
+            self.chaos = int(self.chaos)
         handlers = self._install_signal_handlers()
         self.reaper = Reaper(self.job_id)  # before anything is created that it may have to remove
         if self.trace_path:
@@ -218,6 +245,10 @@ class Job:
         if self.trace_dir:
             env[TRACE_DIR_ENV] = self.trace_dir
             env[TRACE_T0_ENV] = str(self.t0)
+        if self.check:
+            env[CHECK_ENV] = "1"
+        if self.chaos is not None:
+            env[CHAOS_ENV] = str(self.chaos)
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -373,9 +404,12 @@ class Job:
         self._message(f"dump of every queue, wait and allocation: {shown} (read it with shmemx dump --file)")
 
     def _finish_inspection(self) -> None:
-        """After the ranks ended: print the counters (--stats) and merge the trace parts (--trace)."""
+        """After the ranks ended: print the counters (--stats), merge the trace parts (--trace), analyse the
+        event logs (--check)."""
         if self.ctl is None:
             return
+        if self.check:
+            self._analyse()
         if self.stats:
             try:
                 table = JobStats.read(self.job_id, self.n).table()
@@ -397,6 +431,36 @@ class Job:
             finally:
                 shutil.rmtree(self.trace_dir, ignore_errors=True)
                 self.trace_dir = None
+
+    def _analyse(self) -> None:
+        """--check: replay every PE's event log; print one ``shmemx check:`` line per finding, write them as JSON
+        lines beside the dump (``shmemx-check-<job>.jsonl``)."""
+        try:
+            heap = int(self.ctl.pes[0]["heap_size"]) or self.heap_size or rt_module.DEFAULT_HEAP_SIZE
+            logs, full = read_job_logs(self.job_id, self.n)
+            findings = self.check_findings = analyze(logs, heap)
+        except Exception:  # the job's own result stands; say why there is no analysis
+            self._message(f"--check: the analysis failed (a shmemx bug):\n{traceback.format_exc()}")
+            return
+        for line in findings.lines():
+            self._write(self.err, line + "\n")
+        missing = sorted(set(range(self.n)) - {log.pe for log in logs})
+        note = (f"; no log from pe {', '.join(map(str, missing))}" if missing else "") + \
+            (f"; the log of pe {', '.join(map(str, full))} ran out of room (raise SHMEMX_CHECK_EVENTS)" if full else "")
+        errors, warnings = len(findings.errors), len(findings.warnings)
+        if not errors and not warnings:
+            self._message(f"--check: no findings ({sum(len(log.records) for log in logs)} events of {len(logs)} "
+                          f"PEs){note}")
+            return
+        directory = self.dump_dir or os.environ.get("SHMEMX_DUMP_DIR") or os.getcwd()
+        path = os.path.join(directory, f"shmemx-check-{self.job_id}.jsonl")
+        try:
+            findings.write_jsonl(path)
+            where = f"; JSON lines in {path}"
+        except OSError as exc:
+            where = f"; could not write {path}: {exc}"
+        self._message(f"--check: {errors} finding{'s' if errors != 1 else ''}, {warnings} warning"
+                      f"{'s' if warnings != 1 else ''}{note}{where}")
 
     def _message(self, text: str) -> None:
         self._write(self.err, f"shmemx: {text}\n")

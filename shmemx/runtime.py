@@ -33,6 +33,9 @@ from .shm.heap import Heap
 from .shm.segment import SHM_DIR, remove_job_segments, segment_name
 from .shm.waits import WaitState
 from .udma import plane
+from .udma.chaos import Jitter
+from .udma.check import array as checked_arrays
+from .udma.check.recorder import Checker
 
 __all__ = [
     "InitAttr",
@@ -121,6 +124,8 @@ class Runtime:
         self.udma = None  # the data plane (queues + engine): udma.plane.DataPlane
         self.stats = None  # this PE's counters (observe.counters.StatsSegment)
         self.tracer = None  # the WQE/wait recorder when the job is traced (observe.trace.Tracer), else None
+        self.checker = None  # the event recorder of --check (udma.check.recorder.Checker), else None
+        self.chaos = None  # the seeded jitter of kernel threads under --chaos (udma.chaos.Jitter), else None
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -243,6 +248,10 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     try:
         rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
         rt.tracer = Tracer.from_env()
+        rt.chaos = Jitter.from_env(my_pe)
+        rt.checker = Checker.from_env(rt)
+        if rt.checker is not None:
+            checked_arrays.install(rt.checker, heap)
         plane.create(rt)  # this PE's queues and URMA identity
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
@@ -336,6 +345,10 @@ def _close_inspection(rt: Runtime) -> None:
     if rt.stats is not None:
         rt.stats.close()
         rt.stats = None
+    if rt.checker is not None:
+        checked_arrays.uninstall()
+        rt.checker.close()
+        rt.checker = None
 
 
 def abandon() -> None:

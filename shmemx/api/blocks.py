@@ -64,16 +64,23 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
     if _current() is not None:
         raise RuntimeError(f"pe {rt.my_pe}: launch inside a kernel: kernels cannot launch kernels")
     state = _Launch(int(block_dim))
+    ck = rt.checker
+    launch_id = ck.launch(state.block_dim) if ck is not None else 0
 
     def body(idx: int) -> None:
         _tls.launch = state
         _tls.block_idx = idx
         set_thread_slot(idx)
+        if ck is not None:
+            ck.block(launch_id, True)
         try:
             kernel(*args, **kwargs)
         except BaseException as exc:
             state.errors.append((idx, exc))
             state.barrier.abort()
+        finally:
+            if ck is not None:
+                ck.block(launch_id, False)
 
     threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
                for b in range(block_dim)]
@@ -81,6 +88,8 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         t.start()
     for t in threads:
         t.join()
+    if ck is not None:
+        ck.join(launch_id)
     idents = {t.ident for t in threads}
     if rt.udma is not None:
         for qp in rt.udma.qps.values():
@@ -113,8 +122,12 @@ def sync_all() -> None:
     if state is None or state.block_dim == 1:
         return
     rt = runtime()
+    if rt.checker is not None:
+        rt.checker.sync(True)
     try:
         state.barrier.wait(timeout=rt.timeout)
+        if rt.checker is not None:
+            rt.checker.sync(False)
     except threading.BrokenBarrierError:
         if state.errors:
             raise

@@ -20,6 +20,7 @@ from ..runtime import runtime
 from ..shm.barrier import barrier
 from ..shm.control import COLL_LOG, WaitCall
 from ..shm.heap import DEFAULT_ALIGN, extent
+from ..udma.check.array import wrap
 from .checks import check_pe
 
 __all__ = [
@@ -81,7 +82,7 @@ def _record(rt, offset: int, size: int, name: str) -> None:
 
 
 def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], None] | None,
-              prefault: bool) -> np.ndarray:
+              prefault: bool, zero: bool = False) -> np.ndarray:
     rt = runtime()
     heap = rt.heap
     offset = heap.plan(size, align)
@@ -91,6 +92,8 @@ def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], Non
             heap.segments[rt.my_pe].prefault(offset, size)
         if fill is not None:
             fill(block)
+    if rt.checker is not None and offset >= 0:  # before the barrier: a peer may write into it right after
+        rt.checker.alloc(offset, size, name, zero)
     seq = _agree(rt, WaitCall.MALLOC, size, align, offset, name)
     if offset < 0:
         raise HeapExhaustedError(
@@ -99,6 +102,8 @@ def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], Non
             f"start the job with a larger --heap-size")
     heap.commit(offset, size, name)
     _record(rt, offset, size, name)
+    if rt.checker is not None:
+        return wrap(heap.view(rt.my_pe, offset, (size,), np.uint8))
     return heap.view(rt.my_pe, offset, (size,), np.uint8)
 
 
@@ -127,7 +132,7 @@ def aclshmem_calloc(nmemb: int, size: int, *, name: str = "", prefault: bool = T
     total = _check_size("aclshmem_calloc", nmemb) * _check_size("aclshmem_calloc", size)
     if total == 0:
         return None
-    return _allocate(total, DEFAULT_ALIGN, name or "calloc", lambda b: b.fill(0), prefault)
+    return _allocate(total, DEFAULT_ALIGN, name or "calloc", lambda b: b.fill(0), prefault, zero=True)
 
 
 def aclshmem_align(alignment: int, size: int, *, name: str = "", prefault: bool = True) -> np.ndarray | None:
@@ -155,6 +160,8 @@ def aclshmem_free(arr: np.ndarray | None) -> None:
                          f"allocation of this PE")
     size, _ = rt.heap.allocations[offset]
     _agree(rt, WaitCall.FREE, size, 0, offset, "")
+    if rt.checker is not None:
+        rt.checker.free(offset, size)
     rt.heap.release(offset)
     allocs = rt.ctl.pes[rt.my_pe]["allocs"]
     hits = np.flatnonzero((allocs["live"] != 0) & (allocs["offset"] == offset))
@@ -173,7 +180,7 @@ def aclshmem_ptr(arr: np.ndarray, pe: int) -> np.ndarray:
     not wake the peer's waiters, use ``aclshmemx_signal_op`` or the UDMA API for anything a peer waits on.
     """
     rt = runtime()
-    return rt.heap.peer_view(arr, check_pe(rt, "aclshmem_ptr", pe), "aclshmem_ptr argument")
+    return wrap(rt.heap.peer_view(arr, check_pe(rt, "aclshmem_ptr", pe), "aclshmem_ptr argument"))
 
 
 def prefault(arr: np.ndarray) -> None:
@@ -192,12 +199,13 @@ def prefault(arr: np.ndarray) -> None:
         rt.heap.segments[pe].prefault(offset + lo, hi - lo)
 
 
-def _shaped(shape, dtype, name, fill, prefault) -> np.ndarray:
+def _shaped(shape, dtype, name, fill, prefault, zero: bool = False) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     block = _allocate(max(nbytes, 1), max(DEFAULT_ALIGN, dtype.alignment), name or "array",
-                      None if fill is None else lambda b: fill(b[:nbytes].view(dtype).reshape(shape)), prefault)
+                      None if fill is None else lambda b: fill(b[:nbytes].view(dtype).reshape(shape)), prefault,
+                      zero)
     return block[:nbytes].view(dtype).reshape(shape)
 
 
@@ -208,7 +216,7 @@ def empty(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> 
 
 def zeros(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> np.ndarray:
     """A zeroed heap array on every PE (collective)."""
-    return _shaped(shape, dtype, name, lambda a: a.fill(0), prefault)
+    return _shaped(shape, dtype, name, lambda a: a.fill(0), prefault, zero=True)
 
 
 def full(shape, fill_value, dtype=None, *, name: str = "", prefault: bool = True) -> np.ndarray:

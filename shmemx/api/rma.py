@@ -358,11 +358,16 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     if nbytes == 0:
         return
     peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
+    ck = rt.checker
     if remote_is_dst:
+        if ck is not None:  # a release (a flag stored by MTE): recorded before the copy
+            ck.mte(pe, rt.heap.locate(sym)[1], nbytes, True, src.reshape(-1)[:nelems])
         np.copyto(peer, src.reshape(-1)[:nelems])
         rt.ctl.wake(pe)
     else:
         np.copyto(dst.reshape(-1)[:nelems], peer)
+        if ck is not None:
+            ck.mte(pe, rt.heap.locate(sym)[1], nbytes, False, dst)
 
 
 def aclshmemx_mte_put_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:

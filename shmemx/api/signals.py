@@ -182,6 +182,10 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
     value = _word_value(rt, w, signal, "aclshmemx_signal_op")
+    if rt.chaos is not None:
+        rt.chaos.jitter()
+    if rt.checker is not None:  # a release: recorded before the store
+        rt.checker.signal(pe, w.offset, w.dtype.itemsize, sig_op, value)
     if sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
         # it before any waiter can see the wake.
@@ -190,6 +194,8 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
     rt.ctl.wake(pe)
+    if rt.chaos is not None:
+        rt.chaos.jitter()
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -205,7 +211,14 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     w = _word(rt, ivar, name + " ivar")
     target = _word_value(rt, w, value, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
+    if rt.chaos is not None:
+        rt.chaos.jitter()
     v = words[idx]
+    if rt.checker is not None or rt.chaos is not None:
+        v = _checked_wait(rt, call, name, w, op, cmp, target)
+        if rt.checker is not None:  # an acquire: recorded after the word met the condition
+            rt.checker.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v)
+        return v
     if rt.tracer is None:
         if op(v, target):  # met already: nothing to record
             return v
@@ -226,6 +239,19 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     return seen[0]
 
 
+def _checked_wait(rt, call: WaitCall, name: str, w: _Word, op, cmp: int, target: int) -> int:
+    """The wait of ``_wait_word`` under ``--check`` or ``--chaos`` (jitter after it): the value that met it."""
+    words, idx = w.words, w.idx
+    v = words[idx]
+    if not op(v, target):
+        v = block_on_word(rt, words, idx, op, target,
+                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+                          lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
+    if rt.chaos is not None:
+        rt.chaos.jitter()
+    return v
+
+
 def aclshmem_signal_wait_until(sig_addr: np.ndarray, cmp: int, value: int) -> int:
     """Block until ``sig_addr[0] <cmp> value``; return the value that met the condition."""
     return _wait_word(WaitCall.SIGNAL_WAIT_UNTIL, "signal_wait_until", sig_addr, cmp, value)
@@ -241,7 +267,13 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     rt = runtime()
     cmp = _check_cmp(cmp)
     w = _word(rt, ivar, "test ivar")
-    return _OPS[cmp](w.words[w.idx], _as_int(rt, value, w.dtype, "test"))
+    target = _as_int(rt, value, w.dtype, "test")
+    v = w.words[w.idx]
+    met = _OPS[cmp](v, target)
+    if met and rt.checker is not None:
+        rt.checker.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v,
+                        test=True)
+    return met
 
 
 # --- arrays of words -----------------------------------------------------------------------------------------
@@ -292,7 +324,22 @@ class _Words:
         value = int(self.values) if np.ndim(self.values) == 0 else 0
         wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
                     dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
+        if rt.chaos is not None:
+            rt.chaos.jitter()
         block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
+        if rt.chaos is not None:
+            rt.chaos.jitter()
+
+    def record(self, rt, call: WaitCall, met, test: bool = False) -> None:
+        """Tell the checker which words met the condition (``met``: their indices; None: every active one)."""
+        if met is None:
+            met = np.flatnonzero(self.active)
+        if not len(self.ivars) or not len(met):
+            return
+        stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
+        value = int(self.values) if np.ndim(self.values) == 0 else 0
+        rt.checker.wait(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.itemsize, self.cmp, value,
+                        test=test, met=met)
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
@@ -300,6 +347,8 @@ def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> 
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
     w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
+    if rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, None)
 
 
 def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
@@ -318,6 +367,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
         return False
 
     w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
+    if rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, found[:1])
     return found[0]
 
 
@@ -337,21 +388,33 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
         return False
 
     w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
+    if rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, found)
     return found
 
 
 def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
     rt = runtime()
     w = _Words(rt, "test_all", ivars, cmp, value, status)
-    return bool(np.all(w.matches() | ~w.active))
+    met = bool(np.all(w.matches() | ~w.active))
+    if met and rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, None, test=True)
+    return met
 
 
 def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
     rt = runtime()
-    hits = np.flatnonzero(_Words(rt, "test_any", ivars, cmp, value, status).matches())
+    w = _Words(rt, "test_any", ivars, cmp, value, status)
+    hits = np.flatnonzero(w.matches())
+    if len(hits) and rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, hits[:1], test=True)
     return int(hits[0]) if len(hits) else None
 
 
 def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
     rt = runtime()
-    return [int(i) for i in np.flatnonzero(_Words(rt, "test_some", ivars, cmp, value, status).matches())]
+    w = _Words(rt, "test_some", ivars, cmp, value, status)
+    hits = [int(i) for i in np.flatnonzero(w.matches())]
+    if hits and rt.checker is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, hits, test=True)
+    return hits

@@ -34,14 +34,23 @@ def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = N
     as a span named by the call.
     """
     start = time.perf_counter_ns()
+    ck = rt.checker
+    if rt.chaos is not None:
+        rt.chaos.jitter()
+    if ck is not None:
+        ck.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1, call, True)
     try:
         _barrier(rt, call, timeout)
+        if ck is not None:
+            ck.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]), call, False)
     finally:
         if call in BARRIER_CALLS and rt.stats is not None:
             rt.stats.add_barrier(thread_slot(), time.perf_counter_ns() - start)
         if rt.tracer is not None:
             number = int(rt.ctl.pes[rt.my_pe]["barriers"])
             rt.tracer.span(start, thread_slot(), "barrier", call.name.lower(), (number,))
+        if rt.chaos is not None:
+            rt.chaos.jitter()
 
 
 def _barrier(rt, call: WaitCall, timeout: float | None) -> None:

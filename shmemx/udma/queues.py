@@ -91,6 +91,7 @@ class QueuePair:
         # inspection: WQEs and bytes posted since the owner last published them (observe.counters), and the trace list
         self.n_posted = self.b_posted = 0
         self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
+        self.check = None  # the runtime's checker (udma.check) while the job runs under --check
         # engine side
         self.ci = 0
         self.cq_pi = 0
@@ -185,6 +186,8 @@ class QueuePair:
             tr.append(_now())  # three appends to an array: no object that the GC has to track
             tr.append(head)
             tr.append(length << 16 | opcode << 8 | self.owner_block)
+        if self.check is not None:
+            self.check.post(self, head, opcode, flag, rmt_va, length, local_va, api)
         w[self._i_db] = new  # the doorbell, last
         if not self.queued:
             self.queued = True
@@ -212,6 +215,8 @@ class QueuePair:
             tr.append(_now())
             tr.append(head)
             tr.append(length << 16 | wqe[OPCODE_BYTE] << 8 | self.owner_block)
+        if self.check is not None:
+            self.check.post_wqe(self, head, wqe, api)
         self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
         self.b_posted += length
@@ -267,6 +272,8 @@ class QueuePair:
             slots = (self.head + np.arange(n)) & self.mask
             self.sidecar[slots] = sidecar_word(api, thread_slot())
             self._count_batch(n)
+            if self.check is not None:
+                self.check.doorbell(self, n, api)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:
@@ -309,8 +316,13 @@ class QueuePair:
             CompletionError: an error CQE (carrying the decoded CQE and WQE), or the queue failed without one.
         """
         start = _now()
+        chaos = self.udma.rt.chaos
+        if chaos is not None:
+            chaos.jitter()
         try:
             self._poll(target, what, call, report, release)
+            if self.check is not None:
+                self.check.quiet(self)
         finally:
             rt = self.udma.rt
             slot = thread_slot()
@@ -319,6 +331,8 @@ class QueuePair:
             rt.stats.add_quiet(slot, _now() - start)
             if rt.tracer is not None:
                 rt.tracer.span(start, slot, "quiet", call.name.lower(), (self.peer, self.qp_idx, target))
+            if chaos is not None:
+                chaos.jitter()
 
     def _poll(self, target: int, what: str, call: WaitCall, report: bool, release: bool) -> None:
         t = self.cq_tail

@@ -1,0 +1,925 @@
+"""The analysis of ``--check``: replay every PE's log in time-stamp order and decide each finding from
+happens-before, never from when the engine ran a WQE.
+
+Clocks. Every kernel thread (PE, AIV block; the main thread shares block 0's) has a vector clock over the threads
+and over the job's *lanes*, the (PE, peer, QP) send queues. A thread entry counts that thread's events; a lane
+entry is the number of the lane's WQEs, in posting order, known complete (a quiet of that lane retires a prefix).
+WQEs known complete beyond that prefix (a put_signal's own payload, what an SO WQE waited for) are kept as a set
+per lane beside the clock. Edges:
+
+* program order, and a launch to its blocks, a block to the launch's end, ``sync_all`` among the blocks of a PE;
+* a barrier: every arrival joins the barrier's clock, every departure takes it (threads only: a barrier
+  completes no WQE, as in CANN SHMEM);
+* a quiet of (peer, qp) that returned: the lane's WQEs posted before its last CQE-producing WQE are complete;
+* a wait (or a test that held, or a plain load of a synchronisation word) takes the clock of the write whose
+  value met it: a ``signal_op`` or a store (the writer's clock then), a put_signal's signal or an atomic (the
+  poster's clock at post, plus the WQE itself and whatever it was ordered after on its QP: a fence orders every
+  earlier WQE of the QP, SO every earlier RO/SO one, NO and RO nothing; ``lanes.FENCE_SO`` is what the MoE
+  kernels use for that reason).
+
+Memory (``shadow``). Each heap interval keeps the writes that may be visible there, the reads since, and the WQEs
+that will still read it. A kernel read of a range a WQE writes is a finding unless the reader knows the WQE
+complete; a write over memory a WQE will read (its source, a remote get's source) unless the writer knows that
+WQE complete; a WQE posted over a range that a thread read or wrote, or another WQE writes, unless its poster
+knew of that access (or, for two WQEs of one QP, the QP orders them). Synchronisation words (waited on,
+signalled, or an atomic's target, anywhere in the job) do not race with one another unless the order matters
+(a store against a different store or an add); a plain load of one is an acquire (a plain-load poll loop gets a
+warning instead of a race). A wait whose condition the writes it already consumed still meet is a stale flag.
+Which kind a finding is, and what to add, comes from the events between the two sides (``report``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections import defaultdict
+
+import numpy as np
+
+from ..layout import Odr, Opcode
+from ..rings import Api
+from .events import LOCAL_HEAP, Access, Kind, Log
+from .report import Finding, Findings, Side, describe_wqe, kind_text
+from .shadow import EMPTY, ReadRec, Shadow, State, WriteRec
+
+__all__ = ["Analyzer", "analyze"]
+
+_M32 = 0xFFFF_FFFF
+_U64 = (1 << 64) - 1
+_WRITE, _READ, _NOTIFY, _FAA, _CAS = (int(Opcode.WRITE), int(Opcode.READ), int(Opcode.WRITE_WITH_NOTIFY),
+                                      int(Opcode.FAA), int(Opcode.CAS))
+_OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
+_HISTORY = 256  # writes remembered per synchronisation word
+
+
+class Rel:
+    """What a release hands on: a clock and the per-lane sets of WQEs known complete beyond its prefixes."""
+
+    __slots__ = ("vc", "extras")
+
+    def __init__(self, vc: np.ndarray, extras: dict):
+        self.vc = vc
+        self.extras = extras
+
+
+class Thread:
+    __slots__ = ("ti", "pe", "block", "vc", "extras", "clock", "quiets")
+
+    def __init__(self, ti: int, pe: int, block: int, size: int):
+        self.ti, self.pe, self.block = ti, pe, block
+        self.vc = np.zeros(size, np.int64)
+        self.extras: dict[int, set] = {}
+        self.clock = 0
+        self.quiets: list = []  # (ts, lane) of this thread's quiets
+
+    def tick(self) -> int:
+        self.clock += 1
+        self.vc[self.ti] = self.clock
+        return self.clock
+
+    def release(self) -> Rel:
+        return Rel(self.vc.copy(), {li: frozenset(s) for li, s in self.extras.items() if s})
+
+
+class Lane:
+    __slots__ = ("li", "pe", "peer", "qp", "wqes", "by_pos", "wraps", "last_raw", "ordered", "last_user")
+
+    def __init__(self, li: int, pe: int, peer: int, qp: int):
+        self.li, self.pe, self.peer, self.qp = li, pe, peer, qp
+        self.wqes: list = []  # by seq - 1
+        self.by_pos: dict[int, "Wqe"] = {}
+        self.wraps = 0
+        self.last_raw = 0
+        self.ordered = (0, frozenset())  # what a later SO WQE waits for: (prefix, extra seqs)
+        self.last_user = None  # (thread index, clock, site) of the last post or quiet
+
+    def unwrap(self, raw: int) -> int:
+        if raw < self.last_raw and self.last_raw - raw > 1 << 31:
+            self.wraps += 1
+        elif raw > self.last_raw and raw - self.last_raw > 1 << 31:
+            return raw + (self.wraps - 1 << 32)
+        self.last_raw = raw
+        return raw + (self.wraps << 32)
+
+
+class Wqe:
+    __slots__ = ("lane", "seq", "ti", "clock", "ts", "site", "pe", "opcode", "flag", "api", "pos", "end", "target",
+                 "dst", "length", "local_heap", "local", "sig_off", "value", "prefix", "extra", "rel", "reaped",
+                 "reported", "cqe")
+
+    @property
+    def odr(self) -> int:
+        return self.flag & 7
+
+    @property
+    def fence(self) -> bool:
+        return bool(self.flag >> 3 & 1)
+
+    @property
+    def qp(self) -> int:
+        return self.lane.qp
+
+
+class Word:
+    """The writes of one synchronisation word, in time-stamp order: (entry, running value)."""
+
+    __slots__ = ("size", "initial", "entries")
+
+    def __init__(self, size: int, initial):
+        self.size, self.initial = size, initial
+        self.entries: list = []
+
+
+class Entry:
+    __slots__ = ("ts", "op", "value", "by", "rel", "consumed", "site", "pe", "ti", "cur")
+
+    def __init__(self, ts, op, value, by, rel, site, pe, ti):
+        self.ts, self.op, self.value, self.by, self.rel, self.site, self.pe, self.ti = ts, op, value, by, rel, site, pe, ti
+        self.consumed: set = set()
+        self.cur = None
+
+
+class Analyzer:
+    """One replay of a job's logs (``analyze`` runs it)."""
+
+    def __init__(self, logs: list[Log], heap_size: int):
+        self.logs = {log.pe: log for log in logs}
+        self.n_pes = max(self.logs) + 1 if self.logs else 0
+        self.heap_size = heap_size
+        self.findings = Findings()
+        self.sites = {(pe, sid): site for pe, log in self.logs.items() for sid, site in log.sites.items()}
+        self.allocs: dict[int, dict] = defaultdict(dict)  # pe -> offset -> (size, name)
+        self.alloc_starts: dict[int, list] = defaultdict(list)
+        self.words: dict[tuple[int, int], Word] = {}
+        self.shadow = {pe: Shadow(heap_size) for pe in range(self.n_pes)}
+        self.barriers: dict[int, Rel] = {}
+        self.launches: dict[tuple[int, int], Rel] = {}
+        self.launch_end: dict[tuple[int, int], list] = defaultdict(list)
+        self.syncs: dict[tuple, list] = defaultdict(list)
+        self.releases: dict[int, list] = defaultdict(list)  # pe -> [(ts, ti, clock, what, wqe or None, site)]
+        self.release_ts: dict[int, list] = defaultdict(list)
+        self.warned: set = set()
+        self._prepass()
+
+    # --- set-up ---------------------------------------------------------------------------------------------
+
+    def _prepass(self) -> None:
+        threads, lanes, sync = set(), set(), defaultdict(set)
+        self.events = []
+        self.met: dict[tuple[int, int], list] = {}
+        self.polls: set = set()
+        for pe, log in self.logs.items():
+            rows = log.records.tolist()
+            last: dict[int, tuple] = {}
+            last_idx: dict[int, tuple] = {}
+            wait_at = None
+            for idx, r in enumerate(rows):
+                ts, kind, block, flags, site, a, b, c, d, e, f, g = r
+                if kind == Kind.SITE:
+                    continue
+                threads.add((pe, block))
+                if kind == Kind.MET:
+                    if wait_at is not None:
+                        words = [(w >> 16 * i) & 0xFFFF for w in (a, b, c, d, e) for i in range(4)][:f]
+                        self.met.setdefault(wait_at, []).extend(words)
+                    continue
+                wait_at = (pe, idx) if kind == Kind.WAIT else None
+                if kind == Kind.POST:
+                    peer, qp, op = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
+                    lanes.add((pe, peer, qp))
+                    if op == _NOTIFY:
+                        sync[peer].add((d, 8))
+                    elif op in (_FAA, _CAS):
+                        sync[peer].add((b, f))
+                elif kind == Kind.QUIET:
+                    lanes.add((pe, a & 0xFFFF, a >> 16 & 0xFF))
+                elif kind == Kind.SIGNAL:
+                    sync[a & 0xFFFF].add((b, a >> 24 & 0xFF))
+                elif kind == Kind.WAIT:
+                    size, count = a >> 24 & 0xFF, d
+                    for k in range(min(count, 1 << 16)):
+                        sync[a & 0xFFFF].add((b + k * c, size))
+                if kind == Kind.ACCESS and not (a >> 16 & 1):
+                    key = (site, a & 0xFFFF, b, c)
+                    if last.get(block) == key:
+                        self.polls.add((pe, idx))
+                        self.polls.add(last_idx[block])
+                        sync[a & 0xFFFF].add((b, min(c, 8)))
+                    last[block] = key
+                    last_idx[block] = (pe, idx)
+                else:
+                    last.pop(block, None)
+                self.events.append((ts, pe, idx, r))
+        self.events.sort(key=lambda x: (x[0], x[1], x[2]))
+        self.thread_index = {key: i for i, key in enumerate(sorted(threads))}
+        nt = len(self.thread_index)
+        self.lane_index = {key: nt + i for i, key in enumerate(sorted(lanes))}
+        size = nt + len(self.lane_index)
+        self.nt = nt
+        self.threads = {key: Thread(i, key[0], key[1], size) for key, i in self.thread_index.items()}
+        self.by_ti = {t.ti: t for t in self.threads.values()}
+        self.lanes = {key: Lane(li, *key) for key, li in self.lane_index.items()}
+        self.by_li = {lane.li: lane for lane in self.lanes.values()}
+        for pe, words in sync.items():
+            if pe in self.shadow:
+                for off, size in words:
+                    self.shadow[pe].mark_sync(off, off + max(size, 1))
+                    self.words.setdefault((pe, off), Word(size, None))
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def known(self, t: Thread, by) -> bool:
+        """Whether thread ``t`` knows ``by`` happened: a Wqe complete, or a thread's event (thread index, clock)."""
+        if type(by) is tuple:
+            return t.vc[by[0]] >= by[1]
+        lane = by.lane.li
+        if t.vc[lane] >= by.seq:
+            return True
+        s = t.extras.get(lane)
+        return s is not None and by.seq in s
+
+    def join(self, t: Thread, rel: Rel) -> None:
+        np.maximum(t.vc, rel.vc, out=t.vc)
+        for li, seqs in rel.extras.items():
+            prefix = t.vc[li]
+            mine = t.extras.get(li)
+            merged = (mine | seqs) if mine else set(seqs)
+            t.extras[li] = {s for s in merged if s > prefix}
+
+    def alloc_name(self, pe: int, off: int) -> str:
+        starts = self.alloc_starts[pe]
+        i = bisect.bisect_right(starts, off) - 1
+        if i >= 0:
+            start = starts[i]
+            size, name = self.allocs[pe][start]
+            if off < start + max(size, 1):
+                return f"'{name}'+{off - start:#x}"
+        return f"heap+{off:#x}"
+
+    def side(self, pe: int, block: int, site: int, what: str) -> Side:
+        return Side(pe, block, self.sites.get((pe, site)), what)
+
+    def wqe_side(self, w: Wqe, what: str | None = None) -> Side:
+        return self.side(w.pe, self.by_ti[w.ti].block, w.site, what or describe_wqe(w))
+
+    def _release(self, t: Thread, ts: int, what: str, wqe=None, site: int = 0) -> None:
+        self.releases[t.pe].append((ts, t.ti, t.clock, what, wqe, site))
+        self.release_ts[t.pe].append(ts)
+
+    def add(self, finding: Finding) -> None:
+        pe, off = finding.mem[0], finding.mem[1]
+        finding.memory = self.alloc_name(pe, off) if off is not None else "a local (non-heap) array"
+        self.findings.add(finding)
+
+    # --- the replay -----------------------------------------------------------------------------------------
+
+    def run(self) -> Findings:
+        handlers = {Kind.ALLOC: self.on_alloc, Kind.FREE: self.on_free, Kind.POST: self.on_post,
+                    Kind.QUIET: self.on_quiet, Kind.SIGNAL: self.on_signal, Kind.WAIT: self.on_wait,
+                    Kind.ARRIVE: self.on_arrive, Kind.DEPART: self.on_depart, Kind.LAUNCH: self.on_launch,
+                    Kind.JOIN: self.on_join, Kind.BLOCK_BEGIN: self.on_block_begin, Kind.BLOCK_END: self.on_block_end,
+                    Kind.SYNC_ARRIVE: self.on_sync_arrive, Kind.SYNC_DEPART: self.on_sync_depart,
+                    Kind.ACCESS: self.on_access, Kind.SRC_CHANGED: self.on_src_changed}
+        for ts, pe, idx, r in self.events:
+            handler = handlers.get(r[1])
+            if handler is not None:
+                t = self.threads[(pe, r[2])]
+                t.tick()
+                handler(t, ts, pe, idx, r)
+        return self.findings
+
+    # --- allocations ----------------------------------------------------------------------------------------
+
+    def on_alloc(self, t, ts, pe, idx, r) -> None:
+        off, size = r[5], r[6]
+        name = self.logs[pe].string(r[7], r[8])
+        if off not in self.allocs[pe]:
+            bisect.insort(self.alloc_starts[pe], off)
+        self.allocs[pe][off] = (size, name)
+        self.shadow[pe].reset(off, off + size)
+        for (wpe, woff), word in self.words.items():
+            if wpe == pe and off <= woff < off + size:
+                word.entries.clear()
+                word.initial = 0 if r[3] & 1 else None
+
+    def on_free(self, t, ts, pe, idx, r) -> None:
+        off, size = r[5], r[6]
+        self.shadow[pe].reset(off, off + size)
+        if off in self.allocs[pe]:
+            del self.allocs[pe][off]
+            self.alloc_starts[pe].remove(off)
+
+    # --- posts and quiets -----------------------------------------------------------------------------------
+
+    def on_post(self, t: Thread, ts, pe, idx, r) -> None:
+        _, _, block, flags, site, a, b, c, d, e, f, g = r
+        peer, qp, opcode = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
+        lane = self.lanes[(pe, peer, qp)]
+        w = Wqe()
+        w.lane, w.ti, w.clock, w.ts, w.site, w.pe = lane, t.ti, t.clock, ts, site, pe
+        w.opcode, w.flag, w.api = opcode, flags & 0xFF, flags >> 8 & 0x7F
+        w.pos = lane.unwrap(a & _M32)
+        w.end = w.pos + (2 if opcode in (_NOTIFY, _FAA, _CAS) else 1)
+        w.target, w.dst, w.length = peer, b, f
+        w.local_heap, w.local = bool(flags & LOCAL_HEAP), c
+        w.sig_off, w.value = d, e
+        w.reaped = w.reported = False
+        w.cqe = bool(w.flag >> 5 & 1)
+        lane.wqes.append(w)
+        w.seq = len(lane.wqes)
+        lane.by_pos[w.pos] = w
+        self._order(lane, w)
+        self._submitter(t, lane, w)
+        w.rel = None
+        if opcode in (_NOTIFY, _FAA, _CAS):
+            rel = t.release()
+            li = lane.li
+            rel.vc[li] = max(rel.vc[li], w.prefix)
+            if w.extra:
+                rel.extras[li] = frozenset(rel.extras.get(li, frozenset()) | w.extra)
+            w.rel = rel
+        if peer not in self.shadow or w.dst + w.length > self.heap_size and opcode != _NOTIFY:
+            return
+        if opcode == _READ:
+            self._engine_read(t, w, peer, w.dst, w.length)
+            if w.local_heap:
+                self._engine_write(t, w, pe, w.local, w.length, "get")
+            return
+        if opcode in (_WRITE, _NOTIFY) and w.local_heap and w.length:
+            self._engine_read(t, w, pe, w.local, w.length)
+        if opcode in (_WRITE, _NOTIFY) and w.length:
+            self._engine_write(t, w, peer, w.dst, w.length, "wqe")
+        if opcode == _NOTIFY:
+            self._sync_write(t, ts, peer, w.sig_off, 8, "set", w.value, w, w.rel, site)
+            self._release(t, ts, "signal", w, site)
+        elif opcode in (_FAA, _CAS):
+            self._sync_write(t, ts, peer, w.dst, w.length, "add" if opcode == _FAA else "cas",
+                             w.value if opcode == _FAA else None, w, w.rel, site)
+            self._release(t, ts, "atomic", w, site)
+
+    def _order(self, lane: Lane, w: Wqe) -> None:
+        """What ``w``'s completion implies on its QP (``w.prefix``, ``w.extra``), and the lane's SO state."""
+        prefix, extra = lane.ordered
+        if w.fence:
+            w.prefix, w.extra = w.seq, frozenset()
+        elif w.odr == Odr.SO:
+            w.prefix, w.extra = prefix, extra | {w.seq}
+        else:
+            w.prefix, w.extra = 0, frozenset({w.seq})
+        if w.odr in (Odr.SO, Odr.RO):
+            if w.fence:
+                lane.ordered = (w.seq, frozenset())
+            else:
+                lane.ordered = (prefix, extra | {w.seq})
+
+    def _submitter(self, t: Thread, lane: Lane, w: Wqe) -> None:
+        last = lane.last_user
+        if last is not None and last[0] != t.ti and not t.vc[last[0]] >= last[1]:
+            other = self.by_ti[last[0]]
+            self.add(Finding(
+                "two-submitters", self.wqe_side(w, f"posts {describe_wqe(w)}"),
+                self.side(other.pe, other.block, last[2], f"block {other.block} posted to or quieted the same send "
+                          f"queue"), lane.peer, lane.qp, None, w,
+                why=f"blocks {other.block} and {self.by_ti[t.ti].block} use (pe {lane.peer}, qp {lane.qp}) of pe "
+                    f"{lane.pe} with nothing ordering them (one submitter per QP, as on the hardware; it raised "
+                    f"SubmitterError only if they overlapped in time)",
+                fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} "
+                    f"and sync_all() before block {self.by_ti[t.ti].block} posts"))
+        lane.last_user = (t.ti, t.clock, w.site)
+
+    def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
+        a, tail_raw = r[5], r[6]
+        lane = self.lanes[(pe, a & 0xFFFF, a >> 16 & 0xFF)]
+        tail = lane.unwrap(tail_raw) if lane.wqes else tail_raw
+        # every WQE ending at or before the tail retired
+        n = t.vc[lane.li]
+        wqes = lane.wqes
+        k = n
+        while k < len(wqes) and wqes[k].end <= tail:
+            k += 1
+        if k > n:
+            t.vc[lane.li] = k
+            for w in wqes[n:k]:
+                w.reaped = True
+        s = t.extras.get(lane.li)
+        if s:
+            t.extras[lane.li] = {x for x in s if x > t.vc[lane.li]}
+        for w in wqes[:k]:
+            w.reaped = True
+        t.quiets.append((ts, lane))
+        lane.last_user = (t.ti, t.clock, r[4])
+
+    def on_src_changed(self, t: Thread, ts, pe, idx, r) -> None:
+        a, pos = r[5], r[6]
+        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
+        if lane is None:
+            return
+        w = lane.by_pos.get(pos) or next((x for x in reversed(lane.wqes) if x.pos & _M32 == pos), None)
+        if w is None or w.reported or self.known(t, w):
+            return
+        w.reported = True
+        self.add(Finding(
+            "source-overwrite", self.side(pe, t.block, r[4], "quieted it"), self.wqe_side(w), w.target, w.qp, None, w,
+            mem=(pe, w.local if w.local_heap else None, w.length, w.local_heap),
+            why="its source bytes changed between the post and the quiet that retired it (a store the checker "
+                "could not see: a local numpy array or a raw view); the engine may read the new bytes",
+            fix="leave a put's source alone until the quiet of its QP (aclshmemx_udma_qp_quiet) returns, or "
+                "double-buffer it"))
+
+    # --- the engine's accesses, decided at post ----------------------------------------------------------
+
+    def _engine_read(self, t: Thread, w: Wqe, pe: int, off: int, n: int) -> None:
+        """A WQE will read ``[off, off+n)`` of PE ``pe`` when it executes: what it reads must be complete for
+        its poster now, and nobody may write it until the WQE is known complete (a pin)."""
+        reader = self.wqe_side(w, f"posts {describe_wqe(w)}, which reads")
+
+        def fn(s: State, start: int) -> State:
+            for rec in s.writes:
+                if not s.sync and not self._knows_write(t, rec):
+                    self._read_finding(t, rec, pe, start, reader, w)
+            return s.replace(pins=tuple(p for p in s.pins if not p.reaped) + (w,))
+
+        self.shadow[pe].update(off, off + n, fn)
+
+    def _engine_write(self, t: Thread, w: Wqe, pe: int, off: int, n: int, kind: str) -> None:
+        """A WQE will write ``[off, off+n)`` of PE ``pe``: its poster must know of every earlier access there."""
+        writer = self.wqe_side(w, f"posts {describe_wqe(w)}, which writes")
+
+        def fn(s: State, start: int) -> State:
+            prev = None
+            for rec in s.writes:
+                if self._knows_write(t, rec) or (isinstance(rec.by, Wqe) and self._ordered(rec.by, w)):
+                    prev = prev or rec
+                    continue
+                if s.sync and not _order_matters(rec, "set"):
+                    continue
+                self._waw(writer, rec, pe, start, w=w)
+                prev = prev or rec
+            for rd in s.reads:
+                if not t.vc[rd.ti] >= rd.clock:
+                    self._war(writer, rd, pe, start, w, s)
+            for p in s.pins:
+                if p is not w and not p.reaped and not self.known(t, p) and not self._ordered(p, w):
+                    self._overwrite(writer, p, pe, start, w)
+            rec = WriteRec(w, kind, w.site, w.pe, prev=prev)
+            return s.replace(writes=(rec,), reads=(), pins=tuple(p for p in s.pins if not p.reaped))
+
+        self.shadow[pe].update(off, off + n, fn)
+
+    def _ordered(self, first: Wqe, then: Wqe) -> bool:
+        """Whether ``then`` cannot execute before ``first`` completes (one QP: fence, or SO after RO/SO)."""
+        if first.lane is not then.lane or first.seq >= then.seq:
+            return False
+        return first.seq <= then.prefix or first.seq in then.extra
+
+    def _knows_write(self, t: Thread, rec: WriteRec) -> bool:
+        return self.known(t, rec.by)
+
+    # --- signals, stores and waits on synchronisation words --------------------------------------------------
+
+    def _sync_write(self, t: Thread, ts: int, pe: int, off: int, size: int, op: str, value, by, rel: Rel,
+                    site: int, side: Side | None = None) -> None:
+        """A write of a synchronisation word (signal_op, a put_signal's signal, an atomic, a store): checked
+        against the unordered writes whose order matters, then recorded for the waits."""
+        if pe not in self.shadow:
+            return
+        rec = WriteRec(by, "signal" if isinstance(by, Wqe) else "signal_op", site, t.pe, op, value, rel=rel)
+        me = side or (self.wqe_side(by, f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
+                      else self.side(t.pe, t.block, site, "signals"))
+
+        def fn(s: State, start: int) -> State:
+            keep = []
+            for old in s.writes:
+                if isinstance(by, Wqe) and isinstance(old.by, Wqe) and self._ordered(old.by, by):
+                    continue
+                if self.known(t, old.by):
+                    continue
+                if _order_matters(old, op, value):
+                    self._waw(me, old, pe, start, w=by if isinstance(by, Wqe) else None, sync=True)
+                elif old.op == "add" or op == "add":
+                    keep.append(old)
+            return s.replace(writes=tuple(keep) + (rec,))
+
+        self.shadow[pe].update(off, off + size, fn)
+        word = self.words.get((pe, off))
+        if word is None:
+            word = self.words[(pe, off)] = Word(size, None)
+        entry = Entry(ts, op, value, by, rel, site, t.pe, t.ti)
+        entries = word.entries
+        prev = entries[-1].cur if entries else word.initial
+        entry.cur = _apply(prev, op, value, word.size)
+        entries.append(entry)
+        if len(entries) > _HISTORY:
+            del entries[:len(entries) - _HISTORY]
+
+    def on_signal(self, t: Thread, ts, pe, idx, r) -> None:
+        a, off, value = r[5], r[6], r[9]
+        tpe, op, size = a & 0xFFFF, a >> 16 & 0xFF, a >> 24 & 0xFF
+        self._sync_write(t, ts, tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(),
+                         r[4], self.side(t.pe, t.block, r[4], f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} "
+                                                              f"{_signed(value, size)})"))
+        self._release(t, ts, "signal_op", None, r[4])
+
+    def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
+        _, _, block, flags, site, a, b, c, d, e, f, g = r
+        wpe, cmp, size = a & 0xFFFF, a >> 16 & 0xFF, a >> 24 & 0xFF
+        seen = f | g << 32
+        met = self.met.get((pe, idx))
+        indices = range(d) if met is None else met
+        single = d == 1 and met is None
+        for k in indices:
+            self._acquire_word(t, ts, wpe, b + k * c, size, cmp, e, seen if single else None, site,
+                               test=bool(flags & 1))
+
+    def _acquire_word(self, t: Thread, ts: int, pe: int, off: int, size: int, cmp: int, target: int, seen, site: int,
+                      test: bool = False) -> None:
+        word = self.words.get((pe, off))
+        if word is None:
+            return
+        target = _signed(target, size)
+        op = _OPS[cmp]
+        if not test:
+            self._stale(t, word, pe, off, size, cmp, target, site)
+        entries = word.entries
+        seen = None if seen is None else _signed(seen, size)
+        j = None
+        for i in range(len(entries) - 1, -1, -1):
+            cur = entries[i].cur
+            if cur is None or (op(cur, target) if seen is None else cur == seen):
+                j = i
+                break
+        if j is None:
+            return
+        chain = [entries[j]]
+        if entries[j].op == "add":
+            i = j - 1
+            while i >= 0 and entries[i].op == "add":
+                chain.append(entries[i])
+                i -= 1
+            if i >= 0:
+                chain.append(entries[i])
+        for entry in chain:
+            if entry.rel is not None:
+                self.join(t, entry.rel)
+            entry.consumed.add(t.ti)
+
+    def _stale(self, t: Thread, word: Word, pe: int, off: int, size: int, cmp: int, target: int, site: int) -> None:
+        """A wait whose condition is met by writes this thread already consumed (and nothing it knows of since)."""
+        cur, chain = word.initial, []
+        for entry in word.entries:
+            if not self.known(t, entry.by):
+                continue
+            if entry.op == "add" and cur is not None:
+                cur = _apply(cur, "add", entry.value, size)
+                chain.append(entry)
+            elif entry.op == "add":
+                chain.append(entry)
+            else:
+                cur, chain = (None if entry.value is None else _signed(entry.value, size)), [entry]
+        if cur is None or not chain or not _OPS[cmp](cur, target) or not all(t.ti in e.consumed for e in chain):
+            return
+        last = chain[-1]
+        writer = (self.wqe_side(last.by, f"posted {describe_wqe(last.by)}") if isinstance(last.by, Wqe)
+                  else self.side(last.pe, self.by_ti[last.ti].block, last.site, "wrote it"))
+        sym = ("==", "!=", ">", ">=", "<", "<=")[cmp]
+        self.add(Finding(
+            "stale-flag", self.side(t.pe, t.block, site, f"waits until {self.alloc_name(pe, off)} {sym} {target}"),
+            writer, pe, last.by.qp if isinstance(last.by, Wqe) else None, (pe, off, size), last.by
+            if isinstance(last.by, Wqe) else None,
+            why=f"the value {cur} it already consumed at an earlier wait still meets the condition: this wait can "
+                f"return before the new write arrives (nothing resets the word or makes the new value differ)",
+            fix="signal a value that differs every round (the iteration or sequence number) and wait for it, or "
+                "reset the word before the acknowledgement that lets the writer signal again"))
+
+    # --- barriers, launches, blocks -------------------------------------------------------------------------
+
+    def on_arrive(self, t: Thread, ts, pe, idx, r) -> None:
+        n = r[5]
+        rel = self.barriers.get(n)
+        if rel is None:
+            self.barriers[n] = t.release()
+        else:
+            self.join_rel(rel, t)
+        self._release(t, ts, "barrier", None, r[4])
+
+    def join_rel(self, rel: Rel, t: Thread) -> None:
+        np.maximum(rel.vc, t.vc, out=rel.vc)
+        for li, s in t.extras.items():
+            if s:
+                rel.extras[li] = frozenset(rel.extras.get(li, frozenset()) | s)
+
+    def on_depart(self, t: Thread, ts, pe, idx, r) -> None:
+        rel = self.barriers.get(r[5])
+        if rel is not None:
+            self.join(t, rel)
+
+    def on_launch(self, t: Thread, ts, pe, idx, r) -> None:
+        self.launches[(pe, r[5])] = t.release()
+
+    def on_block_begin(self, t: Thread, ts, pe, idx, r) -> None:
+        rel = self.launches.get((pe, r[5]))
+        if rel is not None:
+            self.join(t, rel)
+
+    def on_block_end(self, t: Thread, ts, pe, idx, r) -> None:
+        self.launch_end[(pe, r[5])].append(t.release())
+
+    def on_join(self, t: Thread, ts, pe, idx, r) -> None:
+        for rel in self.launch_end.pop((pe, r[5]), []):
+            self.join(t, rel)
+
+    def on_sync_arrive(self, t: Thread, ts, pe, idx, r) -> None:
+        self.syncs[(pe, r[5], r[6])].append(t.release())
+
+    def on_sync_depart(self, t: Thread, ts, pe, idx, r) -> None:
+        for rel in self.syncs.get((pe, r[5], r[6]), []):
+            self.join(t, rel)
+
+    # --- kernel accesses ----------------------------------------------------------------------------------
+
+    def on_access(self, t: Thread, ts, pe, idx, r) -> None:
+        _, _, block, flags, site, a, off, n, value, e, f, g = r
+        acc = Access.unpack(a)
+        if acc.pe not in self.shadow:
+            return
+        if acc.write:
+            self._store(t, ts, acc, off, n, value if acc.value_known else None, site)
+        else:
+            self._load(t, ts, acc, off, n, site, poll=(pe, idx) in self.polls)
+
+    def _load(self, t: Thread, ts: int, acc: Access, off: int, n: int, site: int, poll: bool) -> None:
+        pe = acc.pe
+        me = self.side(t.pe, t.block, site, "reads")
+        acquired = []
+
+        def fn(s: State, start: int) -> State:
+            for rec in s.writes:
+                if self._knows_write(t, rec):
+                    continue
+                if s.sync or poll:
+                    acquired.append(rec)
+                    continue
+                if acc.approx:
+                    continue
+                self._read_finding(t, rec, pe, start, me, None)
+            reads = tuple(rd for rd in s.reads if rd.ti != t.ti) + (ReadRec(t.ti, t.clock, site, t.pe),)
+            return s.replace(reads=reads)
+
+        self.shadow[pe].update(off, off + n, fn)
+        for rec in acquired:  # a plain load of a flag: take what its writer released
+            self._acquire_rec(t, pe, rec)
+        if poll and (t.pe, site) not in self.warned:
+            self.warned.add((t.pe, site))
+            self.add(Finding(
+                "raw-poll", me.with_what(f"polls {self.alloc_name(pe, off)} with plain loads"), None, pe, None,
+                (pe, off, n), None, severity="warning",
+                why="a loop of plain loads is not an acquire on the hardware (no ordering, no cache invalidation), and "
+                    "it spins a core; --check treated it as one",
+                fix="aclshmem_signal_wait_until / aclshmem_wait_until on the word (it sleeps, and orders what follows "
+                    "after the write it saw)"))
+
+    def _acquire_rec(self, t: Thread, pe: int, rec: WriteRec) -> None:
+        """A plain load of ``rec``'s memory taken as an acquire of what its writer released."""
+        by = rec.by
+        if isinstance(by, Wqe):
+            if by.rel is not None:
+                self.join(t, by.rel)
+            elif by.seq > t.vc[by.lane.li]:
+                t.extras.setdefault(by.lane.li, set()).add(by.seq)
+            return
+        rel = rec.rel
+        if rel is not None:
+            self.join(t, rel)
+        else:
+            t.vc[by[0]] = max(t.vc[by[0]], by[1])
+
+    def _store(self, t: Thread, ts: int, acc: Access, off: int, n: int, value, site: int) -> None:
+        pe = acc.pe
+        me = self.side(t.pe, t.block, site, "writes" if not acc.mte else "writes (MTE put)")
+        by = (t.ti, t.clock)
+        sync_parts = []
+
+        def fn(s: State, start: int) -> State:
+            if s.sync:
+                sync_parts.append(start)
+                return s
+            for rec in s.writes:
+                if not self._knows_write(t, rec) and not acc.approx:
+                    self._waw(me, rec, pe, start, store=t)
+            for rd in s.reads:
+                if rd.ti != t.ti and not t.vc[rd.ti] >= rd.clock and not acc.approx:
+                    self._war(me, rd, pe, start, None, s, store=t)
+            for p in s.pins:
+                if not p.reaped and not self.known(t, p) and not acc.approx:
+                    self._overwrite(me, p, pe, start, None)
+            rec = WriteRec(by, "mte" if acc.mte else "store", site, t.pe)
+            return s.replace(writes=(rec,), reads=(), pins=tuple(p for p in s.pins if not p.reaped))
+
+        self.shadow[pe].update(off, off + n, fn)
+        if sync_parts:  # stores into synchronisation words: a release
+            rel = t.release()
+            for (wpe, woff), word in self._words_in(pe, off, off + n):
+                v = value if n <= 8 else (0 if value == 0 else None)
+                if v is not None and word.size < n and n <= 8:
+                    v = v >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
+                self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me)
+            self._release(t, ts, "store", None, site)
+
+    def _words_in(self, pe: int, lo: int, hi: int):
+        return [(k, w) for k, w in self.words.items() if k[0] == pe and lo <= k[1] < hi]
+
+    # --- findings -------------------------------------------------------------------------------------------
+
+    def _read_finding(self, t: Thread, rec: WriteRec, pe: int, off: int, me: Side, engine: Wqe | None) -> None:
+        """Thread ``t`` (or a WQE it posts, ``engine``) reads memory that ``rec`` may still be writing."""
+        by = rec.by
+        mem = (pe, off, 1)
+        if not isinstance(by, Wqe):
+            other = self.by_ti[by[0]]
+            same = other.pe == t.pe
+            self.add(Finding(
+                "block-race" if same else "unsynchronized-read", me,
+                self.side(other.pe, other.block, rec.site, "stored to it" if rec.kind != "mte" else
+                          "wrote it with an MTE put"), pe, None, mem, engine,
+                why=(f"block {other.block} stored it with nothing ordering the two blocks" if same else
+                     f"pe {other.pe} stored it directly, and no wait, barrier or signal orders this read after "
+                     f"that store"),
+                fix=("sync_all() between the store and the read" if same else
+                     "signal after the store (aclshmemx_signal_op) and wait for the signal before reading")))
+            return
+        w = by
+        kind, why, fix = self._classify(t, w, me)
+        self.add(Finding(kind, me, self.wqe_side(w, f"posted {describe_wqe(w)}, which may still be writing it"),
+                         w.target, w.qp, mem, w, engine=engine, why=why, fix=fix))
+
+    def _classify(self, t: Thread, w: Wqe, me: Side) -> tuple[str, str, str]:
+        pe_of = w.pe
+        qtext = f"aclshmemx_udma_qp_quiet({w.target}, {w.qp})"
+        if w.opcode == _READ:
+            return ("get-before-quiet", f"a get's destination is undefined until the quiet of its QP "
+                                        f"(qp {w.qp} of pe {w.target}) returns",
+                    f"{qtext} before reading it")
+        if t.vc[w.ti] >= w.clock:  # t knows w was posted, not that it completed
+            rel = self._publisher(t, w)
+            wrong = self._wrong_quiet(w, rel[0] if rel else None)
+            where = f" at {self.findings.site_text(self.sites.get((pe_of, rel[5])))}" if rel else ""
+            if wrong is not None:
+                return ("quiet-wrong-qp",
+                        f"pe {pe_of} quieted qp {wrong.qp} of pe {wrong.peer} before publishing, but the WQE is on qp "
+                        f"{w.qp}: a quiet covers its own QP only (aclshmemx_udma_quiet(pe) is QP 0)",
+                        f"{qtext} (the WQE's QP) before the signal{where}")
+            if rel is None:
+                return ("flag-before-payload", f"pe {t.pe} learned of the post from pe {pe_of} before the WQE was "
+                                               f"complete",
+                        f"{qtext} before publishing anything that lets pe {t.pe} read it")
+            what, sig = rel[3], rel[4]
+            if what == "barrier":
+                return ("barrier-not-completion",
+                        f"pe {pe_of} went through a barrier{where} after posting it, and a barrier completes no UDMA "
+                        f"work (only a quiet of the QP does)",
+                        f"{qtext} before the barrier{where}")
+            if sig is not None and sig.lane.peer == w.target and sig.qp != w.qp:
+                return ("signal-other-qp",
+                        f"the signal went on qp {sig.qp} ({describe_wqe(sig)}{where}), the payload on qp {w.qp}: "
+                        f"different QPs are not ordered",
+                        f"post the payload and its signal on one QP with a fenced signal, or {qtext} before the "
+                        f"signal{where}")
+            if sig is not None and sig.lane is w.lane:
+                return ("unfenced-signal",
+                        f"the signal ({describe_wqe(sig)}{where}) is on the same QP but not ordered after the "
+                        f"{_odr_name(w.odr)} payload: SO waits only for earlier RO/SO WQEs, and NO/RO for none",
+                        f"set fence=1 on the signal's config (e.g. lanes.FENCE_SO, flag 0x2e), or post the payload "
+                        f"SO, or {qtext} first")
+            via = "aclshmemx_signal_op (a direct store that nothing orders after a WQE)" if what == "signal_op" \
+                else ("a store to a flag" if what == "store" else describe_wqe(sig) if sig is not None else what)
+            return ("flag-before-payload", f"pe {t.pe} learned of it through pe {pe_of}'s {via}{where}, published "
+                                           f"before the WQE completed",
+                    f"{qtext} before the signal{where}, or send the flag with the payload "
+                    f"(aclshmemx_udma_qp_put_signal_nbi)")
+        prev = self._prev_known(t, w)
+        if prev:
+            return ("slot-reuse", f"pe {pe_of} wrote the slot again before pe {t.pe} gave it back: the reader "
+                                  f"consumed the previous write there, and the new one is not ordered after its read",
+                    f"make pe {pe_of} wait for a credit from pe {t.pe} (signal_op after the read, wait_until before "
+                    f"the reuse), or use more slots")
+        return ("unsynchronized-read", f"no wait, quiet or barrier orders this read after pe {pe_of}'s WQE",
+                f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or {qtext} then a signal) and wait for it "
+                f"before reading")
+
+    def _prev_known(self, t: Thread, w: Wqe) -> bool:
+        for _start, s in self.shadow[w.target].states_in(w.dst, w.dst + max(w.length, 1)):
+            for rec in s.writes:
+                if rec.by is w and rec.prev is not None and self.known(t, rec.prev.by):
+                    return True
+        return False
+
+    def _publisher(self, t: Thread, w: Wqe):
+        """The first release by w's PE after w was posted that ``t`` knows of (how ``t`` learned of the post)."""
+        ts_list = self.release_ts[w.pe]
+        rels = self.releases[w.pe]
+        i = bisect.bisect_right(ts_list, w.ts)
+        while i < len(rels):
+            rel = rels[i]
+            if t.vc[rel[1]] >= rel[2] and (rel[4] is None or rel[4] is not w):
+                return rel
+            i += 1
+        return None
+
+    def _wrong_quiet(self, w: Wqe, until):
+        for th in self.threads.values():
+            if th.pe != w.pe:
+                continue
+            for ts, lane in th.quiets:
+                if w.ts < ts and (until is None or ts < until) and lane.peer == w.target and lane.qp != w.qp:
+                    return lane
+        return None
+
+    def _waw(self, me: Side, rec: WriteRec, pe: int, off: int, w: Wqe | None = None, store: Thread | None = None,
+             sync: bool = False) -> None:
+        by = rec.by
+        other = (self.wqe_side(by, f"posted {describe_wqe(by)}") if isinstance(by, Wqe)
+                 else self.side(rec.pe, self.by_ti[by[0]].block, rec.site, "stored to it"))
+        if isinstance(by, Wqe) and by.opcode == _READ and store is not None:
+            self.add(Finding("get-before-quiet", me, other, by.target, by.qp, (pe, off, 1), by,
+                             why="the get may still land in its destination and overwrite this store",
+                             fix=f"aclshmemx_udma_qp_quiet({by.target}, {by.qp}) before touching the destination"))
+            return
+        if store is not None and not isinstance(by, Wqe) and self.by_ti[by[0]].pe == store.pe:
+            self.add(Finding("block-race", me, other, pe, None, (pe, off, 1), None,
+                             why=f"two blocks of pe {store.pe} write it with nothing ordering them",
+                             fix="sync_all() between them"))
+            return
+        wq = w if w is not None else (by if isinstance(by, Wqe) else None)
+        self.add(Finding(
+            "unordered-writes", me, other, pe, wq.qp if wq is not None else None, (pe, off, 1), wq,
+            why=("two writes of one synchronisation word whose order matters, with nothing ordering them (e.g. a "
+                 "reset racing the next signal)" if sync else
+                 "two writes of one range with nothing ordering them: which one lands last depends on timing"),
+            fix=("reset the word before the acknowledgement that lets the other side signal again" if sync else
+                 "give each writer its own range (offset by rank * slot bytes), or order them (quiet, then signal "
+                 "and wait)")))
+
+    def _war(self, me: Side, rd: ReadRec, pe: int, off: int, w: Wqe | None, s: State,
+             store: Thread | None = None) -> None:
+        reader = self.by_ti[rd.ti]
+        other = self.side(reader.pe, reader.block, rd.site, "read it")
+        if store is not None:
+            same = reader.pe == store.pe
+            self.add(Finding("block-race" if same else "unsynchronized-read", me, other, pe, None, (pe, off, 1), None,
+                             why=(f"block {reader.block} read it with nothing ordering its read before this store"
+                                  if same else f"pe {reader.pe} read it with nothing ordering its read before this "
+                                               f"store"),
+                             fix="sync_all() between them" if same else "order them with a signal and a wait"))
+            return
+        self.add(Finding(
+            "slot-reuse", me, other, w.target, w.qp, (pe, off, 1), w,
+            why=f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while it "
+                f"still reads",
+            fix=f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, or "
+                f"use more slots"))
+
+    def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None) -> None:
+        what = "the source of a get by" if p.opcode == _READ else "the source of"
+        self.add(Finding(
+            "source-overwrite", me, self.wqe_side(p, f"posted {describe_wqe(p)}, which still reads it"), p.target, p.qp,
+            (pe, off, 1), p,
+            why=f"it is {what} a WQE not known complete here: the engine may read it after this write",
+            fix=f"aclshmemx_udma_qp_quiet({p.target}, {p.qp}) on pe {p.pe} before rewriting it, or double-buffer"))
+
+
+def _order_matters(old: WriteRec, op: str, value=None) -> bool:
+    """Whether two unordered writes of a synchronisation word give a timing-dependent result."""
+    if old.op in ("add", "cas") and op in ("add", "cas"):
+        return False
+    if old.op == "set" and op == "set" and old.value is not None and value is not None and old.value == value:
+        return False
+    return True
+
+
+def _apply(cur, op: str, value, size: int):
+    if op == "set":
+        return None if value is None else _signed(value, size)
+    if op == "add" and cur is not None and value is not None:
+        return _signed((cur + value) & ((1 << 8 * size) - 1), size)
+    return None
+
+
+def _signed(value, size: int):
+    """``value`` (raw bits) as the word's signed int; comparisons use the dtype's signedness upstream, which
+    differs only above 2**(8*size-1), where shmemx's flag values never are."""
+    if value is None:
+        return None
+    value &= (1 << 8 * size) - 1
+    return value
+
+
+def _odr_name(odr: int) -> str:
+    try:
+        return Odr(odr).name
+    except ValueError:
+        return f"odr{odr}"
+
+
+def analyze(logs: list[Log], heap_size: int) -> Findings:
+    """Run the analysis over the logs of a job's PEs."""
+    return Analyzer(logs, heap_size).run()
