@@ -180,7 +180,7 @@ def aclshmem_ptr(arr: np.ndarray, pe: int) -> np.ndarray:
     not wake the peer's waiters, use ``aclshmemx_signal_op`` or the UDMA API for anything a peer waits on.
     """
     rt = runtime()
-    return wrap(rt.heap.peer_view(arr, check_pe(rt, "aclshmem_ptr", pe), "aclshmem_ptr argument"))
+    return wrap(rt.heap.peer_view(arr, check_pe(rt, "aclshmem_ptr", pe), "aclshmem_ptr argument"), direct=True)
 
 
 def prefault(arr: np.ndarray) -> None:

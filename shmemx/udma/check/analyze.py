@@ -135,7 +135,7 @@ class Entry:
 
     def __init__(self, ts, op, value, by, rel, site, pe, ti):
         self.ts, self.op, self.value, self.by, self.rel, self.site, self.pe, self.ti = ts, op, value, by, rel, site, pe, ti
-        self.consumed: set = set()
+        self.consumed: dict[int, set] = {}  # thread index -> the (cmp, value) of the waits that consumed it
         self.cur = None
 
 
@@ -151,6 +151,7 @@ class Analyzer:
         self.allocs: dict[int, dict] = defaultdict(dict)  # pe -> offset -> (size, name)
         self.alloc_starts: dict[int, list] = defaultdict(list)
         self.words: dict[tuple[int, int], Word] = {}
+        self.word_offsets: dict[int, list] = defaultdict(list)  # pe -> sorted offsets of its words
         self.shadow = {pe: Shadow(heap_size) for pe in range(self.n_pes)}
         self.barriers: dict[int, Rel] = {}
         self.launches: dict[tuple[int, int], Rel] = {}
@@ -225,6 +226,7 @@ class Analyzer:
                 for off, size in words:
                     self.shadow[pe].mark_sync(off, off + max(size, 1))
                     self.words.setdefault((pe, off), Word(size, None))
+                self.word_offsets[pe] = sorted(off for (wpe, off) in self.words if wpe == pe)
 
     # --- helpers --------------------------------------------------------------------------------------------
 
@@ -297,10 +299,9 @@ class Analyzer:
             bisect.insort(self.alloc_starts[pe], off)
         self.allocs[pe][off] = (size, name)
         self.shadow[pe].reset(off, off + size)
-        for (wpe, woff), word in self.words.items():
-            if wpe == pe and off <= woff < off + size:
-                word.entries.clear()
-                word.initial = 0 if r[3] & 1 else None
+        for _woff, word in self._words_in(pe, off, off + size):
+            word.entries.clear()
+            word.initial = 0 if r[3] & 1 else None
 
     def on_free(self, t, ts, pe, idx, r) -> None:
         off, size = r[5], r[6]
@@ -379,7 +380,7 @@ class Analyzer:
             self.add(Finding(
                 "two-submitters", self.wqe_side(w, f"posts {describe_wqe(w)}"),
                 self.side(other.pe, other.block, last[2], f"block {other.block} posted to or quieted the same send "
-                          f"queue"), lane.peer, lane.qp, None, w,
+                          f"queue"), lane.peer, lane.qp, (lane.peer, w.dst, max(w.length, 1)), w,
                 why=f"blocks {other.block} and {self.by_ti[t.ti].block} use (pe {lane.peer}, qp {lane.qp}) of pe "
                     f"{lane.pe} with nothing ordering them (one submitter per QP, as on the hardware; it raised "
                     f"SubmitterError only if they overlapped in time)",
@@ -419,8 +420,8 @@ class Analyzer:
             return
         w.reported = True
         self.add(Finding(
-            "source-overwrite", self.side(pe, t.block, r[4], "quieted it"), self.wqe_side(w), w.target, w.qp, None, w,
-            mem=(pe, w.local if w.local_heap else None, w.length, w.local_heap),
+            "source-overwrite", self.side(pe, t.block, r[4], "quieted"), self.wqe_side(w), w.target, w.qp,
+            (pe, w.local if w.local_heap else None, w.length), w,
             why="its source bytes changed between the post and the quiet that retired it (a store the checker "
                 "could not see: a local numpy array or a raw view); the engine may read the new bytes",
             fix="leave a put's source alone until the quiet of its QP (aclshmemx_udma_qp_quiet) returns, or "
@@ -504,6 +505,7 @@ class Analyzer:
         word = self.words.get((pe, off))
         if word is None:
             word = self.words[(pe, off)] = Word(size, None)
+            bisect.insort(self.word_offsets[pe], off)
         entry = Entry(ts, op, value, by, rel, site, t.pe, t.ti)
         entries = word.entries
         prev = entries[-1].cur if entries else word.initial
@@ -561,10 +563,11 @@ class Analyzer:
         for entry in chain:
             if entry.rel is not None:
                 self.join(t, entry.rel)
-            entry.consumed.add(t.ti)
+            entry.consumed.setdefault(t.ti, set()).add((cmp, target))
 
     def _stale(self, t: Thread, word: Word, pe: int, off: int, size: int, cmp: int, target: int, site: int) -> None:
-        """A wait whose condition is met by writes this thread already consumed (and nothing it knows of since)."""
+        """A wait met by writes this thread already consumed at a wait for the same condition (and nothing it
+        knows of since): it can return on the old value."""
         cur, chain = word.initial, []
         for entry in word.entries:
             if not self.known(t, entry.by):
@@ -576,7 +579,9 @@ class Analyzer:
                 chain.append(entry)
             else:
                 cur, chain = (None if entry.value is None else _signed(entry.value, size)), [entry]
-        if cur is None or not chain or not _OPS[cmp](cur, target) or not all(t.ti in e.consumed for e in chain):
+        cond = (cmp, target)
+        if cur is None or not chain or not _OPS[cmp](cur, target) or \
+                not all(cond in e.consumed.get(t.ti, ()) for e in chain):
             return
         last = chain[-1]
         writer = (self.wqe_side(last.by, f"posted {describe_wqe(last.by)}") if isinstance(last.by, Wqe)
@@ -656,7 +661,7 @@ class Analyzer:
             for rec in s.writes:
                 if self._knows_write(t, rec):
                     continue
-                if s.sync or poll:
+                if s.sync or poll or not isinstance(rec.by, Wqe):  # a flag, or a thread's store: an acquire
                     acquired.append(rec)
                     continue
                 if acc.approx:
@@ -694,39 +699,50 @@ class Analyzer:
             t.vc[by[0]] = max(t.vc[by[0]], by[1])
 
     def _store(self, t: Thread, ts: int, acc: Access, off: int, n: int, value, site: int) -> None:
+        """A kernel thread's store. Threads' own loads and stores are taken as sequentially consistent (a store
+        is visible when it returns, as MTE and aclshmem_ptr stores are here): a store releases the writer's
+        clock to whoever loads it, and only stores whose order matters conflict with each other. Against UDMA
+        work every rule holds: a store over memory a WQE still writes or will read is a finding."""
         pe = acc.pe
-        me = self.side(t.pe, t.block, site, "writes" if not acc.mte else "writes (MTE put)")
+        me = self.side(t.pe, t.block, site, "writes" if not acc.direct else "stores directly to")
         by = (t.ti, t.clock)
         sync_parts = []
+        rel = t.release()
 
         def fn(s: State, start: int) -> State:
             if s.sync:
                 sync_parts.append(start)
                 return s
             for rec in s.writes:
-                if not self._knows_write(t, rec) and not acc.approx:
+                if acc.approx or self._knows_write(t, rec):
+                    continue
+                if isinstance(rec.by, Wqe) or (value is None or _order_matters(rec, "set", value)):
                     self._waw(me, rec, pe, start, store=t)
-            for rd in s.reads:
-                if rd.ti != t.ti and not t.vc[rd.ti] >= rd.clock and not acc.approx:
-                    self._war(me, rd, pe, start, None, s, store=t)
             for p in s.pins:
-                if not p.reaped and not self.known(t, p) and not acc.approx:
+                if not p.reaped and not acc.approx and not self.known(t, p):
                     self._overwrite(me, p, pe, start, None)
-            rec = WriteRec(by, "mte" if acc.mte else "store", site, t.pe)
+            rec = WriteRec(by, "direct" if acc.direct or pe != t.pe else "store", site, t.pe, "set",
+                           value if n <= 8 else None, rel=rel)
             return s.replace(writes=(rec,), reads=(), pins=tuple(p for p in s.pins if not p.reaped))
 
         self.shadow[pe].update(off, off + n, fn)
-        if sync_parts:  # stores into synchronisation words: a release
-            rel = t.release()
-            for (wpe, woff), word in self._words_in(pe, off, off + n):
+        if sync_parts:  # stores into synchronisation words: checked and recorded as signals
+            for woff, word in self._words_in(pe, off, off + n):
                 v = value if n <= 8 else (0 if value == 0 else None)
-                if v is not None and word.size < n and n <= 8:
+                if v is not None and n <= 8:
                     v = v >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
                 self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me)
+        if sync_parts or acc.direct or pe != t.pe:
             self._release(t, ts, "store", None, site)
 
     def _words_in(self, pe: int, lo: int, hi: int):
-        return [(k, w) for k, w in self.words.items() if k[0] == pe and lo <= k[1] < hi]
+        offs = self.word_offsets[pe]
+        i = bisect.bisect_left(offs, lo)
+        out = []
+        while i < len(offs) and offs[i] < hi:
+            out.append((offs[i], self.words[(pe, offs[i])]))
+            i += 1
+        return out
 
     # --- findings -------------------------------------------------------------------------------------------
 
@@ -739,8 +755,7 @@ class Analyzer:
             same = other.pe == t.pe
             self.add(Finding(
                 "block-race" if same else "unsynchronized-read", me,
-                self.side(other.pe, other.block, rec.site, "stored to it" if rec.kind != "mte" else
-                          "wrote it with an MTE put"), pe, None, mem, engine,
+                self.side(other.pe, other.block, rec.site, "stored to it"), pe, None, mem, engine,
                 why=(f"block {other.block} stored it with nothing ordering the two blocks" if same else
                      f"pe {other.pe} stored it directly, and no wait, barrier or signal orders this read after "
                      f"that store"),
@@ -817,11 +832,12 @@ class Analyzer:
         """The first release by w's PE after w was posted that ``t`` knows of (how ``t`` learned of the post)."""
         ts_list = self.release_ts[w.pe]
         rels = self.releases[w.pe]
-        i = bisect.bisect_right(ts_list, w.ts)
+        i = bisect.bisect_left(ts_list, w.ts)  # a doorbell's WQEs share its time stamp
         while i < len(rels):
             rel = rels[i]
-            if t.vc[rel[1]] >= rel[2] and (rel[4] is None or rel[4] is not w):
-                return rel
+            if rel[2] > w.clock or rel[1] != w.ti:
+                if t.vc[rel[1]] >= rel[2] and rel[4] is not w:
+                    return rel
             i += 1
         return None
 

@@ -47,9 +47,14 @@ def uninstall() -> None:
     _ck = _heap = None
 
 
-def wrap(arr: np.ndarray) -> np.ndarray:
-    """``arr`` (a heap view) as a CheckedArray, when the checker is installed."""
-    return arr if _ck is None or arr is None else arr.view(CheckedArray)
+def wrap(arr: np.ndarray, direct: bool = False) -> np.ndarray:
+    """``arr`` (a heap view) as a CheckedArray, when the checker is installed; ``direct``: an aclshmem_ptr view,
+    whose stores are direct stores into that PE's memory (they order like signal_op)."""
+    if _ck is None or arr is None:
+        return arr
+    view = arr.view(CheckedArray)
+    view._direct = direct
+    return view
 
 
 def _plain(x):
@@ -178,7 +183,7 @@ def _read(x, site: int, ts=None) -> None:
 def _write(x, site: int, ts: int, value=None) -> None:
     r = _ranges(x)
     if r is not None and r[1]:
-        _ck.access(r[0], r[1], True, site, ts, value, approx=r[2])
+        _ck.access(r[0], r[1], True, site, ts, value, approx=r[2], direct=x._direct)
 
 
 def _arrays(obj, out: list) -> list:
@@ -204,10 +209,14 @@ def _unwrap(obj):
 class CheckedArray(np.ndarray):
     """A heap view whose accesses the checker records (see the module docstring)."""
 
+    _direct = False  # an aclshmem_ptr view (and what derives from it)
+
     def __array_finalize__(self, obj):
         ck = _ck
         if ck is None or not isinstance(obj, CheckedArray):
             return
+        if obj._direct:
+            self._direct = True
         site = ck.caller(2)
         if site < 0:
             return
@@ -302,7 +311,7 @@ class CheckedArray(np.ndarray):
         r = _key_ranges(self, key)
         if r is not None and r[1]:
             small = _value(self.view(np.ndarray)[key]) if len(r[1]) == 1 and _basic(key) else None
-            ck.access(r[0], r[1], True, site, ts, small, approx=r[2])
+            ck.access(r[0], r[1], True, site, ts, small, approx=r[2], direct=self._direct)
         if isinstance(value, CheckedArray):
             _read(value, site)
 

@@ -69,7 +69,8 @@ class Kind(enum.IntEnum):
     BLOCK_END = 14  # a = launch id
     SYNC_ARRIVE = 15  # sync_all: a = launch id, b = the block's sync count in the launch (from 1)
     SYNC_DEPART = 16
-    # a heap access by a kernel thread: a = pe | write << 16 | value_known << 17 | approx << 18 | mte << 19,
+    # a heap access by a kernel thread: a = pe | write << 16 | value_known << 17 | approx << 18 | direct << 19
+    # (an MTE copy, or a store through an aclshmem_ptr view: a direct store, which orders like signal_op),
     # b = heap offset, c = bytes, d = value (the first 8 bytes, when known)
     ACCESS = 17
     SRC_CHANGED = 18  # a WRITE's source changed before its quiet: a = peer | qp << 16, b = BB position, c = length
@@ -90,11 +91,11 @@ class Access:
     write: bool
     value_known: bool
     approx: bool
-    mte: bool
+    direct: bool
 
     @staticmethod
-    def pack(pe: int, write: bool, value_known: bool = False, approx: bool = False, mte: bool = False) -> int:
-        return pe | write << 16 | value_known << 17 | approx << 18 | mte << 19
+    def pack(pe: int, write: bool, value_known: bool = False, approx: bool = False, direct: bool = False) -> int:
+        return pe | write << 16 | value_known << 17 | approx << 18 | direct << 19
 
     @classmethod
     def unpack(cls, a: int) -> "Access":

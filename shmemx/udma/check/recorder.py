@@ -170,9 +170,10 @@ class Checker:
         tls.pending.append((weakref.ref(view), pe, ranges, site))
 
     def access(self, pe: int, ranges, write: bool, site: int, ts: int | None = None, value: int | None = None,
-               approx: bool = False) -> None:
-        """Heap bytes ``ranges`` ([(offset, length)]) of PE ``pe`` read or written by kernel code."""
-        a = Access.pack(pe, write, value is not None, approx)
+               approx: bool = False, direct: bool = False) -> None:
+        """Heap bytes ``ranges`` ([(offset, length)]) of PE ``pe`` read or written by kernel code (``direct``: a
+        store through an aclshmem_ptr view or by MTE)."""
+        a = Access.pack(pe, write, value is not None, approx, direct)
         ts = _now() if ts is None else ts
         v = 0 if value is None else value & 0xFFFF_FFFF_FFFF_FFFF
         for off, n in ranges:
@@ -328,10 +329,10 @@ class Checker:
         site = self.site(3)
         ts = _now()
         value = None
-        if write and nbytes <= 8:
-            value = int.from_bytes(np.ascontiguousarray(local).view(np.uint8).reshape(-1)[:nbytes].tobytes(),
-                                   "little")
-        self.access(remote_pe, [(remote_off, nbytes)], write, site, ts, value)
+        if write and nbytes <= 65536:
+            data = np.ascontiguousarray(local).view(np.uint8).reshape(-1)[:nbytes].tobytes()
+            value = int.from_bytes(data, "little") if nbytes <= 8 else (0 if data.count(0) == nbytes else None)
+        self.access(remote_pe, [(remote_off, nbytes)], write, site, ts, value, direct=True)
         found = self.rt.heap.locate_address(_address(local))
         if found is not None:
             self.access(found[0], [(found[1], nbytes)], not write, site, ts)

@@ -23,7 +23,7 @@ class WriteRec:
 
     ``by``: the Wqe whose execution writes it (``kind`` "wqe": a WRITE or WRITE_WITH_NOTIFY payload, "get": a
     READ's destination, "signal": a signal word or an atomic's target), or (thread index, clock) of a kernel
-    thread's store ("store", "mte", "signal_op"). ``op`` for synchronisation words: "set", "add" or "cas";
+    thread's store ("store", "direct": through an aclshmem_ptr view or by MTE, "signal_op"). ``op`` for synchronisation words: "set", "add" or "cas";
     ``value`` when known. ``prev``: the write it replaced (slot reuse is a write over one its reader consumed).
     """
 
