@@ -1,0 +1,121 @@
+"""Run the project's kernels under ``--check`` and say which have findings (there must be none).
+
+    flock /tmp/shmemx-heavy.lock python scripts/check_kernels.py           # everything (a few minutes)
+    python scripts/check_kernels.py --only examples                        # a part: examples, moe, cam, bench
+
+* examples: every script of ``scripts/examples`` (4 PEs; ``hang_demo.py`` with ``--timeout``, it hangs on purpose);
+* moe: ``moe_demo.py`` on 8 PEs with every QP policy (the cached and zero-copy paths run in ``tests/test_check.py``);
+* cam: ``cam_moe_demo.py`` on 8 PEs (the quantised path runs in ``tests/test_check.py``);
+* bench: the kernels of ``bench_rma``, ``bench_sync``, ``bench_trace``, ``bench_moe`` and ``bench_cam`` in their
+  ``--quick`` shapes, each ``launch`` of theirs run with ``check=True``.
+
+Exit status 1 when any run has a finding (warnings are listed, they do not fail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "examples")
+sys.path.insert(0, HERE)
+
+
+def _findings(directory: str) -> list[dict]:
+    found = []
+    for path in glob.glob(os.path.join(directory, "shmemx-check-*.jsonl")):
+        with open(path) as f:
+            found += [json.loads(line) for line in f]
+        os.unlink(path)
+    return found
+
+
+def _command(label: str, args: list[str], directory: str) -> tuple[str, int, list[dict]]:
+    env = dict(os.environ, SHMEMX_DUMP_DIR=directory)
+    proc = subprocess.run([sys.executable, "-m", "shmemx", "run", "--check", *args], capture_output=True,
+                          text=True, env=env)
+    return label, proc.returncode, _findings(directory)
+
+
+def examples(directory: str):
+    for script in sorted(glob.glob(os.path.join(EXAMPLES, "*.py"))):
+        name = os.path.basename(script)
+        if name == "cam_moe_demo.py":
+            continue
+        extra = ["--timeout", "5"] if name == "hang_demo.py" else []
+        yield _command(name, ["-n", "4", *extra, script], directory)
+
+
+def moe(directory: str):
+    from shmemx.kernels import moe as moe_pkg
+
+    for policy in moe_pkg.QP_POLICIES:
+        yield _command(f"moe_demo.py --policy {policy}", ["-n", "8", os.path.join(EXAMPLES, "moe_demo.py"),
+                                                          "--policy", policy], directory)
+
+
+def cam(directory: str):
+    demo = os.path.join(EXAMPLES, "cam_moe_demo.py")
+    yield _command("cam_moe_demo.py", ["-n", "8", "--heap-size", "440M", demo], directory)
+
+
+def bench(directory: str):
+    import importlib
+
+    from shmemx.launcher import launch
+
+    def checked(*args, **kwargs):
+        kwargs.update(check=True, dump_dir=directory)
+        return launch(*args, **kwargs)
+
+    for name, argv in (("bench_rma", ["--quick"]), ("bench_sync", ["--quick"]), ("bench_moe", ["--quick"]),
+                       ("bench_cam", ["--quick"])):
+        module = importlib.import_module(name)
+        module.launch = checked
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                code = module.main(argv) or 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        yield name, code, _findings(directory)
+    from bench_trace import _put_loop
+
+    code = launch(2, _put_loop, (20_000, False), check=True, dump_dir=directory, tag_output=False,
+                  stdout=io.StringIO(), stderr=io.StringIO())
+    yield "bench_trace (put loop)", code, _findings(directory)
+
+
+PARTS = {"examples": examples, "moe": moe, "cam": cam, "bench": bench}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=sorted(PARTS), action="append")
+    args = ap.parse_args(argv)
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="shmemx_check_kernels_") as directory:
+        for part in args.only or list(PARTS):
+            for label, code, found in PARTS[part](directory):
+                errors = [f for f in found if f["severity"] == "error"]
+                warnings = [f for f in found if f["severity"] != "error"]
+                status = "clean" if not errors else f"{len(errors)} FINDING(S)"
+                print(f"{part:<9}{label:<40} exit {code:<4} {status}"
+                      + (f", {len(warnings)} warning(s)" if warnings else ""), flush=True)
+                for f in errors + warnings:
+                    print(f"    {f['text'][:400]}")
+                bad += bool(errors)
+    print(f"{bad} run(s) with findings")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
