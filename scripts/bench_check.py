@@ -8,7 +8,7 @@ shared 2-core machine drifts over seconds); the table shows each variant's best 
 of the medians to the plain run of the same workload:
 
 * put loop: ``scripts/bench_trace.py``'s loop (PE 0 posts 64-B ``aclshmemx_udma_qp_put_nbi`` to PE 1, one
-  ``qp_quiet`` per 1024), 2 PEs. "loop s" is the sender's loop (first post to last quiet), "job s" the whole
+  ``qp_quiet`` per 1024; PE 1 reads the slots after a barrier), 2 PEs. "loop s" is the sender's loop (first post to last quiet), "job s" the whole
   launch, which under ``--check`` includes the launcher's analysis of the logs;
 * MoE demo: ``shmemx run -n 8 scripts/examples/moe_demo.py`` (DeepEP-style dispatch + combine, checked against
   the reference) as a command, its wall time from start to exit (the analysis included).
@@ -30,10 +30,36 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_trace import _put_loop  # noqa: E402  (the same loop bench_trace measures)
-
 VARIANTS = ("plain", "check", "chaos")
 SEED = 7
+QUIET_EVERY = 1024
+PAYLOAD = 64
+
+
+def _put_loop(wqes: int) -> None:
+    """The rank body: bench_trace's 64-B qp_put_nbi loop (without its engine-paused part), timed on PE 0."""
+    import numpy as np
+
+    import shmemx
+
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    dst = shmemx.zeros((QUIET_EVERY, PAYLOAD), np.uint8, name="dst")
+    src = np.full((QUIET_EVERY, PAYLOAD), me, np.uint8)
+    put, quiet = shmemx.aclshmemx_udma_qp_put_nbi, shmemx.aclshmemx_udma_qp_quiet
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        start = time.perf_counter()
+        for i in range(wqes):
+            j = i & (QUIET_EVERY - 1)
+            put(dst[j], src[j], PAYLOAD, 1, 0)
+            if j == QUIET_EVERY - 1:
+                quiet(1, 0)
+        quiet(1, 0)
+        print(json.dumps({"loop_s": time.perf_counter() - start}))
+    shmemx.aclshmem_barrier_all()
+    if me == 1:
+        assert (dst == 0).all()
 
 
 def _put_job(variant: str, wqes: int) -> dict:
@@ -42,7 +68,7 @@ def _put_job(variant: str, wqes: int) -> dict:
     out, err = io.StringIO(), io.StringIO()
     kwargs = {"check": variant == "check", "chaos": SEED if variant == "chaos" else None}
     started = time.perf_counter()
-    code = launch(2, _put_loop, (wqes, False), timeout=900, tag_output=False, stdout=out, stderr=err, **kwargs)
+    code = launch(2, _put_loop, (wqes,), timeout=900, tag_output=False, stdout=out, stderr=err, **kwargs)
     job_s = time.perf_counter() - started
     if code != 0:
         sys.exit(f"put loop, {variant}: exit {code}\n{out.getvalue()}\n{err.getvalue()}")

@@ -23,6 +23,7 @@ from ..shm.control import WaitCall
 from ..shm.heap import data_address
 from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, M32, MAX_MSG_BYTES,
                            Opcode, OpConfig)
+from ..udma.check.array import CheckedArray
 from ..udma.rings import Api
 from ..runtime import runtime
 from .checks import check_config, check_pe, check_target, symmetric_offset, transfer_bytes
@@ -52,6 +53,7 @@ __all__ = [
 _CALLS = {api: api.call for api in Api}
 _READ = int(Opcode.READ)
 _FAST = True  # the inline sufficient conditions (tests turn them off to run every case through the checks)
+_ARRAYS = (np.ndarray, CheckedArray)  # heap arrays are CheckedArray under --check
 
 
 def _transfer(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx) -> tuple:
@@ -65,7 +67,7 @@ def _transfer(rt, api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_i
     if not (_FAST and type(pe) is int and type(qp_idx) is int and 0 <= pe < rt.n_pes and pe != rt.my_pe
             and 0 <= qp_idx < rt.qp_num):
         pe, qp_idx = check_target(rt, _CALLS[api], pe, qp_idx)
-    if (_FAST and type(nelems) is int and type(remote_arr) is np.ndarray and type(local_arr) is np.ndarray
+    if (_FAST and type(nelems) is int and type(remote_arr) in _ARRAYS and type(local_arr) in _ARRAYS
             and 0 <= nelems <= remote_arr.size and nelems <= local_arr.size and remote_arr.dtype == local_arr.dtype
             and remote_arr.flags.c_contiguous and local_arr.flags.c_contiguous
             and nelems * remote_arr.itemsize <= MAX_MSG_BYTES):

@@ -63,14 +63,13 @@ class Rel:
 
 
 class Thread:
-    __slots__ = ("ti", "pe", "block", "vc", "extras", "clock", "quiets")
+    __slots__ = ("ti", "pe", "block", "vc", "extras", "clock")
 
     def __init__(self, ti: int, pe: int, block: int, size: int):
         self.ti, self.pe, self.block = ti, pe, block
         self.vc = np.zeros(size, np.int64)
         self.extras: dict[int, set] = {}
         self.clock = 0
-        self.quiets: list = []  # (ts, lane) of this thread's quiets
 
     def tick(self) -> int:
         self.clock += 1
@@ -82,7 +81,7 @@ class Thread:
 
 
 class Lane:
-    __slots__ = ("li", "pe", "peer", "qp", "wqes", "by_pos", "wraps", "last_raw", "ordered", "last_user")
+    __slots__ = ("li", "pe", "peer", "qp", "wqes", "by_pos", "wraps", "last_raw", "ordered", "last_user", "reaped")
 
     def __init__(self, li: int, pe: int, peer: int, qp: int):
         self.li, self.pe, self.peer, self.qp = li, pe, peer, qp
@@ -92,6 +91,7 @@ class Lane:
         self.last_raw = 0
         self.ordered = (0, frozenset())  # what a later SO WQE waits for: (prefix, extra seqs)
         self.last_user = None  # (thread index, clock, site) of the last post or quiet
+        self.reaped = 0  # WQEs retired by a quiet of this lane (in posting order)
 
     def unwrap(self, raw: int) -> int:
         if raw < self.last_raw and self.last_raw - raw > 1 << 31:
@@ -159,6 +159,8 @@ class Analyzer:
         self.syncs: dict[tuple, list] = defaultdict(list)
         self.releases: dict[int, list] = defaultdict(list)  # pe -> [(ts, ti, clock, what, wqe or None, site)]
         self.release_ts: dict[int, list] = defaultdict(list)
+        self.quiets: dict[int, list] = defaultdict(list)  # pe -> [(ts, lane)] of its quiets
+        self.quiet_ts: dict[int, list] = defaultdict(list)
         self.warned: set = set()
         self._prepass()
 
@@ -261,8 +263,9 @@ class Analyzer:
     def side(self, pe: int, block: int, site: int, what: str) -> Side:
         return Side(pe, block, self.sites.get((pe, site)), what)
 
-    def wqe_side(self, w: Wqe, what: str | None = None) -> Side:
-        return self.side(w.pe, self.by_ti[w.ti].block, w.site, what or describe_wqe(w))
+    def wqe_side(self, w: Wqe, what=None) -> Side:
+        """The side of a WQE's poster; ``what`` may be a function making the text (built only for a finding)."""
+        return self.side(w.pe, self.by_ti[w.ti].block, w.site, what or (lambda: describe_wqe(w)))
 
     def _release(self, t: Thread, ts: int, what: str, wqe=None, site: int = 0) -> None:
         self.releases[t.pe].append((ts, t.ti, t.clock, what, wqe, site))
@@ -389,25 +392,24 @@ class Analyzer:
         lane.last_user = (t.ti, t.clock, w.site)
 
     def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
+        """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""
         a, tail_raw = r[5], r[6]
         lane = self.lanes[(pe, a & 0xFFFF, a >> 16 & 0xFF)]
         tail = lane.unwrap(tail_raw) if lane.wqes else tail_raw
-        # every WQE ending at or before the tail retired
-        n = t.vc[lane.li]
         wqes = lane.wqes
-        k = n
+        k = lane.reaped
         while k < len(wqes) and wqes[k].end <= tail:
+            wqes[k].reaped = True
             k += 1
-        if k > n:
-            t.vc[lane.li] = k
-            for w in wqes[n:k]:
-                w.reaped = True
-        s = t.extras.get(lane.li)
-        if s:
-            t.extras[lane.li] = {x for x in s if x > t.vc[lane.li]}
-        for w in wqes[:k]:
-            w.reaped = True
-        t.quiets.append((ts, lane))
+        lane.reaped = k
+        li = lane.li
+        if k > t.vc[li]:
+            t.vc[li] = k
+            s = t.extras.get(li)
+            if s:
+                t.extras[li] = {x for x in s if x > k}
+        self.quiets[pe].append((ts, lane, r[4]))
+        self.quiet_ts[pe].append(ts)
         lane.last_user = (t.ti, t.clock, r[4])
 
     def on_src_changed(self, t: Thread, ts, pe, idx, r) -> None:
@@ -432,19 +434,19 @@ class Analyzer:
     def _engine_read(self, t: Thread, w: Wqe, pe: int, off: int, n: int) -> None:
         """A WQE will read ``[off, off+n)`` of PE ``pe`` when it executes: what it reads must be complete for
         its poster now, and nobody may write it until the WQE is known complete (a pin)."""
-        reader = self.wqe_side(w, f"posts {describe_wqe(w)}, which reads")
+        reader = self.wqe_side(w, lambda: f"posts {describe_wqe(w)}, which reads")
 
         def fn(s: State, start: int) -> State:
             for rec in s.writes:
                 if not s.sync and not self._knows_write(t, rec):
                     self._read_finding(t, rec, pe, start, reader, w)
-            return s.replace(pins=tuple(p for p in s.pins if not p.reaped) + (w,))
+            return s.replace(pins=s.live_pins() + (w,))
 
         self.shadow[pe].update(off, off + n, fn)
 
     def _engine_write(self, t: Thread, w: Wqe, pe: int, off: int, n: int, kind: str) -> None:
         """A WQE will write ``[off, off+n)`` of PE ``pe``: its poster must know of every earlier access there."""
-        writer = self.wqe_side(w, f"posts {describe_wqe(w)}, which writes")
+        writer = self.wqe_side(w, lambda: f"posts {describe_wqe(w)}, which writes")
 
         def fn(s: State, start: int) -> State:
             prev = None
@@ -463,7 +465,7 @@ class Analyzer:
                 if p is not w and not p.reaped and not self.known(t, p) and not self._ordered(p, w):
                     self._overwrite(writer, p, pe, start, w)
             rec = WriteRec(w, kind, w.site, w.pe, prev=prev)
-            return s.replace(writes=(rec,), reads=(), pins=tuple(p for p in s.pins if not p.reaped))
+            return s.replace(writes=(rec,), reads=(), pins=s.live_pins())
 
         self.shadow[pe].update(off, off + n, fn)
 
@@ -485,7 +487,7 @@ class Analyzer:
         if pe not in self.shadow:
             return
         rec = WriteRec(by, "signal" if isinstance(by, Wqe) else "signal_op", site, t.pe, op, value, rel=rel)
-        me = side or (self.wqe_side(by, f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
+        me = side or (self.wqe_side(by, lambda: f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
                       else self.side(t.pe, t.block, site, "signals"))
 
         def fn(s: State, start: int) -> State:
@@ -723,7 +725,7 @@ class Analyzer:
                     self._overwrite(me, p, pe, start, None)
             rec = WriteRec(by, "direct" if acc.direct or pe != t.pe else "store", site, t.pe, "set",
                            value if n <= 8 else None, rel=rel)
-            return s.replace(writes=(rec,), reads=(), pins=tuple(p for p in s.pins if not p.reaped))
+            return s.replace(writes=(rec,), reads=(), pins=s.live_pins())
 
         self.shadow[pe].update(off, off + n, fn)
         if sync_parts:  # stores into synchronisation words: checked and recorded as signals
@@ -779,9 +781,11 @@ class Analyzer:
             wrong = self._wrong_quiet(w, rel[0] if rel else None)
             where = f" at {self.findings.site_text(self.sites.get((pe_of, rel[5])))}" if rel else ""
             if wrong is not None:
+                lane, qsite = wrong
+                at = self.findings.site_text(self.sites.get((pe_of, qsite)))
                 return ("quiet-wrong-qp",
-                        f"pe {pe_of} quieted qp {wrong.qp} of pe {wrong.peer} before publishing, but the WQE is on qp "
-                        f"{w.qp}: a quiet covers its own QP only (aclshmemx_udma_quiet(pe) is QP 0)",
+                        f"pe {pe_of} quieted qp {lane.qp} of pe {lane.peer} at {at}, then published{where}, but the "
+                        f"WQE is on qp {w.qp}: a quiet covers its own QP only (aclshmemx_udma_quiet(pe) is QP 0)",
                         f"{qtext} (the WQE's QP) before the signal{where}")
             if rel is None:
                 return ("flag-before-payload", f"pe {t.pe} learned of the post from pe {pe_of} before the WQE was "
@@ -842,12 +846,14 @@ class Analyzer:
         return None
 
     def _wrong_quiet(self, w: Wqe, until):
-        for th in self.threads.values():
-            if th.pe != w.pe:
-                continue
-            for ts, lane in th.quiets:
-                if w.ts < ts and (until is None or ts < until) and lane.peer == w.target and lane.qp != w.qp:
-                    return lane
+        """A quiet by w's PE, after w and before ``until``, of another QP to w's target (or None)."""
+        quiets = self.quiets[w.pe]
+        i = bisect.bisect_right(self.quiet_ts[w.pe], w.ts)
+        while i < len(quiets) and (until is None or quiets[i][0] < until):
+            lane = quiets[i][1]
+            if lane.peer == w.target and lane.qp != w.qp:
+                return lane, quiets[i][2]
+            i += 1
         return None
 
     def _waw(self, me: Side, rec: WriteRec, pe: int, off: int, w: Wqe | None = None, store: Thread | None = None,

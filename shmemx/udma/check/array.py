@@ -111,6 +111,8 @@ def _ranges(arr: np.ndarray):
 
 
 def _basic(key) -> bool:
+    if type(key) is int or type(key) is slice:
+        return True
     parts = key if isinstance(key, tuple) else (key,)
     return all(p is None or p is Ellipsis or isinstance(p, (slice, int, np.integer)) and not isinstance(p, bool)
                for p in parts)
@@ -221,6 +223,9 @@ class CheckedArray(np.ndarray):
         if site < 0:
             return
         ck.flush()
+        if self.flags.c_contiguous:  # the common view: where it is, worked out only if it dies unused
+            ck.derived(self, data_address(self), self.nbytes, site)
+            return
         r = _ranges(self)
         if r is None:  # a copy made by C code (ravel of a strided view ...): obj was read
             _read(obj, site)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import struct
 import sys
 import threading
 import time
@@ -69,14 +68,17 @@ class Checker:
         self.strings_at = HEADER_SIZE + events * RECORD_SIZE
         self.strings_used = 0
         HEADER.pack_into(self.mm, 0, MAGIC, 1, rt.my_pe, events, 0, 0)
-        self._count = memoryview(self.mm)[:HEADER.size].cast("B")
+        self._header = memoryview(self.mm)[:HEADER.size].cast("Q")  # [3]: records written, [4]: string bytes
         self._slots = itertools.count()
         self._lock = threading.Lock()
         self._sites: dict = {}  # (code, line) -> site id
         self._internal: dict = {}  # code -> bool (a frame of shmemx or numpy)
+        self._kinds: dict = {}  # code -> 0 (numpy, array.py: look further), -1 (shmemx: internal), 1 (kernel)
         self._tls = _Thread()
         self._launches = itertools.count(1)
         self._pins: dict[int, collections.deque] = collections.defaultdict(collections.deque)  # queue -> sources
+        self.heap_size = rt.heap.size
+        self.heap_bytes = rt.heap.segments[rt.my_pe].bytes
         self.full = False
         self._written = 0
 
@@ -93,13 +95,13 @@ class Checker:
         i = next(self._slots)
         if i >= self.capacity:
             self.full = True
-            struct.pack_into("<Q", self.mm, 24, i + 1)
+            self._header[3] = i + 1
             return
         _pack(self.mm, HEADER_SIZE + i * RECORD_SIZE, ts, kind, thread_slot() & 0xFF, flags, site, a, b, c, d, e,
               f & M32, g & M32)
         if i >= self._written:
             self._written = i + 1
-            struct.pack_into("<Q", self.mm, 24, i + 1)
+            self._header[3] = i + 1
 
     def _string(self, text: str) -> tuple[int, int]:
         data = text.encode()[:4096]
@@ -109,7 +111,7 @@ class Checker:
                 return 0, 0
             self.mm[self.strings_at + at:self.strings_at + at + len(data)] = data
             self.strings_used = at + len(data)
-            struct.pack_into("<Q", self.mm, 32, self.strings_used)
+            self._header[4] = self.strings_used
         return at, len(data)
 
     def site(self, depth: int = 2) -> int:
@@ -122,31 +124,38 @@ class Checker:
             if inside is None:
                 inside = internal[code] = code.co_filename.startswith(_INTERNAL)
             if not inside:
-                break
+                return self._site_of(code, f.f_lineno)
             f = f.f_back
-        if f is None:
-            return 0
-        key = (code, f.f_lineno)
-        sid = self._sites.get(key)
+        return 0
+
+    def _site_of(self, code, line: int) -> int:
+        sid = self._sites.get((code, line))
         if sid is None:
             with self._lock:
-                sid = self._sites.get(key)
+                sid = self._sites.get((code, line))
                 if sid is None:
                     sid = len(self._sites) + 1
-                    self._sites[key] = sid
+                    self._sites[(code, line)] = sid
             at, n = self._string(f"{code.co_filename}\0{code.co_name}")
-            self._put(_now(), Kind.SITE, sid, a=sid, b=at, c=n, f=key[1])
+            self._put(_now(), Kind.SITE, sid, a=sid, b=at, c=n, f=line)
         return sid
 
     def caller(self, depth: int = 2) -> int:
         """Like ``site``, but -1 when the first frame outside numpy (and ``array``'s own) is shmemx's code (an
         internal access, which the events of the call itself model)."""
         f = sys._getframe(depth)
-        while f is not None and (f.f_code.co_filename.startswith(_NUMPY_DIR) or f.f_code.co_filename == _ARRAY_FILE):
+        kinds = self._kinds
+        while f is not None:
+            code = f.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                name = code.co_filename
+                kind = kinds[code] = (0 if name.startswith(_NUMPY_DIR) or name == _ARRAY_FILE else
+                                      -1 if name.startswith(_SHMEMX_DIR) else 1)
+            if kind:
+                return -1 if kind < 0 else self._site_of(code, f.f_lineno)
             f = f.f_back
-        if f is None or f.f_code.co_filename.startswith(_SHMEMX_DIR):
-            return -1
-        return self.site(depth + 1)
+        return -1
 
     # --- derived heap views (array.CheckedArray) ------------------------------------------------------------
 
@@ -160,10 +169,17 @@ class Checker:
             ts = _now()
             for ref, pe, ranges, site in pending:
                 if ref() is None:
+                    if type(ranges) is int:  # a contiguous view: pe is its address, ranges its bytes
+                        found = self.rt.heap.locate_address(pe)
+                        if found is None or not ranges:
+                            continue
+                        pe, ranges = found[0], ((found[1], ranges),)
                     for off, n in ranges:
                         self._put(ts, Kind.ACCESS, site, a=Access.pack(pe, False), b=off, c=n)
 
-    def derived(self, view, pe: int, ranges: list, site: int) -> None:
+    def derived(self, view, pe: int, ranges, site: int) -> None:
+        """A view derived by kernel code: ``pe`` and ``ranges`` ([(offset, bytes)]), or for a contiguous one its
+        address and byte count."""
         tls = self._tls
         if tls.pending is None:
             tls.pending = []
@@ -181,37 +197,29 @@ class Checker:
 
     # --- the data plane ------------------------------------------------------------------------------------
 
-    def _local(self, qp, local_va: int, length: int) -> tuple[int, int]:
-        """(flags bit, local reference) of a WQE's SGE: this PE's heap offset, or the VA itself."""
-        reg = qp.udma.registry
-        off = local_va - reg.heap_va
-        if 0 <= off and off + length <= self.rt.heap.size:
-            return LOCAL_HEAP, off
-        return 0, local_va
-
-    def _pin(self, qp, pos: int, bbs: int, local_va: int, length: int) -> None:
-        """Sum a WRITE's source now; ``quiet`` sums it again when the WQE retired."""
-        found = qp.udma.registry.resolve(local_va, length)
-        if found is None or length == 0:
-            return
-        buf, off = found
-        if buf is qp.udma.registry.amo_bytes:
-            return
-        self._pins[qp.index].append(((pos + bbs) & M32, pos, buf, off, length, zlib.crc32(buf[off:off + length])))
-
     def post(self, qp, pos: int, opcode: int, flag: int, rmt_va: int, length: int, local_va: int, api: int,
              *, sig_off: int = 0, value: int = 0, compare: int = 0, peer: int | None = None, ts: int | None = None,
              site: int | None = None) -> None:
-        """One WQE at BB ``pos`` of ``qp`` (called before its doorbell)."""
-        self.flush()
+        """One WQE at BB ``pos`` of ``qp`` (called before its doorbell). A WRITE's source is summed now; ``quiet``
+        sums it again once the WQE retired."""
+        if self._tls.pending:
+            self.flush()
         peer = qp.peer if peer is None else peer & 0xFFFF
-        lflag, lref = self._local(qp, local_va, length)
-        if opcode in (_WRITE, _NOTIFY):
-            self._pin(qp, pos, wqe_bbs(opcode), local_va, length)
+        registry = qp.udma.registry
+        off = local_va - registry.heap_va
+        if 0 <= off and off + length <= self.heap_size:
+            lflag, lref = LOCAL_HEAP, off
+            buf = self.heap_bytes
+        else:
+            lflag, lref = 0, local_va
+            found = registry.resolve(local_va, length)
+            buf, off = (None, 0) if found is None or found[0] is registry.amo_bytes else found
+        if length and buf is not None and (opcode == _WRITE or opcode == _NOTIFY):
+            self._pins[qp.index].append(((pos + (2 if opcode == _NOTIFY else 1)) & M32, pos, buf, off, length,
+                                         zlib.crc32(buf[off:off + length])))
         self._put(_now() if ts is None else ts, Kind.POST, self.site(3) if site is None else site,
                   flag | api << 8 | lflag, pos | peer << 32 | qp.qp_idx << 48 | opcode << 56,
-                  (rmt_va - _heap_va(peer)) & _U64, lref, sig_off, value & 0xFFFF_FFFF_FFFF_FFFF,
-                  length, compare)
+                  (rmt_va - _heap_va(peer)) & _U64, lref, sig_off, value & _U64, length, compare)
 
     def post_wqe(self, qp, pos: int, wqe, api: int) -> None:
         """A WQE given as its 64 or 128 bytes (``post_bytes``)."""

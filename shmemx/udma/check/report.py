@@ -59,18 +59,23 @@ class Side:
     pe: int
     block: int
     site: tuple | None  # (file, function, line)
-    what: str
+    what: object  # the text, or a function making it (sides are built for every event, texts only for findings)
 
     def with_what(self, what: str) -> "Side":
         return Side(self.pe, self.block, self.site, what)
 
+    def describe(self) -> str:
+        if callable(self.what):
+            self.what = self.what()
+        return self.what
+
     def text(self) -> str:
-        return f"pe {self.pe} block {self.block} at {site_text(self.site)} {self.what}"
+        return f"pe {self.pe} block {self.block} at {site_text(self.site)} {self.describe()}"
 
     def doc(self) -> dict:
         file, function, line = self.site if self.site else (None, None, None)
         return {"pe": self.pe, "block": self.block, "file": file, "line": line, "function": function,
-                "what": self.what}
+                "what": self.describe()}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 __all__ = ["State", "WriteRec", "ReadRec", "Shadow", "EMPTY"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class WriteRec:
     """A write that may be what a reader of its interval sees.
 
@@ -37,7 +37,7 @@ class WriteRec:
     rel: object = None  # what a plain load of a synchronisation word acquires from a store (analyze.Rel)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ReadRec:
     ti: int
     clock: int
@@ -45,16 +45,27 @@ class ReadRec:
     pe: int
 
 
-@dataclass(eq=False)
 class State:
-    writes: tuple = ()
-    reads: tuple = ()
-    pins: tuple = ()  # Wqes that read this memory when they execute
-    sync: bool = False
+    """One interval's state (immutable: shared by every interval that has it)."""
 
-    def replace(self, **kw) -> "State":
-        return State(kw.get("writes", self.writes), kw.get("reads", self.reads), kw.get("pins", self.pins),
-                     kw.get("sync", self.sync))
+    __slots__ = ("writes", "reads", "pins", "sync")
+
+    def __init__(self, writes: tuple = (), reads: tuple = (), pins: tuple = (), sync: bool = False):
+        self.writes = writes
+        self.reads = reads
+        self.pins = pins  # Wqes that read this memory when they execute
+        self.sync = sync
+
+    def replace(self, writes=None, reads=None, pins=None, sync=None) -> "State":
+        return State(self.writes if writes is None else writes, self.reads if reads is None else reads,
+                     self.pins if pins is None else pins, self.sync if sync is None else sync)
+
+    def live_pins(self) -> tuple:
+        """The pins whose WQE has not retired yet."""
+        pins = self.pins
+        if not pins:
+            return pins
+        return tuple(p for p in pins if not p.reaped)
 
 
 EMPTY = State()
