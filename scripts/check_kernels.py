@@ -51,6 +51,12 @@ def examples(directory: str):
         if name == "cam_moe_demo.py":
             continue
         extra = ["--timeout", "5"] if name == "hang_demo.py" else []
+        if name == "flag_demo.py":  # the README's worked example: its bug must be found, its fix clean
+            label, code, found = _command(name, ["-n", "2", script], directory)
+            kinds = sorted({f["kind"] for f in found})
+            yield f"{name} (bug: {', '.join(kinds) or 'NOT FOUND'})", 0 if kinds == ["quiet-wrong-qp"] else 1, []
+            yield _command(f"{name} --fixed", ["-n", "2", script, "--fixed"], directory)
+            continue
         yield _command(name, ["-n", "4", *extra, script], directory)
 
 
@@ -106,6 +112,7 @@ def main(argv=None) -> int:
         for part in args.only or list(PARTS):
             for label, code, found in PARTS[part](directory):
                 errors = [f for f in found if f["severity"] == "error"]
+                bad += code not in (0, 124)
                 warnings = [f for f in found if f["severity"] != "error"]
                 status = "clean" if not errors else f"{len(errors)} FINDING(S)"
                 print(f"{part:<9}{label:<40} exit {code:<4} {status}"

@@ -284,7 +284,7 @@ def stale_flag_twin():
 
 # --- 9. a slot reused before its consumer gave it back ---------------------------------------------------------
 
-def _slots(credit: bool) -> None:
+def _slots(credit: bool, late: bool = False) -> None:
     me, n = _init()
     slots = shmemx.zeros((2, N), np.int64, name="slots")
     ready = shmemx.zeros(2, np.uint64, name="ready")
@@ -298,6 +298,8 @@ def _slots(credit: bool) -> None:
             shmemx.aclshmemx_udma_put_signal_nbi(slots[s], _payload(0, k), N, ready[s:s + 1], k + 1, 1)
             shmemx.aclshmemx_udma_quiet(1)  # its own writes are ordered; the consumer's read is not
         else:
+            if late and k == 0:
+                time.sleep(0.2)  # the writer runs ahead: this reader sees round 2's signal in round 0
             shmemx.aclshmem_signal_wait_until(ready[s:s + 1], GE, k + 1)
             got = slots[s].copy()
             assert not credit or (got == _payload(0, k)).all()
@@ -311,6 +313,14 @@ def slot_reuse():
 
 def slot_reuse_twin():
     _slots(True)
+
+
+def slot_reuse_late():
+    _slots(False, late=True)
+
+
+def slot_reuse_late_twin():
+    _slots(True, late=True)
 
 
 # --- 10. two origins write one range: offset rank instead of rank * slot ----------------------------------------
@@ -349,7 +359,7 @@ def _ack_reset(reset_first: bool) -> None:
                 shmemx.aclshmem_signal_wait_until(ack, EQ, k)
             shmemx.aclshmemx_udma_put_signal_nbi(inbox, _payload(0, k), N, flag, 1, 1)
             shmemx.aclshmemx_udma_quiet(1)
-        else:
+        elif k == 0 or reset_first:  # (the buggy consumer stops after round 0: its reset may erase round 1's flag)
             shmemx.aclshmem_signal_wait_until(flag, EQ, 1)
             got = inbox.copy()
             assert not reset_first or (got == _payload(0, k)).all()
@@ -490,6 +500,8 @@ CASES = [
          "source-overwrite", ""),
     Case("stale flag (constant, never reset)", 2, stale_flag, stale_flag_twin, "stale-flag", "flag"),
     Case("slot reused before the consumer's credit", 2, slot_reuse, slot_reuse_twin, "slot-reuse", "slots"),
+    Case("slot reused before the credit, the reader late", 2, slot_reuse_late, slot_reuse_late_twin, "slot-reuse",
+         "slots"),
     Case("two origins write one range", 3, unordered_writes, unordered_writes_twin, "unordered-writes", "gather"),
     Case("acknowledge, then reset the flag", 2, ack_then_reset, ack_then_reset_twin, "unordered-writes", "flag"),
     Case("two blocks on one send queue", 2, two_submitters, two_submitters_twin, "two-submitters", "inbox"),

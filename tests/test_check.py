@@ -82,3 +82,55 @@ def test_flag_demo_is_found_and_its_fix_is_clean(tmp_path, python):
     fixed = subprocess.run([python, "-m", "shmemx", "run", "-n", "2", "--check", demo, "--fixed"],
                            capture_output=True, text=True, env=env, timeout=120)
     assert fixed.returncode == 0 and "no findings" in fixed.stderr, fixed.stderr
+
+
+def _reads_body(lines: dict) -> None:
+    """PE 0 puts into PE 1's inbox and never signals; PE 1 reads it every way numpy lets Python see (one per
+    line, recorded in ``lines``); each read must be a finding at its own line."""
+    import inspect
+    import time
+
+    import numpy as np
+
+    import shmemx
+
+    shmemx.init()
+    me = shmemx.my_pe()
+    inbox = shmemx.zeros((4, 16), np.int64, name="inbox")
+    local = np.zeros((4, 16), np.int64)
+    if me == 0:
+        shmemx.aclshmemx_udma_put_nbi(inbox, np.ones((4, 16), np.int64), 64, 1)
+        shmemx.aclshmemx_udma_quiet(1)
+    else:
+        time.sleep(0.05)
+        here = inspect.currentframe()
+        checks = [
+            lambda: inbox.copy(),
+            lambda: int(inbox[1, 2]),
+            lambda: (inbox == 1).all(),
+            lambda: np.array_equal(inbox, local),
+            lambda: inbox.sum(),
+            lambda: inbox.tolist(),
+            lambda: np.copyto(local, inbox),
+            lambda: local.__setitem__(slice(None), inbox[0:2].reshape(2, 16)[0]),
+            lambda: np.take(inbox, [0, 3], axis=0),
+            lambda: inbox[[1, 2]],
+        ]
+        del here
+        for check in checks:
+            check()
+            lines.setdefault("lines", []).append(check.__code__.co_firstlineno)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_reads_are_observed(run_job, tmp_path, no_leak):
+    import inspect
+
+    src, first = inspect.getsourcelines(_reads_body)
+    want = [first + i for i, line in enumerate(src) if line.strip().startswith("lambda:")]
+    result, found = _findings(run_job, tmp_path, 2, _reads_body, {})
+    assert result.code == 3, result.report()
+    seen = {f["a"]["line"] for f in found if f["kind"] == "unsynchronized-read"}
+    missing = [line for line in want if line not in seen]
+    assert not missing, (missing, sorted(seen), [f["text"][:200] for f in found])

@@ -105,7 +105,7 @@ class Lane:
 class Wqe:
     __slots__ = ("lane", "seq", "ti", "clock", "ts", "site", "pe", "opcode", "flag", "api", "pos", "end", "target",
                  "dst", "length", "local_heap", "local", "sig_off", "value", "prefix", "extra", "rel", "reaped",
-                 "reported", "cqe")
+                 "reported", "cqe", "crc")
 
     @property
     def odr(self) -> int:
@@ -327,6 +327,7 @@ class Analyzer:
         w.target, w.dst, w.length = peer, b, f
         w.local_heap, w.local = bool(flags & LOCAL_HEAP), c
         w.sig_off, w.value = d, e
+        w.crc = g if opcode in (_WRITE, _NOTIFY) and (flags & LOCAL_HEAP or c) else None
         w.reaped = w.reported = False
         w.cqe = bool(w.flag >> 5 & 1)
         lane.wqes.append(w)
@@ -334,14 +335,7 @@ class Analyzer:
         lane.by_pos[w.pos] = w
         self._order(lane, w)
         self._submitter(t, lane, w)
-        w.rel = None
-        if opcode in (_NOTIFY, _FAA, _CAS):
-            rel = t.release()
-            li = lane.li
-            rel.vc[li] = max(rel.vc[li], w.prefix)
-            if w.extra:
-                rel.extras[li] = frozenset(rel.extras.get(li, frozenset()) | w.extra)
-            w.rel = rel
+        w.rel = self._wqe_rel(t, w) if opcode in (_NOTIFY, _FAA, _CAS) else None
         if peer not in self.shadow or w.dst + w.length > self.heap_size and opcode != _NOTIFY:
             return
         if opcode == _READ:
@@ -448,13 +442,17 @@ class Analyzer:
         """A WQE will write ``[off, off+n)`` of PE ``pe``: its poster must know of every earlier access there."""
         writer = self.wqe_side(w, lambda: f"posts {describe_wqe(w)}, which writes")
 
+        sync_hit = []
+
         def fn(s: State, start: int) -> State:
+            if s.sync:  # a flag written by a payload: checked and recorded as a signal below
+                sync_hit.append(start)
+                return s
             prev = None
             for rec in s.writes:
-                if self._knows_write(t, rec) or (isinstance(rec.by, Wqe) and self._ordered(rec.by, w)):
+                if self._knows_write(t, rec) or (isinstance(rec.by, Wqe) and (self._ordered(rec.by, w)
+                                                                               or _same_bytes(rec.by, w))):
                     prev = prev or rec
-                    continue
-                if s.sync and not _order_matters(rec, "set"):
                     continue
                 self._waw(writer, rec, pe, start, w=w)
                 prev = prev or rec
@@ -468,6 +466,21 @@ class Analyzer:
             return s.replace(writes=(rec,), reads=(), pins=s.live_pins())
 
         self.shadow[pe].update(off, off + n, fn)
+        if sync_hit:
+            rel = w.rel or self._wqe_rel(t, w)
+            value = w.value if kind == "wqe" and w.opcode == _WRITE and n <= 8 else None
+            for woff, word in self._words_in(pe, off, off + n):
+                v = None if value is None else value >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
+                self._sync_write(t, w.ts, pe, woff, word.size, "set", v, w, rel, w.site, writer, kind="wqe")
+
+    def _wqe_rel(self, t: Thread, w: Wqe) -> Rel:
+        """What the WQE's completion releases: its poster's clock at post, itself, and what its QP orders first."""
+        rel = t.release()
+        li = w.lane.li
+        rel.vc[li] = max(rel.vc[li], w.prefix)
+        if w.extra:
+            rel.extras[li] = frozenset(rel.extras.get(li, frozenset()) | w.extra)
+        return rel
 
     def _ordered(self, first: Wqe, then: Wqe) -> bool:
         """Whether ``then`` cannot execute before ``first`` completes (one QP: fence, or SO after RO/SO)."""
@@ -481,12 +494,14 @@ class Analyzer:
     # --- signals, stores and waits on synchronisation words --------------------------------------------------
 
     def _sync_write(self, t: Thread, ts: int, pe: int, off: int, size: int, op: str, value, by, rel: Rel,
-                    site: int, side: Side | None = None) -> None:
-        """A write of a synchronisation word (signal_op, a put_signal's signal, an atomic, a store): checked
-        against the unordered writes whose order matters, then recorded for the waits."""
+                    site: int, side: Side | None = None, kind: str | None = None) -> None:
+        """A write of a synchronisation word (signal_op, a put_signal's signal, an atomic, a store, a payload):
+        checked against the unordered writes whose order matters, then recorded for the waits. ``kind`` of the
+        record: "signal" (a WQE's signal or atomic), "signal_op", "store", "wqe" (a payload over the word)."""
         if pe not in self.shadow:
             return
-        rec = WriteRec(by, "signal" if isinstance(by, Wqe) else "signal_op", site, t.pe, op, value, rel=rel)
+        kind = kind or ("signal" if isinstance(by, Wqe) else "signal_op")
+        rec = WriteRec(by, kind, site, t.pe, op, value, rel=rel)
         me = side or (self.wqe_side(by, lambda: f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
                       else self.side(t.pe, t.block, site, "signals"))
 
@@ -554,6 +569,8 @@ class Analyzer:
                 break
         if j is None:
             return
+        if entries[j].op == "set":
+            self._skipped(t, entries, j, op, target, site, pe, off)
         chain = [entries[j]]
         if entries[j].op == "add":
             i = j - 1
@@ -566,6 +583,29 @@ class Analyzer:
             if entry.rel is not None:
                 self.join(t, entry.rel)
             entry.consumed.setdefault(t.ti, set()).add((cmp, target))
+
+    def _skipped(self, t: Thread, entries: list, j: int, op, target: int, site: int, pe: int, off: int) -> None:
+        """A wait that saw a later put_signal than the earliest one that met it, whose payload the later one
+        overwrote: that payload was lost before it was read (the slot was reused before the reader's credit)."""
+        got = entries[j].by
+        if not isinstance(got, Wqe) or got.opcode != _NOTIFY:
+            return
+        for e in entries[:j]:
+            w = e.by
+            if (isinstance(w, Wqe) and w.opcode == _NOTIFY and w.pe == got.pe and w.target == got.target
+                    and e.cur is not None and op(e.cur, target) and t.ti not in e.consumed and not self.known(t, w)
+                    and w.dst < got.dst + got.length and got.dst < w.dst + w.length):
+                self.add(Finding(
+                    "slot-reuse", self.side(t.pe, t.block, site, f"waits on {self.alloc_name(pe, off)}, sees a later "
+                                                                 f"round's signal, and so never reads"),
+                    self.wqe_side(w, lambda w=w: f"posted {describe_wqe(w)}, whose payload was overwritten unread"),
+                    w.target, w.qp, (w.target, w.dst, w.length), got,
+                    why=f"the earlier put_signal's payload ({self.alloc_name(w.target, w.dst)}) was written again by "
+                        f"{describe_wqe(got)} before pe {t.pe} read it: the writer reused the slot without the "
+                        f"reader's credit",
+                    fix=f"make pe {w.pe} wait for a credit from pe {t.pe} (signal_op after the read, wait_until "
+                        f"before the reuse), or use more slots"))
+                return
 
     def _stale(self, t: Thread, word: Word, pe: int, off: int, size: int, cmp: int, target: int, site: int) -> None:
         """A wait met by writes this thread already consumed at a wait for the same condition (and nothing it
@@ -675,10 +715,12 @@ class Analyzer:
         self.shadow[pe].update(off, off + n, fn)
         for rec in acquired:  # a plain load of a flag: take what its writer released
             self._acquire_rec(t, pe, rec)
-        if poll and (t.pe, site) not in self.warned:
+        signalled = any(rec.kind in ("signal", "signal_op") for rec in acquired)
+        if (poll or signalled) and (t.pe, site) not in self.warned:
             self.warned.add((t.pe, site))
             self.add(Finding(
-                "raw-poll", me.with_what(f"polls {self.alloc_name(pe, off)} with plain loads"), None, pe, None,
+                "raw-poll", me.with_what(f"polls {self.alloc_name(pe, off)} with plain loads" if poll else
+                                         f"reads the flag {self.alloc_name(pe, off)} with a plain load"), None, pe, None,
                 (pe, off, n), None, severity="warning",
                 why="a loop of plain loads is not an acquire on the hardware (no ordering, no cache invalidation), and "
                     "it spins a core; --check treated it as one",
@@ -733,7 +775,7 @@ class Analyzer:
                 v = value if n <= 8 else (0 if value == 0 else None)
                 if v is not None and n <= 8:
                     v = v >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
-                self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me)
+                self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me, kind="store")
         if sync_parts or acc.direct or pe != t.pe:
             self._release(t, ts, "store", None, site)
 
@@ -907,6 +949,12 @@ class Analyzer:
             (pe, off, 1), p,
             why=f"it is {what} a WQE not known complete here: the engine may read it after this write",
             fix=f"aclshmemx_udma_qp_quiet({p.target}, {p.qp}) on pe {p.pe} before rewriting it, or double-buffer"))
+
+
+def _same_bytes(a: Wqe, b: Wqe) -> bool:
+    """Two WRITEs of the same bytes (equal source checksums) to the same range: their order changes nothing."""
+    return (a.crc is not None and a.crc == b.crc and a.dst == b.dst and a.length == b.length
+            and a.target == b.target and a.opcode == b.opcode == _WRITE)
 
 
 def _order_matters(old: WriteRec, op: str, value=None) -> bool:

@@ -51,7 +51,8 @@ class Kind(enum.IntEnum):
     FREE = 3  # a = heap offset, b = size
     # one WQE: a = BB position | peer << 32 | qp << 48 | opcode << 56, b = remote heap offset, c = local heap
     # offset (flags & LOCAL_HEAP) or local VA, d = signal word's heap offset (WRITE_WITH_NOTIFY), e = signal value,
-    # FAA operand or CAS swap, f = length, g = CAS compare (low 32 bits); flags = WQE flag byte | api << 8 |
+    # FAA operand or CAS swap or the bytes of a WRITE of at most 8, f = length, g = CAS compare (low 32 bits) or a WRITE's source crc32 at post (two
+    # unordered writes of the same bytes to one range are not a race); flags = WQE flag byte | api << 8 |
     # (LOCAL_HEAP << 15)
     POST = 4
     QUIET = 5  # a = peer | qp << 16, b = the SQ tail after the quiet (BB position: every WQE before it retired)

@@ -215,8 +215,11 @@ class Checker:
             found = registry.resolve(local_va, length)
             buf, off = (None, 0) if found is None or found[0] is registry.amo_bytes else found
         if length and buf is not None and (opcode == _WRITE or opcode == _NOTIFY):
+            compare = zlib.crc32(buf[off:off + length])  # (g: the source's checksum, for a WRITE)
+            if length <= 8 and opcode == _WRITE:  # (e: a small WRITE's bytes: a flag or count sent by a put)
+                value = int.from_bytes(buf[off:off + length].tobytes(), "little")
             self._pins[qp.index].append(((pos + (2 if opcode == _NOTIFY else 1)) & M32, pos, buf, off, length,
-                                         zlib.crc32(buf[off:off + length])))
+                                         compare))
         self._put(_now() if ts is None else ts, Kind.POST, self.site(3) if site is None else site,
                   flag | api << 8 | lflag, pos | peer << 32 | qp.qp_idx << 48 | opcode << 56,
                   (rmt_va - _heap_va(peer)) & _U64, lref, sig_off, value & _U64, length, compare)
