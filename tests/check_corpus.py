@@ -414,6 +414,53 @@ def two_submitters_twin():
     _two_blocks(True)
 
 
+def _overlap_kernel(inbox) -> None:
+    b = shmemx.get_block_idx()
+    if b == 0:
+        shmemx.aclshmemx_udma_put_nbi(inbox[0], _payload(0), N, 1)
+        shmemx.sync_all()  # block 1 posts while block 0 still owns the queue
+        shmemx.sync_all()
+        shmemx.aclshmemx_udma_quiet(1)
+    else:
+        shmemx.sync_all()
+        try:
+            shmemx.aclshmemx_udma_put_nbi(inbox[1], _payload(0, 1), N, 1)
+        finally:
+            shmemx.sync_all()
+
+
+def two_submitters_overlapping():
+    me, n = _init()
+    inbox = shmemx.zeros((2, N), np.int64, name="inbox")
+    if me == 0:
+        shmemx.launch(_overlap_kernel, 2, inbox)  # raises SubmitterError, the job fails
+    _done()
+
+
+# --- a kernel that returns with WQEs no quiet retired ---------------------------------------------------------
+
+def _unquieted_kernel(inbox, quiet: bool) -> None:
+    shmemx.aclshmemx_udma_qp_put_nbi(inbox, _payload(0), N, 1, shmemx.get_block_idx())
+    if quiet:
+        shmemx.aclshmemx_udma_qp_quiet(1, shmemx.get_block_idx())
+
+
+def _unfinished(quiet: bool) -> None:
+    me, n = _init(2)
+    inbox = shmemx.zeros(N, np.int64, name="inbox")
+    if me == 0:
+        shmemx.launch(_unquieted_kernel, 1, inbox, quiet)
+    _done()
+
+
+def unfinished_work():
+    _unfinished(False)
+
+
+def unfinished_work_twin():
+    _unfinished(True)
+
+
 # --- 13. a read with no synchronisation at all -------------------------------------------------------------------
 
 def _no_sync(synced: bool) -> None:
@@ -481,6 +528,7 @@ class Case:
     kind: str
     allocation: str
     severity: str = "error"
+    code: int = 3  # the job's exit status (3: it succeeded, the sanitizer found the bug)
 
 
 CASES = [
@@ -505,7 +553,11 @@ CASES = [
     Case("two origins write one range", 3, unordered_writes, unordered_writes_twin, "unordered-writes", "gather"),
     Case("acknowledge, then reset the flag", 2, ack_then_reset, ack_then_reset_twin, "unordered-writes", "flag"),
     Case("two blocks on one send queue", 2, two_submitters, two_submitters_twin, "two-submitters", "inbox"),
+    Case("two blocks on one send queue at once (SubmitterError)", 2, two_submitters_overlapping, two_submitters_twin,
+         "two-submitters", "inbox", code=1),
+    Case("a kernel returns with WQEs no quiet retired", 2, unfinished_work, unfinished_work_twin, "unfinished-work",
+         "inbox"),
     Case("a read with no synchronisation", 2, unsynchronized_read, unsynchronized_read_twin, "unsynchronized-read",
          "inbox"),
-    Case("a flag polled with plain loads", 2, raw_poll, raw_poll_twin, "raw-poll", "flag", severity="warning"),
+    Case("a flag polled with plain loads", 2, raw_poll, raw_poll_twin, "raw-poll", "flag", severity="warning", code=0),
 ]

@@ -30,8 +30,7 @@ def test_bug_is_reported(case, run_job, tmp_path, no_leak):
     assert any((f["allocation"] or "") == case.allocation for f in hits), [f["text"] for f in hits]
     lines = [line for line in result.err.splitlines() if line.startswith("shmemx check:")]
     assert any(case.kind in line for line in lines), result.err
-    if case.severity == "error":
-        assert result.code == 3, result.report()
+    assert result.code == case.code, result.report()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -134,3 +133,52 @@ def test_reads_are_observed(run_job, tmp_path, no_leak):
     seen = {f["a"]["line"] for f in found if f["kind"] == "unsynchronized-read"}
     missing = [line for line in want if line not in seen]
     assert not missing, (missing, sorted(seen), [f["text"][:200] for f in found])
+
+
+# --- --chaos: the seed reaches every rank, random picks one and prints it; twins stay correct under chaos ------
+
+def _chaos_body(out: dict) -> None:
+    import shmemx
+    from shmemx.runtime import runtime
+
+    shmemx.init()
+    chaos = runtime().chaos
+    print(f"seed {chaos.seed if chaos is not None else None} pe {shmemx.my_pe()} "
+          f"draws {[round(chaos.rng().random(), 6) for _ in range(3)] if chaos is not None else None}")
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_chaos_seed_reaches_every_rank_and_fixes_the_draws(run_ok):
+    first = run_ok(3, _chaos_body, {}, chaos=1234)
+    again = run_ok(3, _chaos_body, {}, chaos=1234)
+    other = run_ok(3, _chaos_body, {}, chaos=99)
+    lines = sorted(line.split("] ", 1)[-1] for line in first.out.splitlines() if "seed" in line)
+    assert [line.split()[1] for line in lines] == ["1234"] * 3
+    assert lines == sorted(line.split("] ", 1)[-1] for line in again.out.splitlines() if "seed" in line)
+    assert lines != sorted(line.split("] ", 1)[-1] for line in other.out.splitlines() if "seed" in line)
+    assert len({line.split("draws")[1] for line in lines}) == 3  # each PE (and block) has a generator of its own
+
+
+def test_chaos_random_picks_and_prints_a_seed(tmp_path, python):
+    import subprocess
+
+    script = tmp_path / "seed.py"
+    script.write_text("import shmemx\nfrom shmemx.runtime import runtime\nshmemx.init()\n"
+                      "print('rank seed', runtime().chaos.seed)\nshmemx.finalize()\n")
+    proc = subprocess.run([python, "-m", "shmemx", "run", "-n", "2", "--chaos", "random", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    seed = int(proc.stderr.split("chaos seed ")[1].split()[0])
+    assert f"--chaos {seed}" in proc.stderr
+    assert proc.stdout.count(f"rank seed {seed}") == 2
+    bad = subprocess.run([python, "-m", "shmemx", "run", "-n", "2", "--chaos", "often", str(script)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--chaos" in bad.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_twins_stay_correct_and_clean_under_chaos(seed, run_job, tmp_path, no_leak):
+    for case in CASES[:6]:
+        result, found = _findings(run_job, tmp_path, case.n_pes, case.twin, chaos=seed)
+        assert result.code == 0 and not found, (case.name, result.report(), [f["text"] for f in found])

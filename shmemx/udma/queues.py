@@ -114,6 +114,8 @@ class QueuePair:
         if self.owner == me:
             return
         if self.owner is not None and self.head != self.tail and self.udma.thread_alive(self.owner):
+            if self.check is not None:
+                self.check.claim(self)
             mine = thread_slot()
             raise SubmitterError(
                 f"pe {self.my_pe}: {what} to pe {self.peer} qp {self.qp_idx}: the send queue is in use by block "

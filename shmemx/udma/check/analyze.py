@@ -36,6 +36,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ...shm.control import WaitCall
 from ..layout import Odr, Opcode
 from ..rings import Api
 from .events import LOCAL_HEAP, Access, Kind, Log
@@ -50,6 +51,7 @@ _WRITE, _READ, _NOTIFY, _FAA, _CAS = (int(Opcode.WRITE), int(Opcode.READ), int(O
                                       int(Opcode.FAA), int(Opcode.CAS))
 _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
 _HISTORY = 256  # writes remembered per synchronisation word
+_FINALIZE = int(WaitCall.FINALIZE)
 
 
 class Rel:
@@ -280,6 +282,7 @@ class Analyzer:
 
     def run(self) -> Findings:
         handlers = {Kind.ALLOC: self.on_alloc, Kind.FREE: self.on_free, Kind.POST: self.on_post,
+                    Kind.CLAIM: self.on_claim,
                     Kind.QUIET: self.on_quiet, Kind.SIGNAL: self.on_signal, Kind.WAIT: self.on_wait,
                     Kind.ARRIVE: self.on_arrive, Kind.DEPART: self.on_depart, Kind.LAUNCH: self.on_launch,
                     Kind.JOIN: self.on_join, Kind.BLOCK_BEGIN: self.on_block_begin, Kind.BLOCK_END: self.on_block_end,
@@ -385,6 +388,42 @@ class Analyzer:
                     f"and sync_all() before block {self.by_ti[t.ti].block} posts"))
         lane.last_user = (t.ti, t.clock, w.site)
 
+    def on_claim(self, t: Thread, ts, pe, idx, r) -> None:
+        """A post that SubmitterError refused (another block still owned the queue): two submitters."""
+        a = r[5]
+        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
+        if lane is None or lane.last_user is None or not lane.wqes:
+            return
+        w = lane.wqes[-1]
+        other = self.by_ti[lane.last_user[0]]
+        self.add(Finding(
+            "two-submitters", self.side(pe, t.block, r[4], f"posts to pe {lane.peer} qp {lane.qp} (refused: "
+                                                           f"SubmitterError)"),
+            self.wqe_side(w, lambda: f"posted {describe_wqe(w)} and had not quieted it"), lane.peer, lane.qp,
+            (lane.peer, w.dst, max(w.length, 1)), w,
+            why=f"blocks {other.block} and {t.block} of pe {pe} post to one send queue (one submitter per QP, as on "
+                f"the hardware)",
+            fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} and "
+                f"sync_all() before block {t.block} posts"))
+
+    def _unfinished(self, t: Thread, site: int, threads: set, what: str) -> None:
+        """WQEs posted by ``threads`` that no quiet of their lane retired (a kernel or the job ended first)."""
+        for lane in self.lanes.values():
+            left = [w for w in lane.wqes[lane.reaped:] if w.ti in threads and not w.reaped]
+            if not left:
+                continue
+            w = left[-1]
+            self.add(Finding(
+                "unfinished-work", self.side(t.pe, t.block, site, what),
+                self.wqe_side(w, lambda w=w, n=len(left): f"posted {describe_wqe(w)} (the last of {n} WQEs no "
+                                                          f"quiet retired)"),
+                lane.peer, lane.qp, (lane.peer, w.dst, max(w.length, 1)), w,
+                why="no quiet of the QP retired them: nothing tells the poster (or anyone) they completed, and a "
+                    "barrier or the end of a kernel does not complete UDMA work",
+                fix=f"aclshmemx_udma_qp_quiet({lane.peer}, {lane.qp}) before the kernel returns"))
+            for x in left:
+                x.reaped = True  # reported once
+
     def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
         """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""
         a, tail_raw = r[5], r[6]
@@ -472,6 +511,7 @@ class Analyzer:
             for woff, word in self._words_in(pe, off, off + n):
                 v = None if value is None else value >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
                 self._sync_write(t, w.ts, pe, woff, word.size, "set", v, w, rel, w.site, writer, kind="wqe")
+            self._release(t, w.ts, "signal", w, w.site)
 
     def _wqe_rel(self, t: Thread, w: Wqe) -> Rel:
         """What the WQE's completion releases: its poster's clock at post, itself, and what its QP orders first."""
@@ -642,6 +682,8 @@ class Analyzer:
 
     def on_arrive(self, t: Thread, ts, pe, idx, r) -> None:
         n = r[5]
+        if r[6] == _FINALIZE:
+            self._unfinished(t, r[4], {th.ti for th in self.threads.values() if th.pe == pe}, "finalized")
         rel = self.barriers.get(n)
         if rel is None:
             self.barriers[n] = t.release()
@@ -669,6 +711,7 @@ class Analyzer:
             self.join(t, rel)
 
     def on_block_end(self, t: Thread, ts, pe, idx, r) -> None:
+        self._unfinished(t, r[4], {t.ti}, "returned from its kernel")
         self.launch_end[(pe, r[5])].append(t.release())
 
     def on_join(self, t: Thread, ts, pe, idx, r) -> None:

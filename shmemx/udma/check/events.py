@@ -75,6 +75,7 @@ class Kind(enum.IntEnum):
     # b = heap offset, c = bytes, d = value (the first 8 bytes, when known)
     ACCESS = 17
     SRC_CHANGED = 18  # a WRITE's source changed before its quiet: a = peer | qp << 16, b = BB position, c = length
+    CLAIM = 19  # a post refused with SubmitterError (another block owns the queue): a = peer | qp << 16
 
 
 LOCAL_HEAP = 1 << 15  # POST flags bit: c is a heap offset of this PE

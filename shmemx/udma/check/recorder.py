@@ -261,6 +261,10 @@ class Checker:
             self._post_decoded(qp, pos, decode_wqe(read_wqe(qp.sq, mask, pos)), api, site, ts)
             i += wqe_bbs(op)
 
+    def claim(self, qp) -> None:
+        """A post to ``qp`` refused because another block owns it (``QueuePair.claim`` raises next)."""
+        self._put(_now(), Kind.CLAIM, self.site(3), a=qp.peer | qp.qp_idx << 16)
+
     def quiet(self, qp) -> None:
         """A quiet of ``qp`` returned: every WQE before ``qp.tail`` retired (called after the CQEs)."""
         self.flush()

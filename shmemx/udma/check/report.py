@@ -33,6 +33,7 @@ KINDS = {
     "unsynchronized-read": "a read of memory a WQE or a peer writes, with no synchronisation at all",
     "block-race": "two AIV blocks of a PE access one range with no sync_all between",
     "two-submitters": "two AIV blocks post to one send queue with nothing ordering them",
+    "unfinished-work": "a kernel returned (or the job finalized) with WQEs no quiet retired",
     "raw-poll": "a flag polled with plain loads (a warning)",
 }
 
