@@ -453,6 +453,30 @@ def _unfinished(quiet: bool) -> None:
     _done()
 
 
+def _defer_kernel(inbox, submit: bool) -> None:
+    state = shmemx.aclshmemx_submit_state_t()
+    shmemx.aclshmemx_udma_put_nbi(inbox[0], _payload(0, 0), N, 1, batch=shmemx.aclshmemx_defer_t(state))
+    if submit:
+        shmemx.aclshmemx_udma_put_nbi(inbox[1], _payload(0, 1), N, 1, batch=shmemx.aclshmemx_submit_t(state))
+        shmemx.aclshmemx_udma_quiet(1)
+
+
+def _deferred(submit: bool) -> None:
+    me, n = _init()
+    inbox = shmemx.zeros((2, N), np.int64, name="inbox")
+    if me == 0:
+        shmemx.launch(_defer_kernel, 1, inbox, submit)
+    _done()
+
+
+def unsubmitted_defer():
+    _deferred(False)
+
+
+def unsubmitted_defer_twin():
+    _deferred(True)
+
+
 def unfinished_work():
     _unfinished(False)
 
@@ -557,6 +581,7 @@ CASES = [
          "two-submitters", "inbox", code=1),
     Case("a kernel returns with WQEs no quiet retired", 2, unfinished_work, unfinished_work_twin, "unfinished-work",
          "inbox"),
+    Case("a defer batch never submitted", 2, unsubmitted_defer, unsubmitted_defer_twin, "unfinished-work", ""),
     Case("a read with no synchronisation", 2, unsynchronized_read, unsynchronized_read_twin, "unsynchronized-read",
          "inbox"),
     Case("a flag polled with plain loads", 2, raw_poll, raw_poll_twin, "raw-poll", "flag", severity="warning", code=0),

@@ -311,6 +311,8 @@ class _BatchCall:
         st._wqes.append(wqe)
         st._regs.append(reg)
         st.pending_count = n
+        if rt.checker is not None:
+            rt.checker.batch(st, qp, n, self.submit)
         if self.submit:
             try:
                 _submit(qp, st, _CALLS[api])

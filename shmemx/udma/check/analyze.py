@@ -282,7 +282,7 @@ class Analyzer:
 
     def run(self) -> Findings:
         handlers = {Kind.ALLOC: self.on_alloc, Kind.FREE: self.on_free, Kind.POST: self.on_post,
-                    Kind.CLAIM: self.on_claim,
+                    Kind.CLAIM: self.on_claim, Kind.UNSUBMITTED: self.on_unsubmitted,
                     Kind.QUIET: self.on_quiet, Kind.SIGNAL: self.on_signal, Kind.WAIT: self.on_wait,
                     Kind.ARRIVE: self.on_arrive, Kind.DEPART: self.on_depart, Kind.LAUNCH: self.on_launch,
                     Kind.JOIN: self.on_join, Kind.BLOCK_BEGIN: self.on_block_begin, Kind.BLOCK_END: self.on_block_end,
@@ -405,6 +405,16 @@ class Analyzer:
                 f"the hardware)",
             fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} and "
                 f"sync_all() before block {t.block} posts"))
+
+    def on_unsubmitted(self, t: Thread, ts, pe, idx, r) -> None:
+        a, pending = r[5], r[6]
+        peer, qp = a & 0xFFFF, a >> 16 & 0xFF
+        self.add(Finding(
+            "unfinished-work", self.side(pe, t.block, r[4], f"deferred {pending} WQE{'s' if pending != 1 else ''} "
+                                                           f"(aclshmemx_defer_t) to pe {peer} qp {qp}"),
+            None, peer, qp, (peer, None, 0), None,
+            why="the defer batch was never submitted: its WQEs were never posted, the kernel ended first",
+            fix="end the batch with a call that passes batch=aclshmemx_submit_t(state)"))
 
     def _unfinished(self, t: Thread, site: int, threads: set, what: str) -> None:
         """WQEs posted by ``threads`` that no quiet of their lane retired (a kernel or the job ended first)."""

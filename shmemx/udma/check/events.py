@@ -76,6 +76,7 @@ class Kind(enum.IntEnum):
     ACCESS = 17
     SRC_CHANGED = 18  # a WRITE's source changed before its quiet: a = peer | qp << 16, b = BB position, c = length
     CLAIM = 19  # a post refused with SubmitterError (another block owns the queue): a = peer | qp << 16
+    UNSUBMITTED = 20  # a defer batch never submitted (its block ended, or the job): a = peer | qp << 16, b = WQEs
 
 
 LOCAL_HEAP = 1 << 15  # POST flags bit: c is a heap offset of this PE

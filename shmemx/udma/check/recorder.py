@@ -54,6 +54,7 @@ class _Thread(threading.local):
     pending = None  # [(weakref to a derived heap view, pe, ranges)]: read if it dies unused (array.CheckedArray)
     sync_count = 0  # sync_all calls of this block in the current launch
     launch = 0
+    batches = None  # id(submit state) -> (peer, qp, deferred WQEs, site) of defer batches not submitted yet
 
 
 class Checker:
@@ -261,6 +262,23 @@ class Checker:
             self._post_decoded(qp, pos, decode_wqe(read_wqe(qp.sq, mask, pos)), api, site, ts)
             i += wqe_bbs(op)
 
+    def batch(self, state, qp, pending: int, submit: bool) -> None:
+        """A defer/submit call: a batch that is never submitted is reported when its block (or the job) ends."""
+        batches = self._tls.batches
+        if batches is None:
+            batches = self._tls.batches = {}
+        if submit:
+            batches.pop(id(state), None)
+        else:
+            batches[id(state)] = (qp.peer, qp.qp_idx, pending, self.site(3))
+
+    def _unsubmitted(self) -> None:
+        batches = self._tls.batches
+        if batches:
+            for peer, qp_idx, pending, site in batches.values():
+                self._put(_now(), Kind.UNSUBMITTED, site, a=peer | qp_idx << 16, b=pending)
+            batches.clear()
+
     def claim(self, qp) -> None:
         """A post to ``qp`` refused because another block owns it (``QueuePair.claim`` raises next)."""
         self._put(_now(), Kind.CLAIM, self.site(3), a=qp.peer | qp.qp_idx << 16)
@@ -325,6 +343,7 @@ class Checker:
             self._put(_now(), Kind.BLOCK_BEGIN, 0, a=launch_id)
         else:
             self.flush()
+            self._unsubmitted()
             self._put(_now(), Kind.BLOCK_END, 0, a=launch_id)
 
     def sync(self, arrive: bool) -> None:
@@ -365,6 +384,7 @@ class Checker:
 
     def close(self) -> None:
         self.flush()
+        self._unsubmitted()
         self.segment.close()
 
 
