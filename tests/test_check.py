@@ -182,3 +182,35 @@ def test_twins_stay_correct_and_clean_under_chaos(seed, run_job, tmp_path, no_le
     for case in CASES[:6]:
         result, found = _findings(run_job, tmp_path, case.n_pes, case.twin, chaos=seed)
         assert result.code == 0 and not found, (case.name, result.report(), [f["text"] for f in found])
+
+
+def _row_size_change_job():
+    """A fresh bf16 dispatch, then a cached fp8 dispatch through its handle: the same routing, another row size,
+    so each source's rows land where other sources' rows were (kernels/moe/dispatch.py gives credits only after
+    every block copied out; before, this was a slot-reuse finding)."""
+    import numpy as np
+
+    import shmemx
+    from shmemx.kernels import moe
+    from shmemx.kernels.moe import reference as ref
+    from test_moe import CHANNELS, E, H, K, T, _inputs
+
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = moe.Buffer(T, H, K, E, num_channels=CHANNELS, qp_num=4)
+    allin = [_inputs(r, n) for r in range(n)]
+    x, idx, w = allin[me]
+    for _ in range(2):
+        res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        fp8 = ref.per_token_cast_to_fp8(x)
+        got = buf.dispatch(fp8, handle=res.handle)
+        want = ref.reference_dispatch([ref.per_token_cast_to_fp8(a[0]) for a in allin], [a[1] for a in allin], None,
+                                      E, me)
+        np.testing.assert_array_equal(got.recv_x[0].view(np.uint8), want.recv_x[0].view(np.uint8))
+    buf.close()
+    shmemx.finalize()
+
+
+def test_moe_row_size_change_is_clean(run_job, tmp_path, no_leak):
+    _clean(*_findings(run_job, tmp_path, 4, _row_size_change_job, timeout=240))

@@ -15,7 +15,8 @@ this rank's lower channels), in token order. Per round of the plan (see ``schedu
 Then the receive side: block c waits (asleep) for the completion signals of every QP from the sources
 ``s = c, c + C, ...``, checks that their records add up to the rows notify announced, copies the source's rows
 out of the workspace into the outputs (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
-and gives the source its credit: the region may be written again.
+and, once every block has copied its sources out (``sync_all``), gives each of its sources its credit: the region
+may be written again.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
 
 
 def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
-    """Wait for source s's lanes, check their records, copy its rows out, give it its credit."""
+    """Wait for source s's lanes, check their records, copy its rows out (the credit comes after ``sync_all``)."""
     v, me = a.views, a.me
     lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     n_qps = a.plan.lane_rows.shape[1]
@@ -164,12 +165,13 @@ def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the {hi - lo} "
                                f"rows notify announced for call #{a.seq}")
-    return copy_out(a, s, timer, t)
+    return copy_out(a, s, timer, t, credit=False)
 
 
-def copy_out(a: DispatchArgs, s: int, timer, t: float) -> float:
+def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> float:
     """Source s's rows are all here: copy them out of the workspace into the outputs (top-k experts made local),
-    then give s its credit (every schedule's receive side ends with this)."""
+    then give s its credit (every schedule's receive side ends with this; ``credit=False``: the caller gives it
+    with ``give_credit`` once every block has copied out)."""
     v, me = a.views, a.me
     lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     out = a.out
@@ -187,10 +189,19 @@ def copy_out(a: DispatchArgs, s: int, timer, t: float) -> float:
         if out.scales is not None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
     t = timer.lap("epilogue", t)
-    if s != me and (out is None or out.credit):
-        shmemx.aclshmemx_signal_op(v["credits"][0, me, 0:1], a.seq, SET, s)
-        timer.count("credit_writes")
+    if credit:
+        give_credit(a, s, timer)
     return t
+
+
+def give_credit(a: DispatchArgs, s: int, timer) -> None:
+    """Give source s its credit: its next dispatch may write this PE's receive region again. A kernel whose
+    blocks copy out different sources gives the credits only once every block has copied out (``sync_all``, then
+    this): the region is shared, and where a source's rows land depends on the call (the counts of the lower
+    ranks, the row size), so s's next rows may land where another block is still copying another source's rows."""
+    if s != a.me and (a.out is None or a.out.credit):
+        shmemx.aclshmemx_signal_op(a.views["credits"][0, a.me, 0:1], a.seq, SET, s)
+        timer.count("credit_writes")
 
 
 def dispatch_kernel(a: DispatchArgs) -> None:
@@ -215,5 +226,9 @@ def dispatch_kernel(a: DispatchArgs) -> None:
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t)
-    for s in range(c, a.n_pes, len(a.bounds) - 1):
+    sources = range(c, a.n_pes, len(a.bounds) - 1)
+    for s in sources:
         t = _receive(a, s, timer, t)
+    shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
+    for s in sources:
+        give_credit(a, s, timer)

@@ -327,8 +327,13 @@ def hier_dispatch_kernel(a, h: HierSpec, relay_out: list) -> None:
     shmemx.sync_all()
     timer.count("syncs", 3)
     t = timer.lap("sync", t)
-    for s in range(b, a.n_pes, topo.num_servers):
-        t = fm_dispatch.copy_out(a, s, timer, t)
+    sources = range(b, a.n_pes, topo.num_servers)
+    for s in sources:
+        t = fm_dispatch.copy_out(a, s, timer, t, credit=False)
+    shmemx.sync_all()  # every block copied out before any source gets its credit (dispatch.give_credit)
+    timer.count("syncs")
+    for s in sources:
+        fm_dispatch.give_credit(a, s, timer)
 
 
 # --- combine -----------------------------------------------------------------------------------------------
