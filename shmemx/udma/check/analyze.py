@@ -164,6 +164,7 @@ class Analyzer:
         self.quiets: dict[int, list] = defaultdict(list)  # pe -> [(ts, lane)] of its quiets
         self.quiet_ts: dict[int, list] = defaultdict(list)
         self.warned: set = set()
+        self.skips: dict[int, list] = defaultdict(list)  # thread -> [(pe, lo, hi, finding)] of skipped payloads
         self._prepass()
 
     # --- set-up ---------------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ class Analyzer:
                     size, count = a >> 24 & 0xFF, d
                     for k in range(min(count, 1 << 16)):
                         sync[a & 0xFFFF].add((b + k * c, size))
-                if kind == Kind.ACCESS and not (a >> 16 & 1):
+                if kind == Kind.ACCESS and not (a >> 16 & 1) and not (a >> 18 & 1):
                     key = (site, a & 0xFFFF, b, c)
                     if last.get(block) == key:
                         self.polls.add((pe, idx))
@@ -636,7 +637,8 @@ class Analyzer:
 
     def _skipped(self, t: Thread, entries: list, j: int, op, target: int, site: int, pe: int, off: int) -> None:
         """A wait that saw a later put_signal than the earliest one that met it, whose payload the later one
-        overwrote: that payload was lost before it was read (the slot was reused before the reader's credit)."""
+        overwrote: if the waiter then reads that payload (``_load``), the earlier one was lost unread (the slot was
+        reused before the reader's credit). A payload nobody reads (a signal's dummy) is no finding."""
         got = entries[j].by
         if not isinstance(got, Wqe) or got.opcode != _NOTIFY:
             return
@@ -645,16 +647,16 @@ class Analyzer:
             if (isinstance(w, Wqe) and w.opcode == _NOTIFY and w.pe == got.pe and w.target == got.target
                     and e.cur is not None and op(e.cur, target) and t.ti not in e.consumed and not self.known(t, w)
                     and w.dst < got.dst + got.length and got.dst < w.dst + w.length):
-                self.add(Finding(
+                self.skips[t.ti].append((w.target, w.dst, w.dst + w.length, Finding(
                     "slot-reuse", self.side(t.pe, t.block, site, f"waits on {self.alloc_name(pe, off)}, sees a later "
-                                                                 f"round's signal, and so never reads"),
+                                                                 f"round's signal, then reads the slot it skipped:"),
                     self.wqe_side(w, lambda w=w: f"posted {describe_wqe(w)}, whose payload was overwritten unread"),
                     w.target, w.qp, (w.target, w.dst, w.length), got,
                     why=f"the earlier put_signal's payload ({self.alloc_name(w.target, w.dst)}) was written again by "
                         f"{describe_wqe(got)} before pe {t.pe} read it: the writer reused the slot without the "
                         f"reader's credit",
                     fix=f"make pe {w.pe} wait for a credit from pe {t.pe} (signal_op after the read, wait_until "
-                        f"before the reuse), or use more slots"))
+                        f"before the reuse), or use more slots")))
                 return
 
     def _stale(self, t: Thread, word: Word, pe: int, off: int, size: int, cmp: int, target: int, site: int) -> None:
@@ -749,6 +751,11 @@ class Analyzer:
 
     def _load(self, t: Thread, ts: int, acc: Access, off: int, n: int, site: int, poll: bool) -> None:
         pe = acc.pe
+        skips = self.skips.get(t.ti)
+        if skips:
+            for item in [x for x in skips if x[0] == pe and x[1] < off + n and off < x[2]]:
+                skips.remove(item)
+                self.add(item[3])
         me = self.side(t.pe, t.block, site, "reads")
         acquired = []
 
@@ -762,6 +769,8 @@ class Analyzer:
                 if acc.approx:
                     continue
                 self._read_finding(t, rec, pe, start, me, None)
+            if acc.approx:  # a hull: no finding against it either
+                return s
             reads = tuple(rd for rd in s.reads if rd.ti != t.ti) + (ReadRec(t.ti, t.clock, site, t.pe),)
             return s.replace(reads=reads)
 
@@ -810,8 +819,10 @@ class Analyzer:
             if s.sync:
                 sync_parts.append(start)
                 return s
+            if acc.approx:  # a hull: nothing is decided on it (and no finding can be made against it)
+                return s
             for rec in s.writes:
-                if acc.approx or self._knows_write(t, rec):
+                if self._knows_write(t, rec):
                     continue
                 if isinstance(rec.by, Wqe) or (value is None or _order_matters(rec, "set", value)):
                     self._waw(me, rec, pe, start, store=t)

@@ -119,35 +119,48 @@ def _basic(key) -> bool:
 
 
 def _key_ranges(arr: np.ndarray, key):
-    """(pe, ranges, approximate) of the elements ``arr[key]`` selects, or None."""
+    """(pe, ranges, approximate) of the elements ``arr[key]`` selects, or None. Exact for basic keys and for
+    advanced ones whose index arrays (and ints) come first, followed by basic parts (``a[rows]``, ``a[rows, 2:]``,
+    ``a[g, toks]``, ``a[g_arr, t_arr]``); other keys give the view's hull, marked approximate."""
     plain = arr.view(np.ndarray)
     if _basic(key):
         parts = key if isinstance(key, tuple) else (key,)
         sel = plain[parts + (Ellipsis,)] if Ellipsis not in parts else plain[key]
         return _ranges(sel)
     parts = key if isinstance(key, tuple) else (key,)
-    first, rest = parts[0], parts[1:]
-    if _basic(rest) and arr.ndim >= 1 and not isinstance(first, (slice, type(None))):
-        found = _where(arr)
-        if found is None:
-            return None
-        idx = np.asarray(first)
-        if idx.dtype == bool:
-            if idx.ndim != 1:
-                return _hull(arr)
-            idx = np.flatnonzero(idx)
-        rows = np.arange(arr.shape[0], dtype=np.int64)[idx.reshape(-1)]
-        row = plain[(0,) + tuple(rest) + (Ellipsis,)] if arr.shape[0] else None
-        if row is None or len(rows) == 0:
-            return found[0], [], False
-        inner, approx = _runs(row, found[1] + (data_address(row) - data_address(plain)))
-        if approx or len(rows) * len(inner) > _MAX_RUNS:
-            return _hull(arr)
-        starts = (rows * arr.strides[0])[:, None] + np.array([o for o, _ in inner], np.int64)[None, :]
-        if len(inner) == 1:
-            return found[0], _merge(starts.reshape(-1), inner[0][1]), False
-        return found[0], [(int(s), n) for r in starts for s, (_, n) in zip(r, inner)], False
-    return _hull(arr)
+    k = 0
+    while k < len(parts) and k < arr.ndim and not (parts[k] is None or parts[k] is Ellipsis
+                                                    or isinstance(parts[k], slice)):
+        k += 1
+    lead, rest = parts[:k], parts[k:]
+    if not lead or not _basic(rest) or Ellipsis in rest:
+        return _hull(arr)
+    found = _where(arr)
+    if found is None:
+        return None
+    try:
+        idx = []
+        for p, n in zip(lead, arr.shape):
+            p = np.asarray(p)
+            if p.dtype == bool:
+                if p.ndim != 1 or len(lead) != 1:
+                    return _hull(arr)
+                p = np.flatnonzero(p)
+            idx.append(np.where(p < 0, p + n, p).astype(np.int64))
+        idx = np.broadcast_arrays(*idx)
+    except ValueError:
+        return _hull(arr)
+    offs = sum(i.reshape(-1) * st for i, st in zip(idx, arr.strides))
+    if len(offs) == 0:
+        return found[0], [], False
+    inner_view = plain[(0,) * k + tuple(rest) + (Ellipsis,)]
+    inner, approx = _runs(inner_view, found[1] + (data_address(inner_view) - data_address(plain)))
+    if approx or len(offs) * len(inner) > _MAX_RUNS:
+        return _hull(arr)
+    starts = offs[:, None] + np.array([o for o, _ in inner], np.int64)[None, :]
+    if len(inner) == 1:
+        return found[0], _merge(starts.reshape(-1), inner[0][1]), False
+    return found[0], [(int(x), n) for r in starts for x, (_, n) in zip(r, inner)], False
 
 
 def _hull(arr: np.ndarray):
