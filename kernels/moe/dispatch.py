@@ -230,5 +230,6 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     for s in sources:
         t = _receive(a, s, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
+    timer.count("syncs")
     for s in sources:
         give_credit(a, s, timer)
