@@ -6,6 +6,8 @@
 * examples: every script of ``scripts/examples`` (4 PEs; ``hang_demo.py`` with ``--timeout``, it hangs on purpose);
 * moe: ``moe_demo.py`` on 8 PEs with every QP policy (the cached and zero-copy paths run in ``tests/test_check.py``);
 * cam: ``cam_moe_demo.py`` on 8 PEs (the quantised path runs in ``tests/test_check.py``);
+* schedules: every schedule of ``tests/test_schedules.py`` (fullmesh, groups, hierarchy; scan and compact
+  routing; uniform and zipf skews) at 8 and 16 PEs;
 * bench: the kernels of ``bench_rma``, ``bench_sync``, ``bench_trace``, ``bench_moe`` and ``bench_cam`` in their
   ``--quick`` shapes, each ``launch`` of theirs run with ``check=True``.
 
@@ -100,7 +102,18 @@ def bench(directory: str):
     yield "bench_trace (put loop)", code, _findings(directory)
 
 
-PARTS = {"examples": examples, "moe": moe, "cam": cam, "bench": bench}
+def schedules(directory: str):
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from shmemx.launcher import launch
+    from test_schedules import ALL_NAMES, _schedules_job
+
+    for n, server_size in ((8, 4), (16, 4)):
+        code = launch(n, _schedules_job, (server_size, ("uniform", "zipf"), ALL_NAMES, 24, 2 * n), check=True,
+                      dump_dir=directory, heap_size="32M", timeout=900, stdout=io.StringIO(), stderr=io.StringIO())
+        yield f"schedules at {n} PEs ({server_size} per server)", code, _findings(directory)
+
+
+PARTS = {"examples": examples, "moe": moe, "cam": cam, "schedules": schedules, "bench": bench}
 
 
 def main(argv=None) -> int:

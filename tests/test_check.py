@@ -214,3 +214,12 @@ def _row_size_change_job():
 
 def test_moe_row_size_change_is_clean(run_job, tmp_path, no_leak):
     _clean(*_findings(run_job, tmp_path, 4, _row_size_change_job, timeout=240))
+
+
+def test_schedules_are_clean(run_job, tmp_path, no_leak):
+    """Every schedule of the schedules helper (fullmesh, groups, hierarchy; scan and compact routing) at 4 PEs in
+    2 servers (8 and 16 PEs: scripts/check_kernels.py)."""
+    from test_schedules import ALL_NAMES, _schedules_job
+
+    _clean(*_findings(run_job, tmp_path, 4, _schedules_job, 2, ("uniform", "zipf"), ALL_NAMES, 16, 8, timeout=300,
+                      heap_size="32M"))
