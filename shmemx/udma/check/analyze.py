@@ -25,123 +25,35 @@ knew of that access (or, for two WQEs of one QP, the QP orders them). Synchronis
 signalled, or an atomic's target, anywhere in the job) do not race with one another unless the order matters
 (a store against a different store or an add); a plain load of one is an acquire (a plain-load poll loop gets a
 warning instead of a race). A wait whose condition the writes it already consumed still meet is a stale flag.
-Which kind a finding is, and what to add, comes from the events between the two sides (``report``).
+Which kind a finding is, and what to add, comes from the events between the two sides (``rules``); the clocks and
+the WQEs' orderings are ``clocks``, the memory ``shadow``.
 """
 
 from __future__ import annotations
 
 import bisect
-import operator
 from collections import defaultdict
 
 import numpy as np
 
 from ...shm.control import WaitCall
-from ..layout import Odr, Opcode
-from ..rings import Api
+from ..layout import Odr
+from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, order_matters,
+                     same_bytes, word_value)
 from .events import LOCAL_HEAP, Access, Kind, Log
-from .report import Finding, Findings, Side, describe_wqe, kind_text
-from .shadow import EMPTY, ReadRec, Shadow, State, WriteRec
+from .report import Finding, Findings, Side, describe_wqe
+from .rules import OPS, Rules
+from .shadow import ReadRec, Shadow, State, WriteRec
 
 __all__ = ["Analyzer", "analyze"]
 
 _M32 = 0xFFFF_FFFF
 _U64 = (1 << 64) - 1
-_WRITE, _READ, _NOTIFY, _FAA, _CAS = (int(Opcode.WRITE), int(Opcode.READ), int(Opcode.WRITE_WITH_NOTIFY),
-                                      int(Opcode.FAA), int(Opcode.CAS))
-_OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)
 _HISTORY = 256  # writes remembered per synchronisation word
 _FINALIZE = int(WaitCall.FINALIZE)
 
 
-class Rel:
-    """What a release hands on: a clock and the per-lane sets of WQEs known complete beyond its prefixes."""
-
-    __slots__ = ("vc", "extras")
-
-    def __init__(self, vc: np.ndarray, extras: dict):
-        self.vc = vc
-        self.extras = extras
-
-
-class Thread:
-    __slots__ = ("ti", "pe", "block", "vc", "extras", "clock")
-
-    def __init__(self, ti: int, pe: int, block: int, size: int):
-        self.ti, self.pe, self.block = ti, pe, block
-        self.vc = np.zeros(size, np.int64)
-        self.extras: dict[int, set] = {}
-        self.clock = 0
-
-    def tick(self) -> int:
-        self.clock += 1
-        self.vc[self.ti] = self.clock
-        return self.clock
-
-    def release(self) -> Rel:
-        return Rel(self.vc.copy(), {li: frozenset(s) for li, s in self.extras.items() if s})
-
-
-class Lane:
-    __slots__ = ("li", "pe", "peer", "qp", "wqes", "by_pos", "wraps", "last_raw", "ordered", "last_user", "reaped")
-
-    def __init__(self, li: int, pe: int, peer: int, qp: int):
-        self.li, self.pe, self.peer, self.qp = li, pe, peer, qp
-        self.wqes: list = []  # by seq - 1
-        self.by_pos: dict[int, "Wqe"] = {}
-        self.wraps = 0
-        self.last_raw = 0
-        self.ordered = (0, frozenset())  # what a later SO WQE waits for: (prefix, extra seqs)
-        self.last_user = None  # (thread index, clock, site) of the last post or quiet
-        self.reaped = 0  # WQEs retired by a quiet of this lane (in posting order)
-
-    def unwrap(self, raw: int) -> int:
-        if raw < self.last_raw and self.last_raw - raw > 1 << 31:
-            self.wraps += 1
-        elif raw > self.last_raw and raw - self.last_raw > 1 << 31:
-            return raw + (self.wraps - 1 << 32)
-        self.last_raw = raw
-        return raw + (self.wraps << 32)
-
-
-class Wqe:
-    __slots__ = ("lane", "seq", "ti", "clock", "ts", "site", "pe", "opcode", "flag", "api", "pos", "end", "target",
-                 "dst", "length", "local_heap", "local", "sig_off", "value", "prefix", "extra", "rel", "reaped",
-                 "reported", "cqe", "crc")
-
-    @property
-    def odr(self) -> int:
-        return self.flag & 7
-
-    @property
-    def fence(self) -> bool:
-        return bool(self.flag >> 3 & 1)
-
-    @property
-    def qp(self) -> int:
-        return self.lane.qp
-
-
-class Word:
-    """The writes of one synchronisation word, in time-stamp order: (entry, running value)."""
-
-    __slots__ = ("size", "initial", "entries")
-
-    def __init__(self, size: int, initial):
-        self.size, self.initial = size, initial
-        self.entries: list = []
-
-
-class Entry:
-    __slots__ = ("ts", "op", "value", "by", "rel", "consumed", "site", "pe", "ti", "cur")
-
-    def __init__(self, ts, op, value, by, rel, site, pe, ti):
-        self.ts, self.op, self.value, self.by, self.rel, self.site, self.pe, self.ti = ts, op, value, by, rel, site, pe, ti
-        self.consumed: dict[int, set] = {}  # thread index -> the (cmp, value) of the waits that consumed it
-        self.cur = None
-
-
-class Analyzer:
+class Analyzer(Rules):
     """One replay of a job's logs (``analyze`` runs it)."""
 
     def __init__(self, logs: list[Log], heap_size: int):
@@ -193,9 +105,9 @@ class Analyzer:
                 if kind == Kind.POST:
                     peer, qp, op = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
                     lanes.add((pe, peer, qp))
-                    if op == _NOTIFY:
+                    if op == NOTIFY:
                         sync[peer].add((d, 8))
-                    elif op in (_FAA, _CAS):
+                    elif op in (FAA, CAS):
                         sync[peer].add((b, f))
                 elif kind == Kind.QUIET:
                     lanes.add((pe, a & 0xFFFF, a >> 16 & 0xFF))
@@ -327,11 +239,11 @@ class Analyzer:
         w.lane, w.ti, w.clock, w.ts, w.site, w.pe = lane, t.ti, t.clock, ts, site, pe
         w.opcode, w.flag, w.api = opcode, flags & 0xFF, flags >> 8 & 0x7F
         w.pos = lane.unwrap(a & _M32)
-        w.end = w.pos + (2 if opcode in (_NOTIFY, _FAA, _CAS) else 1)
+        w.end = w.pos + (2 if opcode in (NOTIFY, FAA, CAS) else 1)
         w.target, w.dst, w.length = peer, b, f
         w.local_heap, w.local = bool(flags & LOCAL_HEAP), c
         w.sig_off, w.value = d, e
-        w.crc = g if opcode in (_WRITE, _NOTIFY) and (flags & LOCAL_HEAP or c) else None
+        w.crc = g if opcode in (WRITE, NOTIFY) and (flags & LOCAL_HEAP or c) else None
         w.reaped = w.reported = False
         w.cqe = bool(w.flag >> 5 & 1)
         lane.wqes.append(w)
@@ -339,24 +251,24 @@ class Analyzer:
         lane.by_pos[w.pos] = w
         self._order(lane, w)
         self._submitter(t, lane, w)
-        w.rel = self._wqe_rel(t, w) if opcode in (_NOTIFY, _FAA, _CAS) else None
-        if peer not in self.shadow or w.dst + w.length > self.heap_size and opcode != _NOTIFY:
+        w.rel = self._wqe_rel(t, w) if opcode in (NOTIFY, FAA, CAS) else None
+        if peer not in self.shadow or w.dst + w.length > self.heap_size and opcode != NOTIFY:
             return
-        if opcode == _READ:
+        if opcode == READ:
             self._engine_read(t, w, peer, w.dst, w.length)
             if w.local_heap:
                 self._engine_write(t, w, pe, w.local, w.length, "get")
             return
-        if opcode in (_WRITE, _NOTIFY) and w.local_heap and w.length:
+        if opcode in (WRITE, NOTIFY) and w.local_heap and w.length:
             self._engine_read(t, w, pe, w.local, w.length)
-        if opcode in (_WRITE, _NOTIFY) and w.length:
+        if opcode in (WRITE, NOTIFY) and w.length:
             self._engine_write(t, w, peer, w.dst, w.length, "wqe")
-        if opcode == _NOTIFY:
+        if opcode == NOTIFY:
             self._sync_write(t, ts, peer, w.sig_off, 8, "set", w.value, w, w.rel, site)
             self._release(t, ts, "signal", w, site)
-        elif opcode in (_FAA, _CAS):
-            self._sync_write(t, ts, peer, w.dst, w.length, "add" if opcode == _FAA else "cas",
-                             w.value if opcode == _FAA else None, w, w.rel, site)
+        elif opcode in (FAA, CAS):
+            self._sync_write(t, ts, peer, w.dst, w.length, "add" if opcode == FAA else "cas",
+                             w.value if opcode == FAA else None, w, w.rel, site)
             self._release(t, ts, "atomic", w, site)
 
     def _order(self, lane: Lane, w: Wqe) -> None:
@@ -373,67 +285,6 @@ class Analyzer:
                 lane.ordered = (w.seq, frozenset())
             else:
                 lane.ordered = (prefix, extra | {w.seq})
-
-    def _submitter(self, t: Thread, lane: Lane, w: Wqe) -> None:
-        last = lane.last_user
-        if last is not None and last[0] != t.ti and not t.vc[last[0]] >= last[1]:
-            other = self.by_ti[last[0]]
-            self.add(Finding(
-                "two-submitters", self.wqe_side(w, f"posts {describe_wqe(w)}"),
-                self.side(other.pe, other.block, last[2], f"block {other.block} posted to or quieted the same send "
-                          f"queue"), lane.peer, lane.qp, (lane.peer, w.dst, max(w.length, 1)), w,
-                why=f"blocks {other.block} and {self.by_ti[t.ti].block} use (pe {lane.peer}, qp {lane.qp}) of pe "
-                    f"{lane.pe} with nothing ordering them (one submitter per QP, as on the hardware; it raised "
-                    f"SubmitterError only if they overlapped in time)",
-                fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} "
-                    f"and sync_all() before block {self.by_ti[t.ti].block} posts"))
-        lane.last_user = (t.ti, t.clock, w.site)
-
-    def on_claim(self, t: Thread, ts, pe, idx, r) -> None:
-        """A post that SubmitterError refused (another block still owned the queue): two submitters."""
-        a = r[5]
-        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
-        if lane is None or lane.last_user is None or not lane.wqes:
-            return
-        w = lane.wqes[-1]
-        other = self.by_ti[lane.last_user[0]]
-        self.add(Finding(
-            "two-submitters", self.side(pe, t.block, r[4], f"posts to pe {lane.peer} qp {lane.qp} (refused: "
-                                                           f"SubmitterError)"),
-            self.wqe_side(w, lambda: f"posted {describe_wqe(w)} and had not quieted it"), lane.peer, lane.qp,
-            (lane.peer, w.dst, max(w.length, 1)), w,
-            why=f"blocks {other.block} and {t.block} of pe {pe} post to one send queue (one submitter per QP, as on "
-                f"the hardware)",
-            fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} and "
-                f"sync_all() before block {t.block} posts"))
-
-    def on_unsubmitted(self, t: Thread, ts, pe, idx, r) -> None:
-        a, pending = r[5], r[6]
-        peer, qp = a & 0xFFFF, a >> 16 & 0xFF
-        self.add(Finding(
-            "unfinished-work", self.side(pe, t.block, r[4], f"deferred {pending} WQE{'s' if pending != 1 else ''} "
-                                                           f"(aclshmemx_defer_t) to pe {peer} qp {qp}"),
-            None, peer, qp, (peer, None, 0), None,
-            why="the defer batch was never submitted: its WQEs were never posted, the kernel ended first",
-            fix="end the batch with a call that passes batch=aclshmemx_submit_t(state)"))
-
-    def _unfinished(self, t: Thread, site: int, threads: set, what: str) -> None:
-        """WQEs posted by ``threads`` that no quiet of their lane retired (a kernel or the job ended first)."""
-        for lane in self.lanes.values():
-            left = [w for w in lane.wqes[lane.reaped:] if w.ti in threads and not w.reaped]
-            if not left:
-                continue
-            w = left[-1]
-            self.add(Finding(
-                "unfinished-work", self.side(t.pe, t.block, site, what),
-                self.wqe_side(w, lambda w=w, n=len(left): f"posted {describe_wqe(w)} (the last of {n} WQEs no "
-                                                          f"quiet retired)"),
-                lane.peer, lane.qp, (lane.peer, w.dst, max(w.length, 1)), w,
-                why="no quiet of the QP retired them: nothing tells the poster (or anyone) they completed, and a "
-                    "barrier or the end of a kernel does not complete UDMA work",
-                fix=f"aclshmemx_udma_qp_quiet({lane.peer}, {lane.qp}) before the kernel returns"))
-            for x in left:
-                x.reaped = True  # reported once
 
     def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
         """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""
@@ -455,23 +306,6 @@ class Analyzer:
         self.quiets[pe].append((ts, lane, r[4]))
         self.quiet_ts[pe].append(ts)
         lane.last_user = (t.ti, t.clock, r[4])
-
-    def on_src_changed(self, t: Thread, ts, pe, idx, r) -> None:
-        a, pos = r[5], r[6]
-        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
-        if lane is None:
-            return
-        w = lane.by_pos.get(pos) or next((x for x in reversed(lane.wqes) if x.pos & _M32 == pos), None)
-        if w is None or w.reported or self.known(t, w):
-            return
-        w.reported = True
-        self.add(Finding(
-            "source-overwrite", self.side(pe, t.block, r[4], "quieted"), self.wqe_side(w), w.target, w.qp,
-            (pe, w.local if w.local_heap else None, w.length), w,
-            why="its source bytes changed between the post and the quiet that retired it (a store the checker "
-                "could not see: a local numpy array or a raw view); the engine may read the new bytes",
-            fix="leave a put's source alone until the quiet of its QP (aclshmemx_udma_qp_quiet) returns, or "
-                "double-buffer it"))
 
     # --- the engine's accesses, decided at post ----------------------------------------------------------
 
@@ -501,7 +335,7 @@ class Analyzer:
             prev = None
             for rec in s.writes:
                 if self._knows_write(t, rec) or (isinstance(rec.by, Wqe) and (self._ordered(rec.by, w)
-                                                                               or _same_bytes(rec.by, w))):
+                                                                               or same_bytes(rec.by, w))):
                     prev = prev or rec
                     continue
                 self._waw(writer, rec, pe, start, w=w)
@@ -518,7 +352,7 @@ class Analyzer:
         self.shadow[pe].update(off, off + n, fn)
         if sync_hit:
             rel = w.rel or self._wqe_rel(t, w)
-            value = w.value if kind == "wqe" and w.opcode == _WRITE and n <= 8 else None
+            value = w.value if kind == "wqe" and w.opcode == WRITE and n <= 8 else None
             for woff, word in self._words_in(pe, off, off + n):
                 v = None if value is None else value >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
                 self._sync_write(t, w.ts, pe, woff, word.size, "set", v, w, rel, w.site, writer, kind="wqe")
@@ -563,7 +397,7 @@ class Analyzer:
                     continue
                 if self.known(t, old.by):
                     continue
-                if _order_matters(old, op, value):
+                if order_matters(old, op, value):
                     self._waw(me, old, pe, start, w=by if isinstance(by, Wqe) else None, sync=True)
                 elif old.op == "add" or op == "add":
                     keep.append(old)
@@ -577,7 +411,7 @@ class Analyzer:
         entry = Entry(ts, op, value, by, rel, site, t.pe, t.ti)
         entries = word.entries
         prev = entries[-1].cur if entries else word.initial
-        entry.cur = _apply(prev, op, value, word.size)
+        entry.cur = apply_op(prev, op, value, word.size)
         entries.append(entry)
         if len(entries) > _HISTORY:
             del entries[:len(entries) - _HISTORY]
@@ -587,7 +421,7 @@ class Analyzer:
         tpe, op, size = a & 0xFFFF, a >> 16 & 0xFF, a >> 24 & 0xFF
         self._sync_write(t, ts, tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(),
                          r[4], self.side(t.pe, t.block, r[4], f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} "
-                                                              f"{_signed(value, size)})"))
+                                                              f"{word_value(value, size)})"))
         self._release(t, ts, "signal_op", None, r[4])
 
     def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
@@ -606,12 +440,12 @@ class Analyzer:
         word = self.words.get((pe, off))
         if word is None:
             return
-        target = _signed(target, size)
-        op = _OPS[cmp]
+        target = word_value(target, size)
+        op = OPS[cmp]
         if not test:
             self._stale(t, word, pe, off, size, cmp, target, site)
         entries = word.entries
-        seen = None if seen is None else _signed(seen, size)
+        seen = None if seen is None else word_value(seen, size)
         j = None
         for i in range(len(entries) - 1, -1, -1):
             cur = entries[i].cur
@@ -634,61 +468,6 @@ class Analyzer:
             if entry.rel is not None:
                 self.join(t, entry.rel)
             entry.consumed.setdefault(t.ti, set()).add((cmp, target))
-
-    def _skipped(self, t: Thread, entries: list, j: int, op, target: int, site: int, pe: int, off: int) -> None:
-        """A wait that saw a later put_signal than the earliest one that met it, whose payload the later one
-        overwrote: if the waiter then reads that payload (``_load``), the earlier one was lost unread (the slot was
-        reused before the reader's credit). A payload nobody reads (a signal's dummy) is no finding."""
-        got = entries[j].by
-        if not isinstance(got, Wqe) or got.opcode != _NOTIFY:
-            return
-        for e in entries[:j]:
-            w = e.by
-            if (isinstance(w, Wqe) and w.opcode == _NOTIFY and w.pe == got.pe and w.target == got.target
-                    and e.cur is not None and op(e.cur, target) and t.ti not in e.consumed and not self.known(t, w)
-                    and w.dst < got.dst + got.length and got.dst < w.dst + w.length):
-                self.skips[t.ti].append((w.target, w.dst, w.dst + w.length, Finding(
-                    "slot-reuse", self.side(t.pe, t.block, site, f"waits on {self.alloc_name(pe, off)}, sees a later "
-                                                                 f"round's signal, then reads the slot it skipped:"),
-                    self.wqe_side(w, lambda w=w: f"posted {describe_wqe(w)}, whose payload was overwritten unread"),
-                    w.target, w.qp, (w.target, w.dst, w.length), got,
-                    why=f"the earlier put_signal's payload ({self.alloc_name(w.target, w.dst)}) was written again by "
-                        f"{describe_wqe(got)} before pe {t.pe} read it: the writer reused the slot without the "
-                        f"reader's credit",
-                    fix=f"make pe {w.pe} wait for a credit from pe {t.pe} (signal_op after the read, wait_until "
-                        f"before the reuse), or use more slots")))
-                return
-
-    def _stale(self, t: Thread, word: Word, pe: int, off: int, size: int, cmp: int, target: int, site: int) -> None:
-        """A wait met by writes this thread already consumed at a wait for the same condition (and nothing it
-        knows of since): it can return on the old value."""
-        cur, chain = word.initial, []
-        for entry in word.entries:
-            if not self.known(t, entry.by):
-                continue
-            if entry.op == "add" and cur is not None:
-                cur = _apply(cur, "add", entry.value, size)
-                chain.append(entry)
-            elif entry.op == "add":
-                chain.append(entry)
-            else:
-                cur, chain = (None if entry.value is None else _signed(entry.value, size)), [entry]
-        cond = (cmp, target)
-        if cur is None or not chain or not _OPS[cmp](cur, target) or \
-                not all(cond in e.consumed.get(t.ti, ()) for e in chain):
-            return
-        last = chain[-1]
-        writer = (self.wqe_side(last.by, f"posted {describe_wqe(last.by)}") if isinstance(last.by, Wqe)
-                  else self.side(last.pe, self.by_ti[last.ti].block, last.site, "wrote it"))
-        sym = ("==", "!=", ">", ">=", "<", "<=")[cmp]
-        self.add(Finding(
-            "stale-flag", self.side(t.pe, t.block, site, f"waits until {self.alloc_name(pe, off)} {sym} {target}"),
-            writer, pe, last.by.qp if isinstance(last.by, Wqe) else None, (pe, off, size), last.by
-            if isinstance(last.by, Wqe) else None,
-            why=f"the value {cur} it already consumed at an earlier wait still meets the condition: this wait can "
-                f"return before the new write arrives (nothing resets the word or makes the new value differ)",
-            fix="signal a value that differs every round (the iteration or sequence number) and wait for it, or "
-                "reset the word before the acknowledgement that lets the writer signal again"))
 
     # --- barriers, launches, blocks -------------------------------------------------------------------------
 
@@ -824,7 +603,7 @@ class Analyzer:
             for rec in s.writes:
                 if self._knows_write(t, rec):
                     continue
-                if isinstance(rec.by, Wqe) or (value is None or _order_matters(rec, "set", value)):
+                if isinstance(rec.by, Wqe) or (value is None or order_matters(rec, "set", value)):
                     self._waw(me, rec, pe, start, store=t)
             for p in s.pins:
                 if not p.reaped and not acc.approx and not self.known(t, p):
@@ -853,206 +632,6 @@ class Analyzer:
         return out
 
     # --- findings -------------------------------------------------------------------------------------------
-
-    def _read_finding(self, t: Thread, rec: WriteRec, pe: int, off: int, me: Side, engine: Wqe | None) -> None:
-        """Thread ``t`` (or a WQE it posts, ``engine``) reads memory that ``rec`` may still be writing."""
-        by = rec.by
-        mem = (pe, off, 1)
-        if not isinstance(by, Wqe):
-            other = self.by_ti[by[0]]
-            same = other.pe == t.pe
-            self.add(Finding(
-                "block-race" if same else "unsynchronized-read", me,
-                self.side(other.pe, other.block, rec.site, "stored to it"), pe, None, mem, engine,
-                why=(f"block {other.block} stored it with nothing ordering the two blocks" if same else
-                     f"pe {other.pe} stored it directly, and no wait, barrier or signal orders this read after "
-                     f"that store"),
-                fix=("sync_all() between the store and the read" if same else
-                     "signal after the store (aclshmemx_signal_op) and wait for the signal before reading")))
-            return
-        w = by
-        kind, why, fix = self._classify(t, w, me)
-        self.add(Finding(kind, me, self.wqe_side(w, f"posted {describe_wqe(w)}, which may still be writing it"),
-                         w.target, w.qp, mem, w, engine=engine, why=why, fix=fix))
-
-    def _classify(self, t: Thread, w: Wqe, me: Side) -> tuple[str, str, str]:
-        pe_of = w.pe
-        qtext = f"aclshmemx_udma_qp_quiet({w.target}, {w.qp})"
-        if w.opcode == _READ:
-            return ("get-before-quiet", f"a get's destination is undefined until the quiet of its QP "
-                                        f"(qp {w.qp} of pe {w.target}) returns",
-                    f"{qtext} before reading it")
-        if t.vc[w.ti] >= w.clock:  # t knows w was posted, not that it completed
-            rel = self._publisher(t, w)
-            wrong = self._wrong_quiet(w, rel[0] if rel else None)
-            where = f" at {self.findings.site_text(self.sites.get((pe_of, rel[5])))}" if rel else ""
-            if wrong is not None:
-                lane, qsite = wrong
-                at = self.findings.site_text(self.sites.get((pe_of, qsite)))
-                return ("quiet-wrong-qp",
-                        f"pe {pe_of} quieted qp {lane.qp} of pe {lane.peer} at {at}, then published{where}, but the "
-                        f"WQE is on qp {w.qp}: a quiet covers its own QP only (aclshmemx_udma_quiet(pe) is QP 0)",
-                        f"{qtext} (the WQE's QP) before the signal{where}")
-            if rel is None:
-                return ("flag-before-payload", f"pe {t.pe} learned of the post from pe {pe_of} before the WQE was "
-                                               f"complete",
-                        f"{qtext} before publishing anything that lets pe {t.pe} read it")
-            what, sig = rel[3], rel[4]
-            if what == "barrier":
-                return ("barrier-not-completion",
-                        f"pe {pe_of} went through a barrier{where} after posting it, and a barrier completes no UDMA "
-                        f"work (only a quiet of the QP does)",
-                        f"{qtext} before the barrier{where}")
-            if sig is not None and sig.lane.peer == w.target and sig.qp != w.qp:
-                return ("signal-other-qp",
-                        f"the signal went on qp {sig.qp} ({describe_wqe(sig)}{where}), the payload on qp {w.qp}: "
-                        f"different QPs are not ordered",
-                        f"post the payload and its signal on one QP with a fenced signal, or {qtext} before the "
-                        f"signal{where}")
-            if sig is not None and sig.lane is w.lane:
-                return ("unfenced-signal",
-                        f"the signal ({describe_wqe(sig)}{where}) is on the same QP but not ordered after the "
-                        f"{_odr_name(w.odr)} payload: SO waits only for earlier RO/SO WQEs, and NO/RO for none",
-                        f"set fence=1 on the signal's config (e.g. lanes.FENCE_SO, flag 0x2e), or post the payload "
-                        f"SO, or {qtext} first")
-            via = "aclshmemx_signal_op (a direct store that nothing orders after a WQE)" if what == "signal_op" \
-                else ("a store to a flag" if what == "store" else describe_wqe(sig) if sig is not None else what)
-            return ("flag-before-payload", f"pe {t.pe} learned of it through pe {pe_of}'s {via}{where}, published "
-                                           f"before the WQE completed",
-                    f"{qtext} before the signal{where}, or send the flag with the payload "
-                    f"(aclshmemx_udma_qp_put_signal_nbi)")
-        prev = self._prev_known(t, w)
-        if prev:
-            return ("slot-reuse", f"pe {pe_of} wrote the slot again before pe {t.pe} gave it back: the reader "
-                                  f"consumed the previous write there, and the new one is not ordered after its read",
-                    f"make pe {pe_of} wait for a credit from pe {t.pe} (signal_op after the read, wait_until before "
-                    f"the reuse), or use more slots")
-        return ("unsynchronized-read", f"no wait, quiet or barrier orders this read after pe {pe_of}'s WQE",
-                f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or {qtext} then a signal) and wait for it "
-                f"before reading")
-
-    def _prev_known(self, t: Thread, w: Wqe) -> bool:
-        for _start, s in self.shadow[w.target].states_in(w.dst, w.dst + max(w.length, 1)):
-            for rec in s.writes:
-                if rec.by is w and rec.prev is not None and self.known(t, rec.prev.by):
-                    return True
-        return False
-
-    def _publisher(self, t: Thread, w: Wqe):
-        """The first release by w's PE after w was posted that ``t`` knows of (how ``t`` learned of the post)."""
-        ts_list = self.release_ts[w.pe]
-        rels = self.releases[w.pe]
-        i = bisect.bisect_left(ts_list, w.ts)  # a doorbell's WQEs share its time stamp
-        while i < len(rels):
-            rel = rels[i]
-            if rel[2] > w.clock or rel[1] != w.ti:
-                if t.vc[rel[1]] >= rel[2] and rel[4] is not w:
-                    return rel
-            i += 1
-        return None
-
-    def _wrong_quiet(self, w: Wqe, until):
-        """A quiet by w's PE, after w and before ``until``, of another QP to w's target (or None)."""
-        quiets = self.quiets[w.pe]
-        i = bisect.bisect_right(self.quiet_ts[w.pe], w.ts)
-        while i < len(quiets) and (until is None or quiets[i][0] < until):
-            lane = quiets[i][1]
-            if lane.peer == w.target and lane.qp != w.qp:
-                return lane, quiets[i][2]
-            i += 1
-        return None
-
-    def _waw(self, me: Side, rec: WriteRec, pe: int, off: int, w: Wqe | None = None, store: Thread | None = None,
-             sync: bool = False) -> None:
-        by = rec.by
-        other = (self.wqe_side(by, f"posted {describe_wqe(by)}") if isinstance(by, Wqe)
-                 else self.side(rec.pe, self.by_ti[by[0]].block, rec.site, "stored to it"))
-        if isinstance(by, Wqe) and by.opcode == _READ and store is not None:
-            self.add(Finding("get-before-quiet", me, other, by.target, by.qp, (pe, off, 1), by,
-                             why="the get may still land in its destination and overwrite this store",
-                             fix=f"aclshmemx_udma_qp_quiet({by.target}, {by.qp}) before touching the destination"))
-            return
-        if store is not None and not isinstance(by, Wqe) and self.by_ti[by[0]].pe == store.pe:
-            self.add(Finding("block-race", me, other, pe, None, (pe, off, 1), None,
-                             why=f"two blocks of pe {store.pe} write it with nothing ordering them",
-                             fix="sync_all() between them"))
-            return
-        wq = w if w is not None else (by if isinstance(by, Wqe) else None)
-        self.add(Finding(
-            "unordered-writes", me, other, pe, wq.qp if wq is not None else None, (pe, off, 1), wq,
-            why=("two writes of one synchronisation word whose order matters, with nothing ordering them (e.g. a "
-                 "reset racing the next signal)" if sync else
-                 "two writes of one range with nothing ordering them: which one lands last depends on timing"),
-            fix=("reset the word before the acknowledgement that lets the other side signal again" if sync else
-                 "give each writer its own range (offset by rank * slot bytes), or order them (quiet, then signal "
-                 "and wait)")))
-
-    def _war(self, me: Side, rd: ReadRec, pe: int, off: int, w: Wqe | None, s: State,
-             store: Thread | None = None) -> None:
-        reader = self.by_ti[rd.ti]
-        other = self.side(reader.pe, reader.block, rd.site, "read it")
-        if store is not None:
-            same = reader.pe == store.pe
-            self.add(Finding("block-race" if same else "unsynchronized-read", me, other, pe, None, (pe, off, 1), None,
-                             why=(f"block {reader.block} read it with nothing ordering its read before this store"
-                                  if same else f"pe {reader.pe} read it with nothing ordering its read before this "
-                                               f"store"),
-                             fix="sync_all() between them" if same else "order them with a signal and a wait"))
-            return
-        self.add(Finding(
-            "slot-reuse", me, other, w.target, w.qp, (pe, off, 1), w,
-            why=f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while it "
-                f"still reads",
-            fix=f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, or "
-                f"use more slots"))
-
-    def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None) -> None:
-        what = "the source of a get by" if p.opcode == _READ else "the source of"
-        self.add(Finding(
-            "source-overwrite", me, self.wqe_side(p, f"posted {describe_wqe(p)}, which still reads it"), p.target, p.qp,
-            (pe, off, 1), p,
-            why=f"it is {what} a WQE not known complete here: the engine may read it after this write",
-            fix=f"aclshmemx_udma_qp_quiet({p.target}, {p.qp}) on pe {p.pe} before rewriting it, or double-buffer"))
-
-
-def _same_bytes(a: Wqe, b: Wqe) -> bool:
-    """Two WRITEs of the same bytes (equal source checksums) to the same range: their order changes nothing."""
-    return (a.crc is not None and a.crc == b.crc and a.dst == b.dst and a.length == b.length
-            and a.target == b.target and a.opcode == b.opcode == _WRITE)
-
-
-def _order_matters(old: WriteRec, op: str, value=None) -> bool:
-    """Whether two unordered writes of a synchronisation word give a timing-dependent result."""
-    if old.op in ("add", "cas") and op in ("add", "cas"):
-        return False
-    if old.op == "set" and op == "set" and old.value is not None and value is not None and old.value == value:
-        return False
-    return True
-
-
-def _apply(cur, op: str, value, size: int):
-    if op == "set":
-        return None if value is None else _signed(value, size)
-    if op == "add" and cur is not None and value is not None:
-        return _signed((cur + value) & ((1 << 8 * size) - 1), size)
-    return None
-
-
-def _signed(value, size: int):
-    """``value`` (raw bits) as the word's signed int; comparisons use the dtype's signedness upstream, which
-    differs only above 2**(8*size-1), where shmemx's flag values never are."""
-    if value is None:
-        return None
-    value &= (1 << 8 * size) - 1
-    return value
-
-
-def _odr_name(odr: int) -> str:
-    try:
-        return Odr(odr).name
-    except ValueError:
-        return f"odr{odr}"
-
 
 def analyze(logs: list[Log], heap_size: int) -> Findings:
     """Run the analysis over the logs of a job's PEs."""
