@@ -38,7 +38,7 @@ import numpy as np
 
 from ...shm.control import WaitCall
 from ..layout import Odr
-from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, order_matters,
+from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, compact, order_matters,
                      same_bytes, word_value)
 from .events import LOCAL_HEAP, Access, Kind, Log
 from .report import Finding, Findings, Side, describe_wqe
@@ -160,10 +160,10 @@ class Analyzer(Rules):
     def join(self, t: Thread, rel: Rel) -> None:
         np.maximum(t.vc, rel.vc, out=t.vc)
         for li, seqs in rel.extras.items():
-            prefix = t.vc[li]
             mine = t.extras.get(li)
-            merged = (mine | seqs) if mine else set(seqs)
-            t.extras[li] = {s for s in merged if s > prefix}
+            prefix, rest = compact(int(t.vc[li]), (mine | seqs) if mine else seqs)
+            t.vc[li] = prefix
+            t.extras[li] = set(rest)
 
     def alloc_name(self, pe: int, off: int) -> str:
         starts = self.alloc_starts[pe]
@@ -277,14 +277,14 @@ class Analyzer(Rules):
         if w.fence:
             w.prefix, w.extra = w.seq, frozenset()
         elif w.odr == Odr.SO:
-            w.prefix, w.extra = prefix, extra | {w.seq}
+            w.prefix, w.extra = compact(prefix, extra | {w.seq})
         else:
             w.prefix, w.extra = 0, frozenset({w.seq})
         if w.odr in (Odr.SO, Odr.RO):
             if w.fence:
                 lane.ordered = (w.seq, frozenset())
             else:
-                lane.ordered = (prefix, extra | {w.seq})
+                lane.ordered = compact(prefix, extra | {w.seq})
 
     def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
         """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..layout import Odr, Opcode
 
-__all__ = ["Rel", "Thread", "Lane", "Wqe", "Word", "Entry", "same_bytes", "order_matters", "apply_op", "word_value",
+__all__ = ["Rel", "Thread", "Lane", "Wqe", "Word", "Entry", "compact", "same_bytes", "order_matters", "apply_op", "word_value",
            "odr_text", "WRITE", "READ", "NOTIFY", "FAA", "CAS"]
 
 WRITE, READ, NOTIFY, FAA, CAS = (int(Opcode.WRITE), int(Opcode.READ), int(Opcode.WRITE_WITH_NOTIFY), int(Opcode.FAA),
@@ -107,6 +107,15 @@ class Entry:
         self.ts, self.op, self.value, self.by, self.rel, self.site, self.pe, self.ti = ts, op, value, by, rel, site, pe, ti
         self.consumed: dict[int, set] = {}  # thread index -> the (cmp, value) of the waits that consumed it
         self.cur = None
+
+
+def compact(prefix: int, extra) -> tuple[int, frozenset]:
+    """A lane's known-complete set as (prefix, the WQEs beyond it): consecutive WQEs after the prefix join it."""
+    if not extra:
+        return prefix, frozenset()
+    while prefix + 1 in extra:
+        prefix += 1
+    return prefix, frozenset(x for x in extra if x > prefix)
 
 
 def same_bytes(a: Wqe, b: Wqe) -> bool:
