@@ -26,12 +26,15 @@ def main() -> None:
 @click.option("-m", "module", default=None, metavar="MODULE", help="Run a module as a script (like python -m).")
 @click.option("--trace", "trace", default=None, metavar="FILE",
               help="Record every WQE, wait, barrier and region; write Chrome trace-event JSON (Perfetto) to FILE.")
+@click.option("--record", "record", default=None, metavar="FILE",
+              help="Record every post, quiet, wait, barrier, region and compute annotation to FILE, for "
+                   "shmemx replay (modelled time on a topology).")
 @click.option("--stats", is_flag=True,
               help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
 @click.option("--dump-dir", default=None, metavar="DIR",
               help="Where the post-mortem dump goes on a timeout or failure (default $SHMEMX_DUMP_DIR or .).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -44,7 +47,7 @@ def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, targe
     else:
         target, args = module, target_and_args
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
-                  tag_output=tag_output, trace=trace, stats=stats, dump_dir=dump_dir)
+                  tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir)
     sys.exit(code)
 
 
@@ -182,6 +185,39 @@ def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(dumps.render(doc, **sel), nl=False)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("recording", type=click.Path(exists=True, dir_okay=False))
+@click.option("--topology", default="ascend950", show_default=True, metavar="TOPO",
+              help="A topology TOML file, or a built-in one: ascend950, h800_cx7.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Override a topology value, e.g. --set intra.bandwidth_GBps=100 (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the replay as one JSON document (schema in the README).")
+@click.option("--perfetto", default=None, metavar="FILE",
+              help="Also write a Chrome trace-event JSON of the replay in virtual time (open it in Perfetto).")
+def replay(recording, topology, settings, as_json, perfetto) -> None:
+    """Replay a recording (shmemx run --record FILE) in virtual time on a modelled two-tier topology."""
+    import json
+
+    from shmemx.observe.replay import SimError, render, replay as run_replay
+
+    overrides = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. intra.bandwidth_GBps=100")
+        overrides[key.strip()] = value.strip()
+    try:
+        doc = run_replay(recording, topology, overrides, perfetto=perfetto)
+    except (ValueError, SimError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(render(doc), nl=False)
+        if perfetto:
+            click.echo(f"virtual-time trace written to {perfetto}; open it in Perfetto (ui.perfetto.dev)")
 
 
 if __name__ == "__main__":  # pragma: no cover

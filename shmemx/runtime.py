@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import ClosedError, NotInitializedError, SymmetryError
 from .observe.counters import StatsSegment
+from .observe.record import Recorder
 from .observe.trace import Tracer
 from .shm import atomics
 from .shm.barrier import barrier
@@ -121,6 +122,7 @@ class Runtime:
         self.udma = None  # the data plane (queues + engine): udma.plane.DataPlane
         self.stats = None  # this PE's counters (observe.counters.StatsSegment)
         self.tracer = None  # the WQE/wait recorder when the job is traced (observe.trace.Tracer), else None
+        self.recorder = None  # the event recorder for virtual time when recorded (observe.record.Recorder)
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -243,6 +245,7 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     try:
         rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
         rt.tracer = Tracer.from_env()
+        rt.recorder = Recorder.from_env()
         plane.create(rt)  # this PE's queues and URMA identity
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
@@ -333,6 +336,13 @@ def _close_inspection(rt: Runtime) -> None:
             print(f"shmemx: pe {rt.my_pe}: could not write the trace part:\n{traceback.format_exc()}",
                   file=sys.stderr)
         rt.tracer = None
+    if rt.recorder is not None:
+        try:
+            rt.recorder.write(rt.my_pe, rt.n_pes, rt.qp_num)
+        except Exception:  # the job's result stands; the recording part is lost, and we say why
+            print(f"shmemx: pe {rt.my_pe}: could not write the recording part:\n{traceback.format_exc()}",
+                  file=sys.stderr)
+        rt.recorder = None
     if rt.stats is not None:
         rt.stats.close()
         rt.stats = None

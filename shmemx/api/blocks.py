@@ -47,6 +47,7 @@ class _Launch:
         self.barrier = threading.Barrier(block_dim)
         self.errors: list[tuple[int, BaseException]] = []
         self.ub = [None] * block_dim
+        self.launch_id = 0  # the recorder's id of this launch (observe.record), 0 when not recorded
 
 
 _tls = threading.local()
@@ -64,16 +65,24 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
     if _current() is not None:
         raise RuntimeError(f"pe {rt.my_pe}: launch inside a kernel: kernels cannot launch kernels")
     state = _Launch(int(block_dim))
+    rec = rt.recorder
+    launch_id = rec.launch(state.block_dim) if rec is not None else 0
+    state.launch_id = launch_id
 
     def body(idx: int) -> None:
         _tls.launch = state
         _tls.block_idx = idx
         set_thread_slot(idx)
+        if rec is not None:
+            rec.block(launch_id, True)
         try:
             kernel(*args, **kwargs)
         except BaseException as exc:
             state.errors.append((idx, exc))
             state.barrier.abort()
+        finally:
+            if rec is not None:
+                rec.block(launch_id, False)
 
     threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
                for b in range(block_dim)]
@@ -81,6 +90,8 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         t.start()
     for t in threads:
         t.join()
+    if rec is not None:
+        rec.join(launch_id)
     idents = {t.ident for t in threads}
     if rt.udma is not None:
         for qp in rt.udma.qps.values():
@@ -113,6 +124,8 @@ def sync_all() -> None:
     if state is None or state.block_dim == 1:
         return
     rt = runtime()
+    if rt.recorder is not None:
+        rt.recorder.sync(state.launch_id)
     try:
         state.barrier.wait(timeout=rt.timeout)
     except threading.BrokenBarrierError:

@@ -354,9 +354,11 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     where = f"{what} to pe {pe}" if remote_is_dst else f"{what} from pe {pe}"
     nbytes = transfer_bytes(rt, where, nelems, {"dst": dst, "src": src})
     sym = dst if remote_is_dst else src
-    symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
+    offset = symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
     if nbytes == 0:
         return
+    if rt.recorder is not None:
+        rt.recorder.mte(pe, offset, nbytes, remote_is_dst)
     peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
     if remote_is_dst:
         np.copyto(peer, src.reshape(-1)[:nelems])

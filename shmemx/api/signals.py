@@ -190,6 +190,8 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
     rt.ctl.wake(pe)
+    if rt.recorder is not None:
+        rt.recorder.signal(pe, w.offset, w.dtype, sig_op, value)
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -206,7 +208,7 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     target = _word_value(rt, w, value, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
     v = words[idx]
-    if rt.tracer is None:
+    if rt.tracer is None and rt.recorder is None:
         if op(v, target):  # met already: nothing to record
             return v
         return block_on_word(rt, words, idx, op, target,
@@ -223,6 +225,8 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
 
     block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                 lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"), sleep=Sleep.wake(w.pe))
+    if rt.recorder is not None:
+        rt.recorder.wait(call, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, seen[0])
     return seen[0]
 
 
@@ -241,7 +245,11 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     rt = runtime()
     cmp = _check_cmp(cmp)
     w = _word(rt, ivar, "test ivar")
-    return _OPS[cmp](w.words[w.idx], _as_int(rt, value, w.dtype, "test"))
+    target = _as_int(rt, value, w.dtype, "test")
+    met = _OPS[cmp](w.words[w.idx], target)
+    if rt.recorder is not None:
+        rt.recorder.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, int(met), test=True)
+    return met
 
 
 # --- arrays of words -----------------------------------------------------------------------------------------
@@ -294,12 +302,23 @@ class _Words:
                     dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
         block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
 
+    def record(self, rt, call: WaitCall, result: int, test: bool = False) -> None:
+        """Record this wait (or test) and its result in ``rt.recorder`` (``observe.record``)."""
+        vector = np.ndim(self.values) != 0
+        stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
+        rt.recorder.wait(call, self.pe, self.offset, stride, self.ivars.dtype, len(self.ivars), self.cmp,
+                         0 if vector else int(self.values), result, test=test,
+                         active=None if self.active.all() else self.active,
+                         values=self.values if vector else None)
+
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
     """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
     w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, 1)
 
 
 def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
@@ -307,6 +326,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
     rt = runtime()
     w = _Words(rt, "wait_until_any", ivars, cmp, value, status)
     if not w.active.any():
+        if rt.recorder is not None:
+            w.record(rt, WaitCall.WAIT_UNTIL_ANY, -1)
         return None
     found = []
 
@@ -318,6 +339,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
         return False
 
     w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, found[0])
     return found[0]
 
 
@@ -326,6 +349,8 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
     rt = runtime()
     w = _Words(rt, "wait_until_some", ivars, cmp, value, status)
     if not w.active.any():
+        if rt.recorder is not None:
+            w.record(rt, WaitCall.WAIT_UNTIL_SOME, 0)
         return []
     found: list[int] = []
 
@@ -337,21 +362,33 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
         return False
 
     w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(found))
     return found
 
 
 def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
     rt = runtime()
     w = _Words(rt, "test_all", ivars, cmp, value, status)
-    return bool(np.all(w.matches() | ~w.active))
+    met = bool(np.all(w.matches() | ~w.active))
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, int(met), test=True)
+    return met
 
 
 def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
     rt = runtime()
-    hits = np.flatnonzero(_Words(rt, "test_any", ivars, cmp, value, status).matches())
+    w = _Words(rt, "test_any", ivars, cmp, value, status)
+    hits = np.flatnonzero(w.matches())
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, int(hits[0]) if len(hits) else -1, test=True)
     return int(hits[0]) if len(hits) else None
 
 
 def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
     rt = runtime()
-    return [int(i) for i in np.flatnonzero(_Words(rt, "test_some", ivars, cmp, value, status).matches())]
+    w = _Words(rt, "test_some", ivars, cmp, value, status)
+    hits = [int(i) for i in np.flatnonzero(w.matches())]
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(hits), test=True)
+    return hits

@@ -34,6 +34,8 @@ def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = N
     as a span named by the call.
     """
     start = time.perf_counter_ns()
+    if rt.recorder is not None:
+        rt.recorder.barrier(call, int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1)
     try:
         _barrier(rt, call, timeout)
     finally:

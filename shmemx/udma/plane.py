@@ -75,6 +75,9 @@ class DataPlane:
             for q in self.qps.values():
                 q.trace = rt.tracer.queue(q.index)
             self.engine.trace = rt.tracer.engine
+        if rt.recorder is not None:
+            for q in self.qps.values():
+                q.record = rt.recorder
         self.engine.start()
 
     def stop(self) -> None:

@@ -91,6 +91,7 @@ class QueuePair:
         # inspection: WQEs and bytes posted since the owner last published them (observe.counters), and the trace list
         self.n_posted = self.b_posted = 0
         self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
+        self.record = None  # the runtime's event recorder (observe.record.Recorder) while the job is recorded
         # engine side
         self.ci = 0
         self.cq_pi = 0
@@ -185,6 +186,8 @@ class QueuePair:
             tr.append(_now())  # three appends to an array: no object that the GC has to track
             tr.append(head)
             tr.append(length << 16 | opcode << 8 | self.owner_block)
+        if self.record is not None:
+            self.record.post(self, head, 1)
         w[self._i_db] = new  # the doorbell, last
         if not self.queued:
             self.queued = True
@@ -212,6 +215,8 @@ class QueuePair:
             tr.append(_now())
             tr.append(head)
             tr.append(length << 16 | wqe[OPCODE_BYTE] << 8 | self.owner_block)
+        if self.record is not None:
+            self.record.post(self, head, bbs)
         self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
         self.b_posted += length
@@ -267,6 +272,8 @@ class QueuePair:
             slots = (self.head + np.arange(n)) & self.mask
             self.sidecar[slots] = sidecar_word(api, thread_slot())
             self._count_batch(n)
+            if self.record is not None:
+                self.record.post(self, self.head, n)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:
@@ -309,6 +316,8 @@ class QueuePair:
             CompletionError: an error CQE (carrying the decoded CQE and WQE), or the queue failed without one.
         """
         start = _now()
+        if self.record is not None:
+            self.record.quiet(self, target, call)
         try:
             self._poll(target, what, call, report, release)
         finally:
