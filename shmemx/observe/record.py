@@ -50,7 +50,7 @@ ROW = 10  # int64 per event: the kind, then nine fields
 class Ev(enum.IntEnum):
     """Event kinds, and what their fields hold (after the kind)."""
 
-    POST = 1  # queue index, first BB position, BBs, first row in the PE's BB blob
+    POST = 1  # queue index, first BB position, BBs, first row in the thread's BB blob
     QUIET = 2  # queue index, target cqe_cnt, call
     WAIT = 3  # call, pe, offset, stride, dtype code (| extra + 1 << 16), count, cmp, value, result
     TEST = 4  # as WAIT (a non-blocking test: the result is what it returned)
@@ -81,8 +81,7 @@ class Recorder:
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
         self.slots: dict[int, array.array] = {}
-        self.bbs = bytearray()  # the posted WQEs' BBs, 64 bytes each, in the order of the POST rows
-        self.n_bbs = 0
+        self.bbs: dict[int, bytearray] = {}  # per thread slot: its posted WQEs' BBs, 64 bytes each, in POST order
         self.names: dict[str, int] = {}
         self.extras: list[dict] = []
         self.launches = 0
@@ -93,11 +92,12 @@ class Recorder:
         out_dir = os.environ.get(RECORD_DIR_ENV)
         return cls(out_dir) if out_dir else None
 
-    def _rows(self) -> array.array:
-        slot = thread_slot()
+    def _rows(self, slot: int | None = None) -> array.array:
+        slot = thread_slot() if slot is None else slot
         rows = self.slots.get(slot)
         if rows is None:
             rows = self.slots[slot] = array.array("q")
+            self.bbs[slot] = bytearray()
         return rows
 
     def _add(self, *fields: int) -> None:
@@ -113,13 +113,16 @@ class Recorder:
 
     def post(self, q, pos: int, bbs: int) -> None:
         """WQEs of queue ``q`` at BB positions ``[pos, pos + bbs)``, written and about to be doorbelled."""
+        thread = thread_slot()
+        rows = self._rows(thread)
+        blob = self.bbs[thread]  # (the thread's own: posts of other threads cannot interleave with its rows)
+        row = len(blob) // 64
         base, slot = q.sq_base, pos & q.mask
         first = min(bbs, q.depth - slot)
-        self.bbs += q.mm[base + 64 * slot:base + 64 * (slot + first)]
+        blob += q.mm[base + 64 * slot:base + 64 * (slot + first)]
         if first < bbs:  # wrapped at the ring end
-            self.bbs += q.mm[base:base + 64 * (bbs - first)]
-        self._add(Ev.POST, q.index, pos, bbs, self.n_bbs)
-        self.n_bbs += bbs
+            blob += q.mm[base:base + 64 * (bbs - first)]
+        rows.extend((Ev.POST, q.index, pos, bbs, row, 0, 0, 0, 0, 0))
 
     def quiet(self, q, target: int, call: int) -> None:
         self._add(Ev.QUIET, q.index, target, int(call))
@@ -174,7 +177,7 @@ class Recorder:
         meta = {"pe": pe, "n_pes": n_pes, "qp_num": qp_num, "names": list(self.names), "extras": self.extras,
                 "heap_va_base": HEAP_VA_BASE, "heap_va_stride": HEAP_VA_STRIDE}
         arrays = {f"slot{s}": np.frombuffer(rows, np.int64).reshape(-1, ROW) for s, rows in self.slots.items()}
-        arrays["bbs"] = np.frombuffer(bytes(self.bbs), np.uint8).reshape(-1, 64)
+        arrays.update({f"bbs{s}": np.frombuffer(bytes(b), np.uint8).reshape(-1, 64) for s, b in self.bbs.items()})
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         path = os.path.join(self.out_dir, f"pe{pe}.npz")
         tmp = path + ".tmp.npz"
@@ -198,12 +201,13 @@ def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = No
 
 
 class Part:
-    """One PE's recorded events: ``slots`` ``{slot: [n, ROW] int64}``, ``bbs`` ``[m, 64] uint8``, ``meta``."""
+    """One PE's recorded events: ``slots`` ``{slot: [n, ROW] int64}``, ``bbs`` ``{slot: [m, 64] uint8}`` (the
+    BBs that thread posted), ``meta``."""
 
     def __init__(self, data):
         self.meta = json.loads(bytes(data["meta"]).decode())
-        self.bbs = data["bbs"]
         self.slots = {int(k[4:]): data[k] for k in data.files if k.startswith("slot")}
+        self.bbs = {int(k[3:]): data[k] for k in data.files if k.startswith("bbs")}
         self.pe = self.meta["pe"]
 
 

@@ -23,8 +23,9 @@ _TIER = ("intra", "inter")
 
 
 def critical_path(sim: Sim, pe: int, max_steps: int = 40) -> dict:
-    """``{"pe", "end_us", "breakdown": {category: us}, "bound": the largest category, "steps": [...]}``: the
-    steps (latest first, runs of the same kind on the same resource merged) at most ``max_steps`` of them."""
+    """``{"pe", "end_us", "bound": the largest category, "breakdown": {category: us}, "n_steps", "steps"}``:
+    ``steps`` are the ``max_steps`` longest stretches of the path (runs of one kind at one place merged, with a
+    ``count``), in time order; ``n_steps`` how many the whole path has."""
     walk = _Walk(sim)
     th = max(sim.threads[pe].values(), key=lambda t: (t.end, -t.slot))
     walk.run(th, th.end)
@@ -32,10 +33,11 @@ def critical_path(sim: Sim, pe: int, max_steps: int = 40) -> dict:
     for s in walk.steps:
         breakdown[s["what"]] += s["us"]
     steps = _merge(walk.steps)
+    longest = sorted(sorted(range(len(steps)), key=lambda i: -steps[i]["us"])[:max_steps])
     bound = max(CATEGORIES, key=lambda c: breakdown[c])
     return {"pe": pe, "end_us": th.end, "bound": bound,
             "breakdown": {k: v for k, v in breakdown.items() if v > 0}, "n_steps": len(steps),
-            "steps": steps[:max_steps]}
+            "steps": [steps[i] for i in longest]}
 
 
 class _Walk:
@@ -86,13 +88,11 @@ class _Walk:
             return ("done", cause[1])
         if kind == "ack":
             return ("ack", cause[1])
-        if kind in ("barrier", "join", "sync", "launch"):
-            other, when = cause[1], cause[2]
+        if kind in ("barrier", "join", "sync", "launch"):  # (the other thread as it arrived: its first n releases)
+            other, when, n_releases = cause[1], cause[2], cause[3]
             if kind == "barrier":
                 self.add(when, r_t, "barrier", f"pe {th.pe}", f"barrier released; pe {other.pe} arrived last")
-            if other is th:
-                return ("thread", th, min(since, when), k)
-            return ("thread", other, when)
+            return ("thread", other, when, n_releases)
         self.add(since, r_t, "other", f"pe {th.pe}", "a wait released without a modelled cause")
         return ("thread", th, since, k)
 

@@ -85,9 +85,10 @@ def load_program(recording: "Recording | str") -> Program:
     prog = Program(rec.n_pes, qp_num, [], [], [p.meta["names"] for p in parts])
     for part in parts:
         base, stride = part.meta["heap_va_base"], part.meta["heap_va_stride"]
-        wq, post_ranges = _decode_wqes(part, qp_num, base, stride)
+        wq, post_ranges, row_base = _decode_wqes(part, qp_num, base, stride)
         prog.wqes.append(wq)
-        prog.threads.append({slot: _ops(prog, part, rows, post_ranges) for slot, rows in sorted(part.slots.items())})
+        prog.threads.append({slot: _ops(prog, part, rows, post_ranges, row_base[slot])
+                             for slot, rows in sorted(part.slots.items())})
     watched: dict[int, set] = {}
     for w in prog.words:
         watched.setdefault(w.pe, set()).update(w.offsets)
@@ -95,12 +96,12 @@ def load_program(recording: "Recording | str") -> Program:
     return prog
 
 
-def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict) -> list[tuple]:
+def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int) -> list[tuple]:
     ops = []
     for row in rows.tolist():
         kind = row[0]
         if kind == Ev.POST:
-            first, end = post_ranges[row[4]]
+            first, end = post_ranges[row_base + row[4]]
             ops.append((Ev.POST, row[1], first, end))
         elif kind == Ev.WAIT or kind == Ev.TEST:
             ops.append((kind, len(prog.words)))
@@ -132,14 +133,19 @@ def _words(part, row: list, test: bool) -> Words:
 
 
 def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[Wqes, dict]:
-    """Decode every WQE of one PE's recorded BBs; returns the columns and ``{first BB row of a POST: (first
-    WQE, end WQE)}``."""
+    """Decode every WQE of one PE's recorded BBs (the threads' blobs one after the other); returns the columns,
+    ``{first BB row of a POST in the joined blobs: (first WQE, end WQE)}`` and each thread's first row there."""
     posts = []  # (bb row, bbs, queue, pos)
-    for rows in part.slots.values():
+    row_base, blobs, n_rows = {}, [], 0
+    for slot, rows in sorted(part.slots.items()):
+        row_base[slot] = n_rows
+        blob = part.bbs.get(slot, np.zeros((0, 64), np.uint8))
+        blobs.append(blob)
         p = rows[rows[:, 0] == Ev.POST]
-        posts.extend(zip(p[:, 4].tolist(), p[:, 3].tolist(), p[:, 1].tolist(), p[:, 2].tolist()))
+        posts.extend(zip((p[:, 4] + n_rows).tolist(), p[:, 3].tolist(), p[:, 1].tolist(), p[:, 2].tolist()))
+        n_rows += len(blob)
     posts.sort()
-    bbs = part.bbs
+    bbs = np.ascontiguousarray(np.concatenate(blobs)) if blobs else np.zeros((0, 64), np.uint8)
     m = len(bbs)
     w32 = bbs.view("<u4").reshape(m, 16)
     w64 = bbs.view("<u8").reshape(m, 8)
@@ -186,4 +192,4 @@ def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[W
     for row, n, _, _ in posts:
         first = int(index_of_row[row]) if n else 0
         ranges[row] = (first, int(index_of_row[row + n - 1]) + 1 if n else first)
-    return wq, ranges
+    return wq, ranges, row_base

@@ -2,12 +2,13 @@
 
 The document (``--json``), schema ``shmemx-replay/1``; times in microseconds of virtual time::
 
-    {"schema", "recording": {"job", "script", "n_pes"}, "topology": {as the TOML}, "makespan_us",
+    {"schema", "recording": {"script", "n_pes"}, "topology": {as the TOML}, "makespan_us",
      "max_pe": the slowest PE, "mean_end_us",
      "pes": [{"pe", "end_us", "regions": {name: us}, "wqes", "bytes"}],
      "regions": {name: {"max_us", "mean_us", "max_pe"}},      # a PE's time in a region: the union of its blocks'
      "links": {"egress intra": {"bytes", "max_util", "mean_util", "max_pe"}, "ingress intra": ..., ...},
-     "critical_path": {"pe", "end_us", "bound", "breakdown": {category: us}, "steps": [...]},
+     "critical_path": {"pe", "end_us", "bound", "breakdown": {category: us}, "n_steps",
+                       "steps": [{"t0", "t1", "us", "what", "where", "detail", "count"}] (the longest 40)},
      "warnings": [{"kind", "count", "example"}], "events", "wqes"}
 
 ``utilisation`` of a port = its bytes / (bandwidth x makespan).
@@ -60,7 +61,7 @@ def summary(sim: Sim, job: dict | None = None) -> dict:
         vals = [p["regions"].get(r, 0.0) for p in pes]
         top = max(range(n), key=lambda p: (vals[p], -p))
         regions[r] = {"max_us": vals[top], "mean_us": sum(vals) / n, "max_pe": top}
-    doc = {"schema": SCHEMA, "recording": {k: v for k, v in (job or {}).items() if k in ("job", "script", "n_pes")},
+    doc = {"schema": SCHEMA, "recording": {k: v for k, v in (job or {}).items() if k in ("script", "n_pes")},
            "topology": sim.topo.as_dict(), "makespan_us": makespan, "max_pe": max_pe,
            "mean_end_us": sum(sim.end) / n, "pes": pes, "regions": regions, "links": _links(sim, makespan),
            "critical_path": critical_path(sim, max_pe),
@@ -109,13 +110,14 @@ def render(doc: dict, *, top: int = 8) -> str:
     cp = doc["critical_path"]
     parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(cp["breakdown"].items(), key=lambda kv: -kv[1]))
     lines.append(f"critical path to pe {cp['pe']}'s end ({cp['end_us']:.3f} us): bound by {cp['bound']}; {parts} us")
-    for s in cp["steps"][:12]:
+    shown = sorted(sorted(cp["steps"], key=lambda s: -s["us"])[:12], key=lambda s: s["t0"])
+    for s in shown:
         count = f" x{s['count']}" if s["count"] > 1 else ""
         detail = f" ({s['detail']})" if s["detail"] else ""
         lines.append(f"  {s['t0']:12.3f} .. {s['t1']:12.3f}  {s['us']:10.3f} us  {s['what']:<13} {s['where']}"
                      f"{count}{detail}")
-    if cp["n_steps"] > 12:
-        lines.append(f"  ... {cp['n_steps'] - 12} earlier steps (--json has {len(cp['steps'])})")
+    if cp["n_steps"] > len(shown):
+        lines.append(f"  (the {len(shown)} longest of {cp['n_steps']} stretches; --json lists {len(cp['steps'])})")
     for w in doc["warnings"]:
         lines.append(f"warning: {w['kind']} x{w['count']}: {w['example']}")
     if not doc["warnings"]:

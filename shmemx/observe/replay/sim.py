@@ -40,7 +40,7 @@ __all__ = ["Sim", "SimError"]
 
 M32 = 0xFFFF_FFFF
 W_WQE, W_READ, W_SIGNAL, W_MTE = 0, 1, 2, 3  # what a record is
-_FREE_BARRIERS = frozenset({WaitCall.INIT})
+_FREE_BARRIERS = frozenset({WaitCall.INIT, WaitCall.MALLOC, WaitCall.FREE})  # host-side setup: no cost
 _WRITES = frozenset({Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY})
 
 
@@ -440,8 +440,10 @@ class Sim:
                 lat = np.where(servers[src] == servers, self.lat[0], self.lat[1])
                 times = np.maximum(times + send, times[src] + send + topo.wqe_us + lat)
                 d *= 2
+        last_th = arrivals[last][1]
+        cause = ("barrier", last_th, float(a[last]), len(last_th.releases))
         for (pe, th, _, _), t in zip(arrivals, times.tolist()):
-            self.at(t, self._resume_event, (th, ("barrier", arrivals[last][1], float(a[last]))))
+            self.at(t, self._resume_event, (th, cause))
 
     def _op_region(self, th: Thread, op) -> bool:
         _, name, enter = op
@@ -469,7 +471,7 @@ class Sim:
             other = self.threads[th.pe].get(slot)
             if other is not None and other.blocked == ("launch", launch_id):
                 other.blocked_since = other.clock
-                self.at(th.clock, self._resume_event, (other, ("launch", th, th.clock)))
+                self.at(th.clock, self._resume_event, (other, ("launch", th, th.clock, len(th.releases))))
         return True
 
     def _op_block(self, th: Thread, op) -> bool:
@@ -486,8 +488,7 @@ class Sim:
         joiner = launch["joiner"]
         if joiner is not None and launch["ended"] == launch["dim"]:
             launch["joiner"] = None
-            self.at(max(joiner.clock, launch["end"]), self._resume_event, (joiner, ("join", launch["last"],
-                                                                                    launch["end"])))
+            self.at(max(joiner.clock, launch["end"]), self._resume_event, (joiner, self._join_cause(launch)))
         return True
 
     def _op_join(self, th: Thread, op) -> bool:
@@ -495,11 +496,16 @@ class Sim:
         if launch["ended"] == launch["dim"]:
             if launch["end"] > th.clock:
                 self._block(th, ("join", op[1]))
-                self.at(launch["end"], self._resume_event, (th, ("join", launch["last"], launch["end"])))
+                self.at(launch["end"], self._resume_event, (th, self._join_cause(launch)))
                 return False
             return True
         launch["joiner"] = th
         return self._block(th, ("join", op[1]))
+
+    @staticmethod
+    def _join_cause(launch: dict) -> tuple:
+        last = launch["last"]
+        return ("join", last, launch["end"], len(last.releases))
 
     def _op_sync(self, th: Thread, op) -> bool:
         launch = self.launches[(th.pe, op[1])]
@@ -510,8 +516,9 @@ class Sim:
         self._block(th, ("sync", op[1], k))
         if len(arrived) == launch["dim"]:
             last = max(arrived, key=lambda x: x.clock)
+            cause = ("sync", last, last.clock, len(last.releases))
             for other in arrived:
-                self.at(last.clock, self._resume_event, (other, ("sync", last, last.clock)))
+                self.at(last.clock, self._resume_event, (other, cause))
             del launch["syncs"][k]
         return False
 
@@ -547,10 +554,11 @@ class Sim:
 
     def _engine_event(self, arg, t: float) -> None:
         eng, version = arg
-        if version != eng.version or eng.busy:
-            return
+        if version != eng.version:
+            return  # superseded by an earlier wake-up
         eng.wake_at = None
-        self._pick(eng, t)
+        if not eng.busy:  # (else the WQE it runs picks the next one when it is done)
+            self._pick(eng, t)
 
     def _pick(self, eng: Engine, t: float) -> None:
         """Start the next WQE: round-robin over the queues whose head is ready (and not held by a fence)."""
