@@ -363,5 +363,6 @@ def test_host_independence(tmp_path):
 def test_modelled_columns(record):
     cols = modelled_columns(record(2, put_quiet_body, 4096), regions=("rma", "absent"))
     assert set(cols) == {"model_makespan_us", "model_mean_end_us", "model_rma_us", "model_absent_us",
-                         "model_bound", "model_warnings"}
+                         "model_rma_calls", "model_absent_calls", "model_bound", "model_warnings"}
+    assert cols["model_rma_calls"] == 1
     assert cols["model_absent_us"] == 0.0 and cols["model_warnings"] == 0 and cols["model_rma_us"] > 0

@@ -49,14 +49,16 @@ def replay(recording, topology=None, overrides: dict | None = None, *, perfetto:
 def modelled_columns(recording, topology=None, overrides: dict | None = None, regions=()) -> dict:
     """The modelled columns of an experiment table row, from one recording.
 
-    Returns ``{"model_makespan_us", "model_mean_end_us", "model_<region>_us" (max over PEs of each region asked
-    for, 0.0 when absent), "model_bound" (the critical path's largest category: "host", "engine",
+    Returns ``{"model_makespan_us", "model_mean_end_us", "model_<region>_us" (for each region asked for: the max
+    over PEs of a PE's time in it, all its calls together; 0.0 when absent), "model_<region>_calls" (the most
+    calls of it a PE made), "model_bound" (the critical path's largest category: "host", "engine",
     "bytes inter", ...), "model_warnings" (count; 0 = no recorded control flow depended on host timing)}``.
     """
     doc = replay(recording, topology, overrides)
     cols = {"model_makespan_us": doc["makespan_us"], "model_mean_end_us": doc["mean_end_us"]}
     for name in regions:
         cols[f"model_{name}_us"] = doc["regions"].get(name, {}).get("max_us", 0.0)
+        cols[f"model_{name}_calls"] = doc["regions"].get(name, {}).get("calls", 0)
     cols["model_bound"] = doc["critical_path"]["bound"]
     cols["model_warnings"] = sum(w["count"] for w in doc["warnings"])
     return cols

@@ -72,14 +72,12 @@ class Memory:
         """A payload write of ``[start, end)`` at ``pe``: the watched words in it become unknown; returns their
         keys. ``watched`` is the sorted offsets of the watched words at ``pe``."""
         keys = []
-        i = bisect.bisect_left(watched, start - 7)
+        i = bisect.bisect_left(watched, start - 7)  # (a word starting up to 7 bytes before may overlap: generous)
         while i < len(watched) and watched[i] < end:
-            off = watched[i]
-            if off + 1 > start:  # (any byte of a word starting in (start - 8, end) may be written; be generous)
-                key = off & ~7
-                self.unknown[pe].add(key)
-                self.last_write[pe][key] = t
-                keys.append(key)
+            key = watched[i] & ~7
+            self.unknown[pe].add(key)
+            self.last_write[pe][key] = t
+            keys.append(key)
             i += 1
         return keys
 

@@ -5,7 +5,8 @@ The document (``--json``), schema ``shmemx-replay/1``; times in microseconds of 
     {"schema", "recording": {"script", "n_pes"}, "topology": {as the TOML}, "makespan_us",
      "max_pe": the slowest PE, "mean_end_us",
      "pes": [{"pe", "end_us", "regions": {name: us}, "wqes", "bytes"}],
-     "regions": {name: {"max_us", "mean_us", "max_pe"}},      # a PE's time in a region: the union of its blocks'
+     "regions": {name: {"max_us", "mean_us", "max_pe", "calls"}},  # a PE's time in a region: the union of its
+                                                                   # blocks' intervals; calls: most entries per PE
      "links": {"egress intra": {"bytes", "max_util", "mean_util", "max_pe"}, "ingress intra": ..., ...},
      "critical_path": {"pe", "end_us", "bound", "breakdown": {category: us}, "n_steps",
                        "steps": [{"t0", "t1", "us", "what", "where", "detail", "count"}] (the longest 40)},
@@ -57,10 +58,14 @@ def summary(sim: Sim, job: dict | None = None) -> dict:
     max_pe = max(range(n), key=lambda p: (sim.end[p], -p))
     region_names = sorted({r for p in pes for r in p["regions"]})
     regions = {}
+    calls = {}
+    for pe in range(n):
+        for k, iv in sim.region_iv[pe].items():
+            calls[names[pe][k]] = max(calls.get(names[pe][k], 0), len(iv))
     for r in region_names:
         vals = [p["regions"].get(r, 0.0) for p in pes]
         top = max(range(n), key=lambda p: (vals[p], -p))
-        regions[r] = {"max_us": vals[top], "mean_us": sum(vals) / n, "max_pe": top}
+        regions[r] = {"max_us": vals[top], "mean_us": sum(vals) / n, "max_pe": top, "calls": calls[r]}
     doc = {"schema": SCHEMA, "recording": {k: v for k, v in (job or {}).items() if k in ("script", "n_pes")},
            "topology": sim.topo.as_dict(), "makespan_us": makespan, "max_pe": max_pe,
            "mean_end_us": sum(sim.end) / n, "pes": pes, "regions": regions, "links": _links(sim, makespan),

@@ -31,6 +31,7 @@ import numpy as np
 from ...shm.control import WaitCall
 from ...udma.layout import Opcode
 from ..record import Ev
+from .collectives import Collectives
 from .memory import Memory
 from .network import Fcfs, MaxMin
 from .program import Program
@@ -40,7 +41,6 @@ __all__ = ["Sim", "SimError"]
 
 M32 = 0xFFFF_FFFF
 W_WQE, W_READ, W_SIGNAL, W_MTE = 0, 1, 2, 3  # what a record is
-_FREE_BARRIERS = frozenset({WaitCall.INIT, WaitCall.MALLOC, WaitCall.FREE})  # host-side setup: no cost
 _WRITES = frozenset({Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY})
 
 
@@ -101,7 +101,7 @@ class Engine:
         self.free_at = 0.0
 
 
-class Sim:
+class Sim(Collectives):
     """Replays ``prog`` on ``topo``; ``run()`` then read the results off the object (``report`` does)."""
 
     def __init__(self, prog: Program, topo: Topology):
@@ -143,25 +143,40 @@ class Sim:
         watched = {pe: arr.tolist() for pe, arr in prog.watched.items()}
         self.watched = watched
         for pe, wq in enumerate(prog.wqes):
-            ops, flags, nbytes, peers = wq.opcode.tolist(), wq.flag.tolist(), wq.nbytes.tolist(), wq.peer.tolist()
-            offs, locs, sigs = wq.offset.tolist(), wq.local.tolist(), wq.sig_offset.tolist()
-            vals, cmps = wq.value.tolist(), wq.compare.tolist()
-            for i, op in enumerate(ops):
-                peer = peers[i]
-                read = op == Opcode.READ
-                self.w_kind.append(W_READ if read else W_WQE)
-                self.w_src.append(peer if read else pe)
-                self.w_dst.append(pe if read else peer)
-                self.w_tier.append(self._tier(pe, peer))
-                self.w_bytes.append(nbytes[i])
-                self.w_pe.append(pe)
-                self.w_queue.append(None)
-                self.w_poster.append(None)
-                self.w_fence.append(flags[i] >> 3 & 1)
-                self.w_effect.append(self._effect(pe, op, flags[i], peer, nbytes[i], offs[i], locs[i], sigs[i],
-                                                  vals[i], cmps[i]))
+            n = len(wq)
+            read = wq.opcode == Opcode.READ
+            peer = wq.peer
+            self.w_kind += np.where(read, W_READ, W_WQE).tolist()
+            self.w_src += np.where(read, peer, pe).tolist()
+            self.w_dst += np.where(read, pe, peer).tolist()
+            self.w_tier += (peer // self.rps != pe // self.rps).astype(np.int64).tolist()
+            self.w_bytes += wq.nbytes.tolist()
+            self.w_pe += [pe] * n
+            self.w_queue += [None] * n
+            self.w_poster += [None] * n
+            self.w_fence += (wq.flag >> 3 & 1).tolist()
+            effects = [None] * n
+            for i in np.flatnonzero(self._may_touch(pe, wq)).tolist():
+                effects[i] = self._effect(pe, int(wq.opcode[i]), int(peer[i]), int(wq.nbytes[i]),
+                                          int(wq.offset[i]), int(wq.local[i]), int(wq.sig_offset[i]),
+                                          int(wq.value[i]), int(wq.compare[i]))
+            self.w_effect += effects
 
-    def _effect(self, pe, op, flag, peer, nbytes, off, local, sig, value, compare):
+    def _may_touch(self, pe: int, wq) -> np.ndarray:
+        """Which WQEs may change a watched word: notify signals and atomics, and payloads over a watched word."""
+        out = (wq.opcode == Opcode.WRITE_WITH_NOTIFY) | (wq.opcode == Opcode.FAA) | (wq.opcode == Opcode.CAS)
+        read = wq.opcode == Opcode.READ
+        where = np.where(read, pe, wq.peer)
+        start = np.where(read, wq.local, wq.offset)
+        for target, words in self.prog.watched.items():
+            sel = (where == target) & (start >= 0)
+            if sel.any():
+                lo = np.searchsorted(words, start[sel] - 7)
+                hi = np.searchsorted(words, start[sel] + wq.nbytes[sel])
+                out[np.flatnonzero(sel)[hi > lo]] = True
+        return out
+
+    def _effect(self, pe, op, peer, nbytes, off, local, sig, value, compare):
         """What a WQE does to watched memory when it lands, or None."""
         effects = []
         if op in _WRITES or (op == Opcode.READ and local >= 0):
@@ -285,7 +300,7 @@ class Sim:
         wq = self.prog.wqes[th.pe]
         cqe_flags = wq.flag[first:end].tolist()
         ready = th.clock
-        if not q.pending:
+        if not q.pending and not q.fence_wait:
             bisect.insort(eng.active, qindex)
         for i in range(first, end):
             gid = base + i
@@ -407,125 +422,11 @@ class Sim:
             self.at(t + self.lat[self.w_tier[gid]], self._send, gid)
         return False
 
-    def _op_barrier(self, th: Thread, op) -> bool:
-        _, call, number = op
-        if call == WaitCall.FINALIZE:
-            th.end = th.clock
-            return True
-        arrivals = self.barriers.setdefault(number, [])
-        arrivals.append((th.pe, th, th.clock, call))
-        self._block(th, ("barrier", number))
-        if len(arrivals) == self.n_pes:
-            self._release_barrier(number, arrivals)
-        return False
-
-    def _release_barrier(self, number: int, arrivals: list) -> None:
-        """Every PE arrived: the release times of a dissemination barrier (ceil(log2 P) rounds; in round r PE i
-        signals PE i + 2^r and waits for PE i - 2^r), each signal a small control message."""
-        del self.barriers[number]
-        n, topo = self.n_pes, self.topo
-        arrivals.sort(key=lambda a: a[0])
-        a = np.array([x[2] for x in arrivals])
-        last = int(np.argmax(a))
-        if arrivals[0][3] in _FREE_BARRIERS or n == 1:
-            times = np.full(n, a.max())
-        else:
-            pes = np.arange(n)
-            servers = pes // self.rps
-            send = topo.post_us + topo.doorbell_us
-            times = a.copy()
-            d = 1
-            while d < n:
-                src = (pes - d) % n
-                lat = np.where(servers[src] == servers, self.lat[0], self.lat[1])
-                times = np.maximum(times + send, times[src] + send + topo.wqe_us + lat)
-                d *= 2
-        last_th = arrivals[last][1]
-        cause = ("barrier", last_th, float(a[last]), len(last_th.releases))
-        for (pe, th, _, _), t in zip(arrivals, times.tolist()):
-            self.at(t, self._resume_event, (th, cause))
-
-    def _op_region(self, th: Thread, op) -> bool:
-        _, name, enter = op
-        if enter:
-            th.regions.append((name, th.clock))
-        else:
-            for i in range(len(th.regions) - 1, -1, -1):
-                if th.regions[i][0] == name:
-                    _, start = th.regions.pop(i)
-                    self.region_iv[th.pe].setdefault(name, []).append((start, th.clock))
-                    break
-        return True
-
-    def _op_compute(self, th: Thread, op) -> bool:
-        us = float(np.int64(op[1]).view(np.float64))
-        th.computes.append((th.clock, th.clock + us))
-        th.clock += us
-        return True
-
-    def _op_launch(self, th: Thread, op) -> bool:
-        _, launch_id, dim = op
-        self.launches[(th.pe, launch_id)] = {"t": th.clock, "dim": dim, "ended": 0, "end": th.clock,
-                                             "last": th, "syncs": {}, "joiner": None}
-        for slot in range(1, dim):
-            other = self.threads[th.pe].get(slot)
-            if other is not None and other.blocked == ("launch", launch_id):
-                other.blocked_since = other.clock
-                self.at(th.clock, self._resume_event, (other, ("launch", th, th.clock, len(th.releases))))
-        return True
-
-    def _op_block(self, th: Thread, op) -> bool:
-        _, launch_id, begin = op
-        launch = self.launches.get((th.pe, launch_id))
-        if begin:
-            if launch is None:  # a block that starts before its launch was replayed: wait for it
-                return self._block(th, ("launch", launch_id))
-            th.clock = max(th.clock, launch["t"])
-            return True
-        launch["ended"] += 1
-        if th.clock >= launch["end"]:
-            launch["end"], launch["last"] = th.clock, th
-        joiner = launch["joiner"]
-        if joiner is not None and launch["ended"] == launch["dim"]:
-            launch["joiner"] = None
-            self.at(max(joiner.clock, launch["end"]), self._resume_event, (joiner, self._join_cause(launch)))
-        return True
-
-    def _op_join(self, th: Thread, op) -> bool:
-        launch = self.launches[(th.pe, op[1])]
-        if launch["ended"] == launch["dim"]:
-            if launch["end"] > th.clock:
-                self._block(th, ("join", op[1]))
-                self.at(launch["end"], self._resume_event, (th, self._join_cause(launch)))
-                return False
-            return True
-        launch["joiner"] = th
-        return self._block(th, ("join", op[1]))
-
-    @staticmethod
-    def _join_cause(launch: dict) -> tuple:
-        last = launch["last"]
-        return ("join", last, launch["end"], len(last.releases))
-
-    def _op_sync(self, th: Thread, op) -> bool:
-        launch = self.launches[(th.pe, op[1])]
-        k = th.syncs.get(op[1], 0) + 1
-        th.syncs[op[1]] = k
-        arrived = launch["syncs"].setdefault(k, [])
-        arrived.append(th)
-        self._block(th, ("sync", op[1], k))
-        if len(arrived) == launch["dim"]:
-            last = max(arrived, key=lambda x: x.clock)
-            cause = ("sync", last, last.clock, len(last.releases))
-            for other in arrived:
-                self.at(last.clock, self._resume_event, (other, cause))
-            del launch["syncs"][k]
-        return False
-
     _handlers = {Ev.POST: _op_post, Ev.QUIET: _op_quiet, Ev.WAIT: _op_wait, Ev.TEST: _op_wait,
-                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.BARRIER: _op_barrier, Ev.REGION: _op_region,
-                 Ev.COMPUTE: _op_compute, Ev.LAUNCH: _op_launch, Ev.BLOCK: _op_block, Ev.SYNC: _op_sync,
-                 Ev.JOIN: _op_join}
+                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.BARRIER: Collectives._op_barrier,
+                 Ev.REGION: Collectives._op_region, Ev.COMPUTE: Collectives._op_compute,
+                 Ev.LAUNCH: Collectives._op_launch, Ev.BLOCK: Collectives._op_block, Ev.SYNC: Collectives._op_sync,
+                 Ev.JOIN: Collectives._op_join}
 
     def _unblock_stuck(self) -> bool:
         """Nothing left to happen, yet threads wait: release the earliest wait that the modelled values never
@@ -569,6 +470,7 @@ class Sim:
             return
         start = bisect.bisect_right(active, eng.last)
         later = None
+        parked = None
         for k in range(n):
             qindex = active[(start + k) % n]
             q = eng.queues[qindex]
@@ -577,18 +479,36 @@ class Sim:
             if ready > t:
                 later = ready if later is None or ready < later else later
                 continue
-            if self.w_fence[gid]:
-                if q.unacked:
-                    q.fence_wait = True
-                    continue
-                if q.ack_max > t:
-                    later = q.ack_max if later is None or q.ack_max < later else later
-                    continue
+            if self.w_fence[gid] and (q.unacked or q.ack_max > t):
+                # held by its fence: out of the round-robin until the queue's last acknowledgement (``landed``
+                # puts it back), so that picks meanwhile do not scan it again and again
+                q.fence_wait = True
+                parked = (parked or []) + [qindex]
+                if not q.unacked:
+                    self.at(q.ack_max, self._unpark, q)
+                continue
+            self._park(eng, parked)
             self._start(eng, q, gid, t)
             return
+        self._park(eng, parked)
         eng.busy = False
         if later is not None:
             self._wake_engine(eng, later)
+
+    @staticmethod
+    def _park(eng: Engine, parked: list | None) -> None:
+        if parked:
+            eng.active = [i for i in eng.active if i not in parked]
+
+    def _unpark(self, q: Queue, t: float) -> None:
+        """A fence-held queue's acknowledgements are all in by ``t``: back into the round-robin."""
+        if not q.fence_wait:
+            return
+        q.fence_wait = False
+        eng = self.engines[q.pe]
+        bisect.insort(eng.active, q.index)
+        if not eng.busy:
+            self._wake_engine(eng, t)
 
     def _start(self, eng: Engine, q: Queue, gid: int, t: float) -> None:
         q.pending.popleft()
@@ -641,10 +561,7 @@ class Sim:
             q.cqe_times[k] = (ack, gid)
             self._advance_cqes(q, now)
         if q.fence_wait and not q.unacked:
-            q.fence_wait = False
-            eng = self.engines[q.pe]
-            if not eng.busy:
-                self._wake_engine(eng, max(now, q.ack_max))
+            self.at(max(now, q.ack_max), self._unpark, q)
 
     def _advance_cqes(self, q: Queue, now: float) -> None:
         times = q.cqe_times
