@@ -17,8 +17,15 @@ has that shape, and this script takes it with ``--schedule`` once it exists.) Th
 
 For each EP a job is recorded (``--tokens`` per rank, DeepEP's routing with seeds per rank, a fresh dispatch,
 then the timed cached dispatch and combine in regions), then replayed on ``h800_cx7``. Two parameters are fitted
-on two points: the effective NVLink bandwidth on the EP8 dispatch and the effective RDMA bandwidth on the EP16
-dispatch (each by bisection: the modelled time falls with the bandwidth); every other point is predicted.
+on two points, every other point predicted; ``--fit`` chooses which:
+
+* ``tiers`` (default): the effective NVLink bandwidth on the EP8 dispatch, the effective RDMA bandwidth on the
+  EP16 dispatch;
+* ``rdma``: the RDMA bandwidth on the EP16 dispatch and the engine's per-WQE cost (``engine.wqe_us``) on the EP64
+  dispatch (what grows with the number of destinations), NVLink as the file says.
+
+Each bandwidth is solved by the secant method on 1/B (the modelled time is nearly linear in it), the WQE cost by
+bisection on its logarithm around that.
 """
 
 import argparse
@@ -116,17 +123,54 @@ def modelled(path: str, nbytes: np.ndarray, over: dict) -> tuple[float, float]:
     return float(np.mean(nbytes * FP8 / d / 1e3)), float(np.mean(nbytes / c / 1e3))
 
 
-def fit(target: float, f, lo: float, hi: float, iters: int = 40) -> float:
-    """The bandwidth at which the modelled GB/s ``f(b)`` meets ``target`` (it grows with b): bisection on log b."""
-    for _ in range(iters):
+def solve_bandwidth(target: float, f, guess: float) -> float:
+    """The bandwidth b at which the modelled GB/s ``f(b)`` meets ``target``: secant on x = 1/b."""
+    x0, x1 = 1 / guess, 1 / (guess * 1.5)
+    g0, g1 = f(1 / x0) - target, f(1 / x1) - target
+    for _ in range(30):
+        if g1 == g0 or abs(g1) < 1e-6 * target:
+            break
+        x0, x1, g0 = x1, max(x1 - g1 * (x1 - x0) / (g1 - g0), 1e-6), g1
+        g1 = f(1 / x1) - target
+    return 1 / x1
+
+
+def fit_tiers(recs: dict, nbytes: dict) -> dict:
+    over = {"intra.bandwidth_GBps": solve_bandwidth(
+        PUBLISHED[8][0], lambda b: modelled(recs[8], nbytes[8], {"intra.bandwidth_GBps": b})[0], 160.0)}
+    over["inter.bandwidth_GBps"] = solve_bandwidth(
+        PUBLISHED[16][0], lambda b: modelled(recs[16], nbytes[16], dict(over, **{"inter.bandwidth_GBps": b}))[0],
+        50.0)
+    return over
+
+
+def fit_rdma(recs: dict, nbytes: dict) -> dict:
+    def at(w: float) -> dict:
+        over = {"engine.wqe_us": w}
+        over["inter.bandwidth_GBps"] = solve_bandwidth(PUBLISHED[16][0], lambda b: modelled(
+            recs[16], nbytes[16], dict(over, **{"inter.bandwidth_GBps": b}))[0], 50.0)
+        return over
+
+    lo, hi = 1e-3, 10.0  # modelled EP64 GB/s falls as w grows
+    for _ in range(14):
         mid = (lo * hi) ** 0.5
-        if f(mid) < target:
+        if modelled(recs[64], nbytes[64], at(mid))[0] > PUBLISHED[64][0]:
             lo = mid
         else:
             hi = mid
-        if hi / lo < 1 + 1e-4:
-            break
-    return (lo * hi) ** 0.5
+    return at((lo * hi) ** 0.5)
+
+
+_WQES: dict = {}
+
+
+def _wqes_per_rank(path: str) -> float:
+    if path not in _WQES:
+        from shmemx.observe.replay.program import load_program
+
+        prog = load_program(path)
+        _WQES[path] = sum(len(w) for w in prog.wqes) / prog.n_pes
+    return _WQES[path]
 
 
 def main() -> None:
@@ -136,6 +180,7 @@ def main() -> None:
     ap.add_argument("--schedule", default=None, help="moe.Buffer schedule (once issue 12's schedules exist)")
     ap.add_argument("--dir", default=None, help="keep the recordings here (reused when present)")
     ap.add_argument("--eps", default="8,16,32,64")
+    ap.add_argument("--fit", choices=("tiers", "rdma", "both"), default="both")
     args = ap.parse_args()
     if args.kernel:
         kernel(args.tokens, args.schedule)
@@ -145,27 +190,26 @@ def main() -> None:
     eps = [int(e) for e in args.eps.split(",")]
     recs = {n: record(n, args.tokens, folder, args.schedule) for n in eps}
     nbytes = {n: deepep_bytes(n, args.tokens) for n in eps}
-    over: dict = {}
-    b_intra = fit(PUBLISHED[8][0], lambda b: modelled(recs[8], nbytes[8], {"intra.bandwidth_GBps": b})[0], 10, 2000)
-    over["intra.bandwidth_GBps"] = b_intra
-    b_inter = fit(PUBLISHED[16][0], lambda b: modelled(recs[16], nbytes[16], dict(over, **{
-        "inter.bandwidth_GBps": b}))[0], 1, 2000)
-    over["inter.bandwidth_GBps"] = b_inter
     print(f"DeepEP normal mode vs the replay of moe.Buffer ({args.schedule or 'full mesh'}), {args.tokens} tokens "
           f"per rank, H={H}, top-{GROUPS} nodes, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
-    print(f"fitted: intra.bandwidth_GBps = {b_intra:.1f} (on EP8 dispatch; the file says 160), "
-          f"inter.bandwidth_GBps = {b_inter:.1f} (on EP16 dispatch; the file says 50)")
-    print(f"{'EP':>4} {'kind':>9} {'published GB/s':>15} {'modelled GB/s':>14} {'error':>8}")
-    errors = []
-    for n in eps:
-        d, c = modelled(recs[n], nbytes[n], over)
-        for kind, got, want in (("dispatch", d, PUBLISHED[n][0]), ("combine", c, PUBLISHED[n][1])):
-            fitted = (n, kind) in ((8, "dispatch"), (16, "dispatch"))
-            err = (got - want) / want
-            if not fitted:
-                errors.append(abs(err))
-            print(f"{n:>4} {kind:>9} {want:15.1f} {got:14.1f} {err:+8.1%}{'  (fitted)' if fitted else ''}")
-    print(f"largest error at a point not fitted: {max(errors):.1%} (target 10%)")
+    for how in (("tiers", "rdma") if args.fit == "both" else (args.fit,)):
+        over = fit_tiers(recs, nbytes) if how == "tiers" else fit_rdma(recs, nbytes)
+        fitted_points = ((8, "dispatch"), (16, "dispatch")) if how == "tiers" else ((16, "dispatch"), (64, "dispatch"))
+        print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
+              + " (the file: intra 160, inter 50 GB/s, wqe 0.05 us)")
+        print(f"{'EP':>4} {'kind':>9} {'published GB/s':>15} {'modelled GB/s':>14} {'error':>8}  WQEs/rank (job)")
+        errors = []
+        for n in eps:
+            d, c = modelled(recs[n], nbytes[n], over)
+            wqes = _wqes_per_rank(recs[n])
+            for kind, got, want in (("dispatch", d, PUBLISHED[n][0]), ("combine", c, PUBLISHED[n][1])):
+                fitted = (n, kind) in fitted_points
+                err = (got - want) / want
+                if not fitted:
+                    errors.append(abs(err))
+                print(f"{n:>4} {kind:>9} {want:15.1f} {got:14.1f} {err:+8.1%}  {wqes:9,.0f}"
+                      f"{'  (fitted)' if fitted else ''}")
+        print(f"largest error at a point not fitted: {max(errors):.1%} (target 10%)")
     print("low-latency mode (77/118/155/173/192/194 us at EP8..256): no such kernel in the project yet; not fitted")
 
 
