@@ -55,17 +55,20 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
 @click.argument("name", type=click.Choice(["P0", "P1", "P2", "P3", "P4", "P5", "all"], case_sensitive=False))
 @click.option("--quick", is_flag=True, help="Small P and shapes: about a minute per experiment.")
 @click.option("--out", "out", default=None, metavar="DIR", help="Write NAME.csv, NAME.json and NAME.png into DIR.")
-def experiment(name, quick, out) -> None:
+@click.option("--model", default=None, metavar="TOPO",
+              help="Also record each job and add modelled columns from its replay on TOPO (e.g. ascend950).")
+def experiment(name, quick, out, model) -> None:
     """Run seed 001's experiment NAME (P0-P5, or all) over the MoE schedules; print its table and verdict."""
     from pathlib import Path
 
     from shmemx.launcher.experiment import EXPERIMENTS, run_experiment
 
     for one in (list(EXPERIMENTS) if name.lower() == "all" else [name.upper()]):
-        result = run_experiment(one, quick=quick, out=Path(out) if out else None)
+        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model)
         cols = [c for c in ("n", "schedule", "qp_policy", "routing", "group_width", "token_blocks", "weight_blocks",
                             "skew", "hidden", "rounds", "wqes", "qp_wqes", "qp_bytes_max_min", "cross_server_mb",
                             "max_in_degree", "quiets", "route_reads", "dispatch_ms_max", "dispatch_ms_p50")]
+        cols += ["model_dispatch_us", "model_combine_us", "model_bound"] if model else []
         click.echo(f"{one}: {result['what']} ({result['seconds']} s)")
         click.echo("  ".join(cols))
         for r in result["rows"]:

@@ -366,3 +366,16 @@ def test_modelled_columns(record):
                          "model_rma_calls", "model_absent_calls", "model_bound", "model_warnings"}
     assert cols["model_rma_calls"] == 1
     assert cols["model_absent_us"] == 0.0 and cols["model_warnings"] == 0 and cols["model_rma_us"] > 0
+
+
+def test_experiment_rows_get_modelled_columns():
+    """``shmemx experiment --model TOPO``: each configuration's job is recorded and replayed (issue 12's table)."""
+    from shmemx.launcher.experiment import BASE, run_config
+
+    cfg = dict(BASE, n=4, tokens=16, hidden=256, reps=2, model="ascend950")
+    row, _ = run_config(cfg, timeout=120)
+    assert row["model_dispatch_us"] > 0 and row["model_combine_us"] > 0 and row["model_warnings"] == 0
+    assert row["model_makespan_us"] >= 2 * (row["model_dispatch_us"] + row["model_combine_us"])
+    assert row["model_bound"] in ("host", "engine", "bytes intra", "latency intra", "barrier")
+    plain, _ = run_config(dict(cfg, model=None), timeout=120)
+    assert not any(k.startswith("model_") for k in plain)
