@@ -156,6 +156,24 @@ def poll_body() -> None:
     shmemx.finalize()
 
 
+def generation_body() -> None:
+    """PE 0 writes generation numbers 1 then 2 into PE 1's flag as 8-byte data (WRITEs, not signals), 10 us of
+    compute apart; PE 1 waits for each (regions "g1", "g2")."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    flag = shmemx.zeros(1, np.int64, name="flag")
+    if me == 0:
+        for g in (1, 2):
+            shmemx.aclshmemx_udma_put_nbi(flag, np.array([g], np.int64), 1, 1)
+            shmemx.aclshmemx_udma_quiet(1)
+            shmemx.compute(us=10.0)
+    else:
+        for g in (1, 2):
+            with shmemx.region(f"g{g}"):
+                shmemx.aclshmem_wait_until(flag, shmemx.ACLSHMEM_CMP_GE, g)
+    shmemx.finalize()
+
+
 def plain_store_body() -> None:
     """PE 0 sets PE 1's flag with a plain numpy store (invisible to a recording); PE 1 waits on it."""
     shmemx.init()
@@ -342,6 +360,16 @@ def test_polls_and_any_waits_that_depended_on_timing_are_reported(record):
     assert "wait_until_any returned 0 in the recorded run but 1" in kinds["result"]["example"]
     # the poll is still a wait in virtual time: PE 1 goes on when the signal arrives
     assert doc["pes"][1]["end_us"] >= 2.0 + POST + DB + WQE + L["intra"]
+
+
+def test_small_payloads_carry_their_value(record):
+    """A generation number written as data is recorded with its bytes: the second wait waits for the second
+    write (it does not take the first write's arrival as meeting it)."""
+    doc = replay(record(2, generation_body))
+    arrive = POST + DB + WQE + L["intra"] + 8 / B["intra"]
+    assert close(doc["pes"][1]["regions"]["g1"], arrive)
+    assert close(doc["pes"][1]["regions"]["g2"], L["intra"] + 10.0 + arrive)
+    assert doc["warnings"] == []
 
 
 def test_a_wait_met_by_an_unrecorded_store_is_released_with_a_warning(record):

@@ -22,7 +22,7 @@ import numpy as np
 HERE = os.path.abspath(__file__)
 
 
-def kernel(tokens: int, hidden: int, schedule: str) -> None:
+def kernel(tokens: int, hidden: int, schedule: str, server_size: int) -> None:
     import ml_dtypes
 
     import shmemx
@@ -37,7 +37,7 @@ def kernel(tokens: int, hidden: int, schedule: str) -> None:
     topk = np.argpartition(-scores, 7, axis=1)[:, :8].astype(np.int64)
     x = rng.standard_normal((tokens, hidden)).astype(ml_dtypes.bfloat16)
     kwargs = {} if schedule == "default" else {"schedule": schedule}
-    buf = moe.Buffer(tokens, hidden, 8, experts, server_size=16, **kwargs)
+    buf = moe.Buffer(tokens, hidden, 8, experts, server_size=server_size, **kwargs)
     shmemx.aclshmem_barrier_all()
     with shmemx.region("dispatch"):
         got = buf.dispatch(x, topk_idx=topk, topk_weights=np.full(topk.shape, 0.125, np.float32))
@@ -63,10 +63,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--schedules", default="fullmesh,hierarchy,groups")
     ap.add_argument("--topology", default="ascend950")
+    ap.add_argument("--server-size", type=int, default=16, help="ranks per server (the topology's is set to it)")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     if args.kernel:
-        kernel(args.tokens, args.hidden, args.kernel)
+        kernel(args.tokens, args.hidden, args.kernel, args.server_size)
         return
     from shmemx.launcher import launch
     from shmemx.observe.replay import replay
@@ -81,14 +82,15 @@ def main() -> None:
         missing.remove("fullmesh")
     rows = []
     for schedule in runs:
-        path = os.path.join(folder, f"{schedule}_p{args.pes}_t{args.tokens}_h{args.hidden}.rec")
+        path = os.path.join(folder, f"{schedule}_p{args.pes}_s{args.server_size}_t{args.tokens}_h{args.hidden}.rec")
         if not os.path.exists(path):
             code = launch(args.pes, HERE, ["--kernel", schedule, "--tokens", str(args.tokens), "--hidden",
-                                           str(args.hidden)], record=path, heap_size="1G", timeout=3600)
+                                           str(args.hidden), "--server-size", str(args.server_size)], record=path,
+                          heap_size="1G", timeout=3600)
             if code:
                 raise SystemExit(f"recording {schedule} failed with exit status {code}")
         start = time.monotonic()
-        doc = replay(path, args.topology)
+        doc = replay(path, args.topology, {"ranks_per_server": args.server_size})
         seconds = time.monotonic() - start
         rows.append((schedule, doc, seconds))
     topo = rows[0][1]["topology"] if rows else {}

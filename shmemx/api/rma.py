@@ -358,7 +358,7 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     if nbytes == 0:
         return
     if rt.recorder is not None:
-        rt.recorder.mte(pe, offset, nbytes, remote_is_dst)
+        rt.recorder.mte(pe, offset, nbytes, remote_is_dst, src if remote_is_dst else None)
     peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
     if remote_is_dst:
         np.copyto(peer, src.reshape(-1)[:nelems])

@@ -8,12 +8,14 @@ where                              what (one row of ten int64 per event, in the 
 =================================  ===========================================================================
 ``QueuePair.post_rw`` /            POST: queue, first BB position, BBs, and the BBs themselves, copied from the
 ``post_bytes`` / ``ring_doorbell``  ring after the WQEs were written and before the doorbell (the exact WQEs the
-                                   engine executes: opcode, flag, length, remote VA, signal VA and value)
+                                   engine executes: opcode, flag, length, remote VA, signal VA and value); then a
+                                   VALUE row for each payload of at most 32 bytes (a flag or generation number
+                                   written as data: its source bytes, so that a replay knows what it writes)
 ``QueuePair.poll``                 QUIET: queue, the CQE count it waits for
 ``shm.barrier.barrier``            BARRIER: which call, its number
 ``api.signals``                    WAIT / TEST: the words (pe, offset, stride, dtype, count), the comparison,
                                    the value, and the result the call returned; SIGNAL (``signal_op``)
-``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction
+``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction (and a VALUE row if small)
 ``api.blocks``                     LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
 ``api.inspection``                 REGION enter and exit, COMPUTE (``shmemx.compute(us=...)``)
 =================================  ===========================================================================
@@ -63,6 +65,11 @@ class Ev(enum.IntEnum):
     BLOCK = 11  # launch id, 1 begin / 0 end
     SYNC = 12  # launch id
     JOIN = 13  # launch id
+    VALUE = 14  # BB position (MTE: -1), bytes, then up to four u64 words: a small payload's bytes (after its POST)
+
+
+SMALL_PAYLOAD = 32  # payloads up to this many bytes (flags, generation numbers) are recorded with their value
+_WRITE, _NOTIFY = 0x3, 0x5
 
 
 def dtype_code(dtype: np.dtype) -> int:
@@ -123,6 +130,26 @@ class Recorder:
         if first < bbs:  # wrapped at the ring end
             blob += q.mm[base:base + 64 * (bbs - first)]
         rows.extend((Ev.POST, q.index, pos, bbs, row, 0, 0, 0, 0, 0))
+        self._small_payloads(q, rows, blob, row, pos, bbs)
+
+    def _small_payloads(self, q, rows: array.array, blob: bytearray, row: int, pos: int, bbs: int) -> None:
+        """VALUE rows for the WRITEs / notifies among these BBs whose payload is small: a flag or a generation
+        number written as data, which a wait may watch (their source bytes, read now: a correct kernel does not
+        change a source before its WQE completed)."""
+        w32 = np.frombuffer(bytes(blob[64 * row:]), "<u4").reshape(bbs, 16)
+        ops = w32[:, 1] >> 8 & 0xFF
+        small = ((ops == _WRITE) & (w32[:, 12] <= SMALL_PAYLOAD)) | (ops == _NOTIFY)
+        for i in np.flatnonzero(small).tolist():
+            if ops[i] == _NOTIFY:
+                if i + 1 >= bbs or w32[i + 1, 4] > SMALL_PAYLOAD:
+                    continue
+                length, va = int(w32[i + 1, 4]), int(w32[i + 1, 6]) | int(w32[i + 1, 7]) << 32
+            else:
+                length, va = int(w32[i, 12]), int(w32[i, 14]) | int(w32[i, 15]) << 32
+            where = q.udma.registry.resolve(va, length) if length else None
+            if where is not None:
+                buf, off = where
+                rows.extend(_value_row(pos + i, bytes(buf[off:off + length])))
 
     def quiet(self, q, target: int, call: int) -> None:
         self._add(Ev.QUIET, q.index, target, int(call))
@@ -146,8 +173,13 @@ class Recorder:
     def signal(self, pe: int, offset: int, dtype: np.dtype, op: int, value: int) -> None:
         self._add(Ev.SIGNAL, pe, offset, dtype_code(dtype), op, _s64(value))
 
-    def mte(self, pe: int, offset: int, nbytes: int, put: bool) -> None:
+    def mte(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
+        """An MTE copy to (``put``) or from PE ``pe``'s heap at ``offset``; ``src`` (a put's source array) is
+        recorded when the copy is small (a flag)."""
         self._add(Ev.MTE, pe, offset, nbytes, int(put))
+        if put and src is not None and nbytes <= SMALL_PAYLOAD:
+            self._rows().extend(_value_row(-1, np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:nbytes]
+                                           .tobytes()))
 
     def region(self, name: str, enter: bool) -> None:
         self._add(Ev.REGION, self._name(name), int(enter))
@@ -185,6 +217,11 @@ class Recorder:
         os.replace(tmp, path)  # the launcher never sees half a part
         self.written = path
         return path
+
+
+def _value_row(pos: int, data: bytes) -> tuple:
+    words = np.frombuffer(data.ljust(SMALL_PAYLOAD, b"\0"), "<i8").tolist()
+    return (Ev.VALUE, pos, len(data), *words, 0, 0, 0)
 
 
 def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:

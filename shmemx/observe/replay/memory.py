@@ -1,9 +1,10 @@
 """The words waits watch, in virtual time: their values as the modelled writes arrive, and the waits on them.
 
 Only what a recording knows the value of is modelled: WRITE_WITH_NOTIFY signals, FAA and CAS, ``signal_op``
-SET and ADD. Every word starts at 0 (a fresh heap is zero-filled). A payload write (WRITE, READ, MTE) whose
-range covers a watched word makes the word *unknown* (its bytes were not recorded): a wait treats an unknown word
-as met, at the payload's arrival, and the replay warns. Plain stores by the CPU (numpy into a heap view) are not
+SET and ADD, and small payloads (WRITE, notify and MTE payloads of at most 32 bytes: flags and generation
+numbers written as data, recorded with their bytes). Every word starts at 0 (a fresh heap is zero-filled). A
+larger payload (or a READ) whose range covers a watched word makes the word *unknown* (its bytes were not
+recorded): a wait treats an unknown word as met, at the payload's arrival, and the replay warns. Plain stores by the CPU (numpy into a heap view) are not
 recorded at all; a kernel that resets its flags with them, instead of moving to the next sequence number or
 using ``signal_op``, replays with stale values (the waits then release at the wrong time, and the replay warns
 where a recorded result disagrees).
@@ -67,6 +68,19 @@ class Memory:
         key = offset & ~7
         self.last_write[pe][key] = t
         return key
+
+    def store(self, pe: int, offset: int, data: bytes, t: float) -> list[int]:
+        """A payload whose bytes are known (a small one, recorded): store them; returns the keys touched."""
+        keys = []
+        for key in range(offset & ~7, offset + len(data), 8):
+            old = self.words[pe].get(key, 0).to_bytes(8, "little")
+            lo, hi = max(offset, key), min(offset + len(data), key + 8)
+            new = old[:lo - key] + data[lo - offset:hi - offset] + old[hi - key:]
+            self.words[pe][key] = int.from_bytes(new, "little")
+            self.unknown[pe].discard(key)
+            self.last_write[pe][key] = t
+            keys.append(key)
+        return keys
 
     def cover(self, pe: int, start: int, end: int, watched: list, t: float) -> list[int]:
         """A payload write of ``[start, end)`` at ``pe``: the watched words in it become unknown; returns their

@@ -75,6 +75,7 @@ class Program:
     threads: list[dict[int, list[tuple]]]
     names: list[list[str]]
     words: list[Words] = field(default_factory=list)  # WAIT/TEST ops refer to these by index (field 1)
+    payloads: list[dict] = field(default_factory=list)  # per PE: {WQE index: bytes} of the small payloads
     watched: dict = field(default_factory=dict)  # pe -> sorted [k] int64 offsets of words some wait watches
 
 
@@ -87,7 +88,9 @@ def load_program(recording: "Recording | str") -> Program:
         base, stride = part.meta["heap_va_base"], part.meta["heap_va_stride"]
         wq, post_ranges, row_base = _decode_wqes(part, qp_num, base, stride)
         prog.wqes.append(wq)
-        prog.threads.append({slot: _ops(prog, part, rows, post_ranges, row_base[slot])
+        payloads: dict = {}
+        prog.payloads.append(payloads)
+        prog.threads.append({slot: _ops(prog, part, rows, post_ranges, row_base[slot], wq, payloads)
                              for slot, rows in sorted(part.slots.items())})
     watched: dict[int, set] = {}
     for w in prog.words:
@@ -96,11 +99,22 @@ def load_program(recording: "Recording | str") -> Program:
     return prog
 
 
-def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int) -> list[tuple]:
+def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int, wq: Wqes,
+         payloads: dict) -> list[tuple]:
     ops = []
     for row in rows.tolist():
         kind = row[0]
-        if kind == Ev.POST:
+        if kind == Ev.VALUE:  # the bytes of a small payload of the POST (or MTE) before it
+            data = np.array(row[3:7], "<i8").tobytes()[:row[2]]
+            last = ops[-1]
+            if last[0] == Ev.MTE:
+                ops[-1] = last + (data,)
+            else:
+                first, end = last[2], last[3]
+                i = first + int(np.searchsorted(wq.pos[first:end], row[1]))
+                if i < end and wq.pos[i] == row[1]:
+                    payloads[i] = data
+        elif kind == Ev.POST:
             first, end = post_ranges[row_base + row[4]]
             ops.append((Ev.POST, row[1], first, end))
         elif kind == Ev.WAIT or kind == Ev.TEST:

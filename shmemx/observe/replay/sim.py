@@ -156,10 +156,11 @@ class Sim(Collectives):
             self.w_poster += [None] * n
             self.w_fence += (wq.flag >> 3 & 1).tolist()
             effects = [None] * n
+            payloads = prog.payloads[pe]
             for i in np.flatnonzero(self._may_touch(pe, wq)).tolist():
                 effects[i] = self._effect(pe, int(wq.opcode[i]), int(peer[i]), int(wq.nbytes[i]),
                                           int(wq.offset[i]), int(wq.local[i]), int(wq.sig_offset[i]),
-                                          int(wq.value[i]), int(wq.compare[i]))
+                                          int(wq.value[i]), int(wq.compare[i]), payloads.get(i))
             self.w_effect += effects
 
     def _may_touch(self, pe: int, wq) -> np.ndarray:
@@ -176,17 +177,20 @@ class Sim(Collectives):
                 out[np.flatnonzero(sel)[hi > lo]] = True
         return out
 
-    def _effect(self, pe, op, peer, nbytes, off, local, sig, value, compare):
-        """What a WQE does to watched memory when it lands, or None."""
+    def _effect(self, pe, op, peer, nbytes, off, local, sig, value, compare, data):
+        """What a WQE does to watched memory when it lands, in order, or None (``data``: its payload's bytes
+        when they were recorded, a small payload)."""
         effects = []
-        if op in _WRITES or (op == Opcode.READ and local >= 0):
+        if op in _WRITES or op == Opcode.READ:
             where, start = (pe, local) if op == Opcode.READ else (peer, off)
-            w = self.watched.get(where)
-            if w and start >= 0:  # (a reduce WRITE adds floats: an unknown value too)
+            if data is not None and op in _WRITES and start >= 0:
+                effects.append(("bytes", where, start, data))
+            elif start >= 0 and self.watched.get(where):  # (a reduce WRITE adds floats: an unknown value too)
+                w = self.watched[where]
                 i = bisect.bisect_left(w, start - 7)
                 if i < len(w) and w[i] < start + nbytes:
                     effects.append(("cover", where, start, start + nbytes))
-        if op == Opcode.WRITE_WITH_NOTIFY and sig >= 0:
+        if op == Opcode.WRITE_WITH_NOTIFY and sig >= 0:  # the signal after the payload
             effects.append(("set", peer, sig, 8, value))
         elif op == Opcode.FAA and off >= 0:
             effects.append(("add", peer, off, nbytes or 8, value))
@@ -402,14 +406,19 @@ class Sim(Collectives):
         return True
 
     def _op_mte(self, th: Thread, op) -> bool:
-        _, pe, offset, nbytes, put = op
-        if pe == th.pe:
-            return True  # a local copy: not modelled (annotate it with compute when it matters)
-        src, dst = (th.pe, pe) if put else (pe, th.pe)
+        pe, offset, nbytes, put = op[1:5]
+        data = op[5] if len(op) > 5 else None
         w = self.watched.get(pe if put else th.pe)
         effect = None
         if put and w:
-            effect = [("cover", pe, offset, offset + nbytes)]
+            effect = [("bytes", pe, offset, data) if data is not None else ("cover", pe, offset, offset + nbytes)]
+        if pe == th.pe:  # a local copy: free (annotate it with compute when it matters), visible at once
+            if effect:
+                gid = self._new_record(W_MTE, th.pe, th.pe, pe, nbytes, effect)
+                self.w_poster[gid] = th
+                self._deliver(gid, th.clock)
+            return True
+        src, dst = (th.pe, pe) if put else (pe, th.pe)
         gid = self._new_record(W_MTE, th.pe, src, dst, nbytes, effect)
         self.w_poster[gid] = th
         th.clock += self.topo.post_us
@@ -593,6 +602,8 @@ class Sim(Collectives):
                 keys = [mem.add(pe, effect[2], effect[3], effect[4], t)]
             elif kind == "cas":
                 keys = [mem.cas(pe, effect[2], effect[3], effect[4], effect[5], t)]
+            elif kind == "bytes":
+                keys = mem.store(pe, effect[2], effect[3], t)
             else:
                 keys = mem.cover(pe, effect[2], effect[3], self.watched.get(pe, []), t)
             self.wake_words(pe, keys, t, gid)
