@@ -416,6 +416,8 @@ class Sim(Collectives):
             if effect:
                 gid = self._new_record(W_MTE, th.pe, th.pe, pe, nbytes, effect)
                 self.w_poster[gid] = th
+                for name in ("w_ready", "w_s", "w_T", "w_x", "w_arr", "w_done", "w_ack"):
+                    getattr(self, name)[gid] = th.clock
                 self._deliver(gid, th.clock)
             return True
         src, dst = (th.pe, pe) if put else (pe, th.pe)
