@@ -13,12 +13,11 @@ import threading
 
 import numpy as np
 
-from ..errors import InternalError
 from .describe import VaNames
 from .engine import Engine
 from .queues import QueuePair
 from .registry import LocalRegistry
-from .segment import DEFAULT_DEPTH, UdmaSegment, make_identity
+from .segment import DEFAULT_DEPTH, HW_STATE, UdmaSegment, make_identity
 
 __all__ = ["DataPlane", "create", "start", "stop"]
 
@@ -48,8 +47,6 @@ class DataPlane:
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
         self.engine = None
-        self.errors: set[int] = set()  # queue indices whose failure nobody has reported yet
-        self.dead = None  # (exception, traceback text) if the engine thread died
         self._threads: dict[int, threading.Thread] = {}
         me = rt.ctl.pes[rt.my_pe]
         me["eid"] = (self.identity["eid_lo"], self.identity["eid_hi"])
@@ -65,12 +62,13 @@ class DataPlane:
                                "heap_token": int(e["heap_token"])})
         self.seg.fill_tables(rt.my_pe, self.peers, rt.heap.size)
         self.registry = LocalRegistry(rt.my_pe, rt.heap, self.seg, int(self.seg.header["amo_tid"]))
+        self.engine = Engine(self)
+        self.registry.sink = self.engine.native.set_locals  # the engine resolves local VAs through the registrations
         for peer in range(rt.n_pes):
             if peer != rt.my_pe:
                 for qp in range(self.qp_num):
                     q = QueuePair(self, peer, qp)
                     self.qps[q.index] = q
-        self.engine = Engine(self)
         if rt.tracer is not None:
             for q in self.qps.values():
                 q.trace = rt.tracer.queue(q.index)
@@ -79,8 +77,7 @@ class DataPlane:
 
     def stop(self) -> None:
         if self.engine is not None:
-            self.engine.stop()
-            self.engine = None
+            self.engine.stop()  # kept: a failure found afterwards is described through it
 
     # --- lookups -------------------------------------------------------------------------------------------
 
@@ -111,19 +108,12 @@ class DataPlane:
             if q.n_posted and (not mine_only or q.owner == me):
                 q.publish()
 
-    def raise_dead(self) -> None:
-        exc, text = self.dead
-        raise InternalError(f"pe {self.my_pe}: the DMA engine thread died ({type(exc).__name__}: {exc}); "
-                            f"this is a shmemx bug:\n{text}")
-
     def check_errors(self) -> None:
-        """Raise a failure nobody has quieted yet (called by barriers and finalize)."""
-        if self.dead is not None:
-            self.raise_dead()
-        for index in sorted(self.errors):
-            qp = self.qps[index]
-            self.errors.discard(index)
-            if qp.error is not None:
+        """Raise a failure nobody has quieted yet (called by barriers and finalize): a queue whose engine record
+        says it is in error."""
+        for index in np.flatnonzero(self.seg.hw32[:, HW_STATE]).tolist():
+            qp = self.qps.get(index)
+            if qp is not None and qp.error is not None:
                 qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
 
 

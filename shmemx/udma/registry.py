@@ -7,6 +7,7 @@ the engine resolves back to the array, and a tokenId. Posting threads register; 
 
 from __future__ import annotations
 
+import array
 import bisect
 import threading
 
@@ -55,6 +56,7 @@ class LocalRegistry:
         self._lock = threading.Lock()
         self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
         self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
+        self.sink = None  # the engine's set_locals(vas, lengths, addresses): told of every change
 
     def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
               addr: int | None = None) -> tuple[int, Registration | None]:
@@ -122,6 +124,10 @@ class LocalRegistry:
     def _publish(self) -> None:
         regs = sorted(self._by_address.values(), key=lambda r: r.va)
         self.snapshot = ([r.va for r in regs], regs)
+        if self.sink is not None:
+            self.sink(array.array("Q", [r.va for r in regs]).tobytes(),
+                      array.array("Q", [r.nbytes for r in regs]).tobytes(),
+                      array.array("Q", [r.address for r in regs]).tobytes())
 
     def resolve(self, va: int, length: int) -> tuple[np.ndarray, int] | None:
         """(uint8 buffer, offset) of local ``[va, va+length)``, or None when it is not registered memory."""
