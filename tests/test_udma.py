@@ -1570,3 +1570,67 @@ def _quiet_deadline():
 
 def test_quiet_has_a_deadline_naming_the_queue(run_ok):
     run_ok(2, _quiet_deadline)
+
+
+# --- the native posting path writes what the Python path writes ---------------------------------------------------
+
+
+def _both_posting_paths():
+    """Every plain put/get the native path posts (``_post.c``: heap and registered local buffers, both QPs, a
+    CQE-less config) writes the same 64 bytes and sidecar word as ``QueuePair.post_rw`` does for the same call,
+    and executes the same way."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    udma = runtime().udma
+    assert udma.poster is not None, "a plain run must have the native posting path"
+    dst = shmemx.zeros((8, 16), np.int32, name="dst")
+    heap_src = shmemx.array(_stamp(me, nxt, np.arange(16)).astype(np.int32), name="heap_src")
+    local = _stamp(me, nxt, np.arange(8 * 16)).astype(np.int32).reshape(8, 16)
+    back = np.zeros((2, 16), np.int32)
+    calls = [(shmemx.aclshmemx_udma_put_nbi, (dst[0], heap_src, 16, nxt), {}),
+             (shmemx.aclshmemx_udma_put_nbi, (dst[1], local[1], 16, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_put_nbi, (dst[2, 4:], local[2], 12, nxt, 1), {}),
+             (shmemx.aclshmemx_udma_put_nbi, (dst[3], local[3], 16, nxt),
+              {"config": shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE}),
+             (shmemx.aclshmemx_udma_get_nbi, (back[0], dst[4], 16, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_get_nbi, (back[1], dst[5], 16, nxt, 1), {})]
+    for call, args, kwargs in calls:  # claim each queue and register the local arrays (kept: no quiet yet)
+        call(*args, **kwargs)
+    udma.engine.pause()
+    rings, taken = [], []
+
+    class Counting:  # the native path, noting whether it took each call
+        def rw(self, *args):
+            pos = saved.rw(*args)
+            taken.append(pos >= 0)
+            return pos
+
+    for native in (True, False):
+        saved = udma.poster
+        udma.poster = Counting() if native else None
+        heads = [udma.qp(nxt, qp).head for qp in (0, 1)]
+        for call, args, kwargs in calls:
+            call(*args, **kwargs)
+        udma.poster = saved
+        rings.append([(bytes(udma.qp(nxt, qp).sq[h % udma.qp(nxt, qp).depth]),
+                       int(udma.qp(nxt, qp).sidecar[h % udma.qp(nxt, qp).depth]))
+                      for qp, h in ((0, heads[0]), (0, heads[0] + 1), (1, heads[1]), (0, heads[0] + 2),
+                                    (0, heads[0] + 3), (1, heads[1] + 1))])
+    assert taken == [True] * len(calls), f"the native path declined plain calls: {taken}"
+    assert rings[0] == rings[1], "the native and the Python posting paths wrote different WQEs"
+    udma.engine.resume()
+    for qp in (0, 1):
+        shmemx.aclshmemx_udma_qp_quiet(nxt, qp)
+    shmemx.aclshmem_barrier_all()
+    prev = (me - 1) % n
+    np.testing.assert_array_equal(dst[0], _stamp(prev, me, np.arange(16)).astype(np.int32))
+    np.testing.assert_array_equal(dst[1], _stamp(prev, me, np.arange(16, 32)).astype(np.int32))
+    np.testing.assert_array_equal(dst[2, 4:], _stamp(prev, me, np.arange(32, 44)).astype(np.int32))
+    np.testing.assert_array_equal(dst[3], _stamp(prev, me, np.arange(48, 64)).astype(np.int32))
+    shmemx.finalize()
+
+
+def test_native_and_python_posting_paths_write_identical_wqes(run_ok):
+    run_ok(2, _both_posting_paths)

@@ -102,8 +102,16 @@ def _pin(qp) -> tuple[int, int]:
 
 
 def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, config, batch, buf) -> None:
-    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``."""
+    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``.
+
+    The plain case (no batch, an OpConfig, arguments the checks accept at a glance, the calling block already the
+    queue's submitter, room in the ring) is posted by the native path (``_post.c``) in a few hundred ns; every
+    other case, and every call while a recorder is on, takes the checked path below."""
     rt = runtime()
+    poster = rt.udma.poster
+    if (poster is not None and batch is None and type(config) is OpConfig
+            and poster.rw(remote_arr, local_arr, nelems, pe, qp_idx, opcode, config.flag, api) >= 0):
+        return
     qp, off, nbytes, local_va, reg = _transfer(rt, api, opcode, remote_arr, local_arr, nelems, pe, qp_idx)
     if batch is not None:
         if not isinstance(batch, _BatchCall):

@@ -101,6 +101,7 @@ class Heap:
         self.allocations: dict[int, tuple[int, str]] = {}  # offset -> (size, name)
         self._alloc_starts: list[int] = []  # sorted keys of allocations
         self._last_hit = (0, 0)  # [start, end) of the allocation ``allocated`` found last
+        self.on_change = None  # called with the heap after every commit and release (the native posting path)
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
@@ -225,6 +226,8 @@ class Heap:
                 self._free[i:i + 1] = pieces
                 self.allocations[offset] = (size, name)
                 bisect.insort(self._alloc_starts, offset)
+                if self.on_change is not None:
+                    self.on_change(self)
                 return
         raise HeapExhaustedError(f"pe {self.my_pe}: internal: no hole holds {offset:#x}+{size:#x}")
 
@@ -232,6 +235,8 @@ class Heap:
         size, _ = self.allocations.pop(offset)
         self._alloc_starts.remove(offset)
         self._last_hit = (0, 0)
+        if self.on_change is not None:
+            self.on_change(self)
         if size == 0:
             return
         bisect.insort(self._free, (offset, size))

@@ -8,16 +8,19 @@ pairs and starts the engine; ``stop`` stops the engine. The runtime calls these;
 
 from __future__ import annotations
 
+import array
 import os
 import threading
 
 import numpy as np
 
+from . import _engine
 from .describe import VaNames
 from .engine import Engine
 from .queues import QueuePair
 from .registry import LocalRegistry
-from .segment import DEFAULT_DEPTH, HW_STATE, UdmaSegment, make_identity
+from .layout import DW0
+from .segment import CREDIT_GUARD, DEFAULT_DEPTH, HW_STATE, WQ_CQE_CNT, WQ_HEAD, UdmaSegment, make_identity
 
 __all__ = ["DataPlane", "create", "start", "stop"]
 
@@ -43,6 +46,9 @@ class DataPlane:
         self.va_names = VaNames(rt.n_pes, rt.ctl.describe_offset, self.seg.layout())
         self.hw64 = self.seg.hw32.view(np.uint64)
         self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
+        self.qstate = np.zeros((self.seg.n_slots, _engine.ST_WORDS), np.int64)  # posting state (QueuePair, _post.c)
+        self.qwords = memoryview(self.qstate).cast("B").cast("q")
+        self.poster = None  # the native posting path (_post.c) while no recorder needs per-event calls
         self.qps: dict[int, QueuePair] = {}
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
@@ -73,7 +79,49 @@ class DataPlane:
             for q in self.qps.values():
                 q.trace = rt.tracer.queue(q.index)
             self.engine.trace = rt.tracer.engine
+        self.refresh_fast_paths()
         self.engine.start()
+
+    def refresh_fast_paths(self) -> None:
+        """Use the native posting path unless a recorder that needs a call per event is on (``rt.tracer``, and
+        ``rt.recorder`` / ``rt.checker`` / ``rt.chaos`` when those exist): observed runs post through
+        ``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell`` and wait through ``shm.waits`` so that the hooks
+        see every event. Call it again after switching a recorder on or off."""
+        rt = self.rt
+        observed = any(getattr(rt, name, None) is not None for name in ("tracer", "recorder", "checker", "chaos"))
+        self.poster = None if observed else self._make_poster()
+        if self.poster is None:
+            self.registry.seen = None
+            self.rt.heap.on_change = None
+
+    def _make_poster(self):
+        """The native posting path, or None when its reading of numpy arrays does not match this numpy."""
+        rt = self.rt
+        seg = self.seg
+        n = seg.n_slots
+        rmi = seg.remote_mem_info
+        eid = np.array(rmi["eid"], np.uint64).reshape(n, 2)
+        config = dict(
+            wq_off=seg.wq32.ctypes.data - seg.segment.addr, sidecar_off=seg.sidecar_offset,
+            heap_va=self.registry.heap_va, state_addr=self.qstate.ctypes.data, credit_guard=CREDIT_GUARD,
+            dw0_base=DW0[0], wq_head=WQ_HEAD, wq_cqe_cnt=WQ_CQE_CNT,
+            tpn=[int(x) for x in rmi["tpn"]], tid=[int(x) for x in rmi["tid"]],
+            token=[int(x) for x in rmi["rmt_token_value"]], eid_lo=[int(x) for x in eid[:, 0]],
+            eid_hi=[int(x) for x in eid[:, 1]])
+        poster = _engine.Poster(self.engine.native, np.ndarray, self.registry, self.qstate, config)
+        if not _reads_arrays(poster):
+            return None
+        heap = rt.heap
+
+        def allocations(heap) -> None:
+            starts = heap._alloc_starts
+            poster.set_allocations(array.array("q", starts).tobytes(),
+                                   array.array("q", [s + heap.allocations[s][0] for s in starts]).tobytes())
+
+        heap.on_change = allocations
+        allocations(heap)
+        self.registry.seen = poster.seen
+        return poster
 
     def stop(self) -> None:
         if self.engine is not None:
@@ -115,6 +163,16 @@ class DataPlane:
             qp = self.qps.get(index)
             if qp is not None and qp.error is not None:
                 qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
+
+
+def _reads_arrays(poster) -> bool:
+    """Whether the native posting path reads numpy arrays as numpy does (data, shape, contiguity, dtype)."""
+    base = np.arange(48, dtype=np.int64).reshape(6, 8)
+    for arr in (base, base[2], base[1:, 3:], base[:, 1], np.zeros(0, np.uint8), np.frombuffer(bytes(64), np.uint16)):
+        if poster.probe(arr) != (arr.__array_interface__["data"][0], arr.ndim, arr.shape,
+                                 bool(arr.flags.c_contiguous), id(arr.dtype)):
+            return False
+    return True
 
 
 def create(rt) -> None:

@@ -35,6 +35,8 @@ from ..shm.waits import CMP_MASKED, WORD_KINDS, Wait, block_on_word, thread_slot
 from .describe import format_cqe, format_wqe
 from .layout import (DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
                      decode_cqe, decode_wqe, pack_wqe, tp_word, wqe_length)
+from ._engine import (ST_B_POSTED, ST_CQ_TAIL, ST_CQE_CNT, ST_HEAD, ST_N_POSTED, ST_OWNER, ST_OWNER_BLOCK, ST_TAIL,
+                      ST_WORDS)
 from .rings import Api, decode_sidecar, read_wqe, scan_wqes, sidecar_word
 from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_STATUS,
                       HW_ERR_SUBSTATUS, HW_ERR_WHERE, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
@@ -42,6 +44,18 @@ from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_A
 __all__ = ["QueuePair"]
 
 _now = time.perf_counter_ns
+
+
+def _state_word(k: int, doc: str) -> property:
+    """A QueuePair attribute that is word ``k`` of its record in the plane's posting state block."""
+
+    def get(self) -> int:
+        return self._s[self._o + k]
+
+    def set(self, value: int) -> None:
+        self._s[self._o + k] = value
+
+    return property(get, set, doc=doc)
 
 
 class QueuePair:
@@ -86,17 +100,34 @@ class QueuePair:
         self.amo_va = int(seg.wq_ctx[i]["amo_addr"])
         self.amo = seg.amo[i]  # [8] uint64 fetch scratch
         self._dw2 = tp_word(self.tpn)
-        # posting side (kernel threads)
-        self.head = self.tail = self.cqe_cnt = self.cq_tail = 0
-        self.owner: int | None = None
+        # posting side (kernel threads): head, tail, cqe_cnt, cq_tail, submitter, and the WQEs and bytes posted since
+        # the owner last published them (observe.counters), in the plane's private state block, which the native
+        # posting path (_post.c) reads and writes too
+        self._s = udma.qwords
+        self._o = i * ST_WORDS
         self.owner_block = -1
-        # inspection: WQEs and bytes posted since the owner last published them (observe.counters), and the trace list
-        self.n_posted = self.b_posted = 0
         self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
         self._kick = udma.engine.kick  # wakes the engine after a doorbell store
 
     def __repr__(self) -> str:
         return f"QueuePair(pe {self.my_pe} -> pe {self.peer} qp {self.qp_idx})"
+
+    head = _state_word(ST_HEAD, "the posted head (monotonic BB counter)")
+    tail = _state_word(ST_TAIL, "the retired tail (from the last consumed CQE's entry_idx)")
+    cqe_cnt = _state_word(ST_CQE_CNT, "CQEs asked for so far")
+    cq_tail = _state_word(ST_CQ_TAIL, "CQEs consumed so far")
+    owner_block = _state_word(ST_OWNER_BLOCK, "the submitter's AIV block (-1: none)")
+    n_posted = _state_word(ST_N_POSTED, "WQEs posted since the last publish")
+    b_posted = _state_word(ST_B_POSTED, "bytes posted since the last publish")
+
+    @property
+    def owner(self) -> int | None:
+        """The submitting thread's ident, or None."""
+        return self._s[self._o + ST_OWNER] or None
+
+    @owner.setter
+    def owner(self, ident: int | None) -> None:
+        self._s[self._o + ST_OWNER] = ident or 0
 
     @property
     def name(self) -> str:

@@ -23,7 +23,7 @@ __all__ = ["LocalRegistry", "Registration"]
 class Registration:
     """Local memory registered as an URMA segment: ``[va, va + nbytes)`` maps to ``data`` (uint8)."""
 
-    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable")
+    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable", "live")
 
     def __init__(self, va: int, data: np.ndarray, tid: int, address: int):
         self.va = va
@@ -33,6 +33,7 @@ class Registration:
         self.address = address
         self.writable = bool(data.flags.writeable)
         self.uses: dict[int, int] = {}  # queue index -> BB position after its last WQE that used this
+        self.live = True  # False once collected (the native posting path checks it)
 
 
 class LocalRegistry:
@@ -57,6 +58,7 @@ class LocalRegistry:
         self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
         self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
         self.sink = None  # the engine's set_locals(vas, lengths, addresses): told of every change
+        self.seen = None  # the native posting path's Poster.seen(reg): told of every registration va_of returns
 
     def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
               addr: int | None = None) -> tuple[int, Registration | None]:
@@ -77,6 +79,8 @@ class LocalRegistry:
                 if last is self._last:  # not collected meanwhile
                     if pin is not None:
                         last.uses[pin[0]] = pin[1]
+                    if self.seen is not None:
+                        self.seen(last)
                     return last.va + (addr - last.address), last
         off = addr - self.heap.base_addr
         if 0 <= off and self.heap.allocated(off, arr.nbytes):
@@ -108,6 +112,8 @@ class LocalRegistry:
             if pin is not None:
                 reg.uses[pin[0]] = pin[1]
             self._last = reg
+            if self.seen is not None:
+                self.seen(reg)
         return reg.va + (addr - root_addr), reg
 
     def _register(self, root: np.ndarray, root_addr: int) -> Registration:
@@ -153,7 +159,9 @@ class LocalRegistry:
                     if all(((retired.get(q, 0) - pos) & 0xFFFF_FFFF) < 0x8000_0000 for q, pos in reg.uses.items())]
             if dead:
                 for key in dead:
-                    if self._by_address.pop(key) is self._last:
+                    reg = self._by_address.pop(key)
+                    reg.live = False
+                    if reg is self._last:
                         self._last = None
                 self._publish()
 

@@ -1,0 +1,388 @@
+/* The native posting path: one WRITE or READ from a put/get call, checked and posted without Python code.
+ *
+ * ``Poster.rw(remote, local, nelems, pe, qp_idx, opcode, flag, api)`` does what api/rma.py's checked path and
+ * QueuePair.post_rw do for the plain case, and only for it: exact ndarrays, C-contiguous, of one dtype, a count
+ * in range, a remote view inside a live allocation of this PE's own heap copy, a local view that is this PE's
+ * heap or lies in a live registration the Python path used lately, the calling thread already the queue's
+ * submitter, room in the ring. Then it writes the same 64 bytes QueuePair.post_rw writes (a test pins them
+ * equal), the sidecar word, head, cqe_cnt and the doorbell (last), kicks the engine, counts the WQE and records
+ * the registration's use. Any other case returns -1 before touching anything, and the caller takes the Python
+ * path, which raises the errors and handles claims, credit waits and registrations.
+ *
+ * Concurrency: everything here runs holding the interpreter lock (like the Python path it replaces), so no other
+ * posting thread of this PE runs meanwhile; the registry's lock is only checked (if a collect holds it, the
+ * Python path waits for it). The queue's posting state lives in a private int64 block (QueuePair reads and
+ * writes the same words): head, tail, cqe_cnt, cq_tail, owner thread, owner block, WQEs and bytes posted.
+ *
+ * numpy arrays are read through the stable prefix of numpy's PyArrayObject (data, nd, dimensions, strides,
+ * base, descr, flags), checked against numpy's own answers when the Poster is made (``probe``).
+ */
+#include "_engine.h"
+
+enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_WORDS };
+#define NPY_C_CONTIGUOUS 0x0001
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} NpArray;
+
+#define N_REGS 8
+typedef struct {
+    PyObject *reg, *uses;
+    uint64_t addr, len, va;
+    int writable;
+} Reg;
+
+typedef struct {
+    PyObject_HEAD
+    Engine *engine;
+    PyObject *ndarray;                /* numpy.ndarray */
+    PyObject *state_obj;              /* keeps the state block alive */
+    int64_t *st;                      /* [n_slots][ST_WORDS] */
+    uint32_t *tpn, *tid, *token;      /* per queue: what QueuePair.post_rw packs */
+    uint64_t *eid_lo, *eid_hi;
+    PyObject **qidx;                  /* per queue: its index as an int (the key of a registration's uses) */
+    uint64_t heap_va;                 /* this PE's heap VA */
+    int64_t *alloc_lo, *alloc_hi;     /* this PE's live allocations, sorted */
+    Py_ssize_t n_alloc;
+    PyObject *reg_lock;               /* the registry's lock */
+    Reg regs[N_REGS];
+    int n_regs, next_reg;
+    PyObject *descr[8];
+    Py_ssize_t itemsize[8];
+    uint64_t wq_off, sidecar_off;
+    uint32_t credit_guard, dw0_base;
+    int wq_head, wq_cqe_cnt;
+} Poster;
+
+static PyObject *s_last, *s_locked, *s_address, *s_nbytes, *s_va, *s_writable, *s_uses, *s_itemsize, *s_live;
+
+static Py_ssize_t itemsize_of(Poster *p, PyObject *descr) {
+    for (int k = 0; k < 8; k++)
+        if (p->descr[k] == descr) return p->itemsize[k];
+    PyObject *v = PyObject_GetAttr(descr, s_itemsize);
+    if (!v) { PyErr_Clear(); return -1; }
+    Py_ssize_t size = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (size <= 0) { PyErr_Clear(); return -1; }
+    for (int k = 0; k < 8; k++)
+        if (!p->descr[k]) {
+            Py_INCREF(descr);
+            p->descr[k] = descr;
+            p->itemsize[k] = size;
+            break;
+        }
+    return size;
+}
+
+static inline Py_ssize_t size_of(const NpArray *a) {
+    Py_ssize_t n = 1;
+    for (int k = 0; k < a->nd; k++) n *= a->dimensions[k];
+    return n;
+}
+
+static inline int allocated(const Poster *p, int64_t off, int64_t nbytes) {
+    Py_ssize_t lo = 0, hi = p->n_alloc;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (p->alloc_lo[mid] <= off) lo = mid + 1; else hi = mid;
+    }
+    return lo > 0 && off + nbytes <= p->alloc_hi[lo - 1];
+}
+
+/* Registrations the Python path used lately (LocalRegistry.seen), each valid while its ``live`` flag is set
+ * (a collection clears it). */
+static void forget(Poster *p) {
+    for (int k = 0; k < N_REGS; k++) {
+        Py_CLEAR(p->regs[k].reg);
+        Py_CLEAR(p->regs[k].uses);
+    }
+    p->n_regs = 0;
+}
+
+static int remember(Poster *p, PyObject *reg) {
+    PyObject *a = PyObject_GetAttr(reg, s_address), *n = PyObject_GetAttr(reg, s_nbytes),
+             *v = PyObject_GetAttr(reg, s_va), *w = PyObject_GetAttr(reg, s_writable), *u = PyObject_GetAttr(reg, s_uses);
+    int ok = a && n && v && w && u && PyDict_CheckExact(u);
+    Reg r = {0};
+    if (ok) {
+        r.addr = PyLong_AsUnsignedLongLongMask(a);
+        r.len = PyLong_AsUnsignedLongLongMask(n);
+        r.va = PyLong_AsUnsignedLongLongMask(v);
+        r.writable = PyObject_IsTrue(w);
+        ok = !PyErr_Occurred();
+    }
+    Py_XDECREF(a); Py_XDECREF(n); Py_XDECREF(v); Py_XDECREF(w);
+    if (!ok) { Py_XDECREF(u); if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "seen: not a Registration"); return -1; }
+    int k = p->n_regs < N_REGS ? p->n_regs++ : (p->next_reg++ % N_REGS);
+    Py_XDECREF(p->regs[k].reg);
+    Py_XDECREF(p->regs[k].uses);
+    Py_INCREF(reg);
+    r.reg = reg;
+    r.uses = u;
+    p->regs[k] = r;
+    return k;
+}
+
+/* The live registration holding local [addr, addr + nbytes), or NULL (the Python path registers). */
+static Reg *registration(Poster *p, uint64_t addr, uint64_t nbytes) {
+    int found = -1;
+    for (int k = 0; k < p->n_regs && found < 0; k++)
+        if (addr >= p->regs[k].addr && nbytes <= p->regs[k].len && addr - p->regs[k].addr <= p->regs[k].len - nbytes)
+            found = k;
+    if (found < 0) return NULL;
+    Reg *r = &p->regs[found];
+    PyObject *live = PyObject_GetAttr(r->reg, s_live); /* collected meanwhile: forget it */
+    if (!live) { PyErr_Clear(); return NULL; }
+    int ok = live == Py_True;
+    Py_DECREF(live);
+    if (!ok) {
+        Py_CLEAR(r->reg);
+        Py_CLEAR(r->uses);
+        r->len = 0;
+        return NULL;
+    }
+    PyObject *locked = PyObject_CallMethodNoArgs(p->reg_lock, s_locked); /* a collect in progress: Python waits */
+    if (!locked) { PyErr_Clear(); return NULL; }
+    int busy = locked == Py_True;
+    Py_DECREF(locked);
+    return busy ? NULL : r;
+}
+
+/* seen(registration): the Python path used it; remember it. */
+static PyObject *Poster_seen(Poster *p, PyObject *reg) {
+    for (int k = 0; k < p->n_regs; k++)
+        if (p->regs[k].reg == reg) Py_RETURN_NONE;
+    if (remember(p, reg) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api) -> BB position, or -1: take the Python path. */
+static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "rw takes 8 arguments"); return NULL; }
+    Engine *e = p->engine;
+    PyObject *ro = args[0], *lo = args[1];
+    if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(args[2])
+        || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
+        return PyLong_FromLong(-1);
+    NpArray *r = (NpArray *)ro, *l = (NpArray *)lo;
+    long long nelems = PyLong_AsLongLong(args[2]);
+    long pe = PyLong_AsLong(args[3]), qp_idx = PyLong_AsLong(args[4]);
+    long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num)
+        return PyLong_FromLong(-1);
+    if (r->descr != l->descr || !(r->flags & NPY_C_CONTIGUOUS) || !(l->flags & NPY_C_CONTIGUOUS)
+        || nelems <= 0 || nelems > size_of(r) || nelems > size_of(l))
+        return PyLong_FromLong(-1);
+    Py_ssize_t item = itemsize_of(p, r->descr);
+    if (item <= 0) return PyLong_FromLong(-1);
+    uint64_t nbytes = (uint64_t)nelems * (uint64_t)item;
+    if (nbytes > e->L.max_msg) return PyLong_FromLong(-1);
+    uint8_t *my_heap = e->heap[e->my_pe];
+    int64_t roff = (int64_t)((uint8_t *)r->data - my_heap);
+    if (roff < 0 || (uint64_t)roff >= e->heap_size || !allocated(p, roff, (int64_t)nbytes))
+        return PyLong_FromLong(-1);
+    int writable = opcode == e->L.op_read;
+    uint64_t local_va;
+    int use_reg = 0;
+    Reg *reg = NULL;
+    int64_t loff = (int64_t)((uint8_t *)l->data - my_heap);
+    if (loff >= 0 && (uint64_t)loff < e->heap_size && allocated(p, loff, (int64_t)nbytes)) {
+        local_va = p->heap_va + (uint64_t)loff;
+    } else {
+        uint64_t addr = (uint64_t)(uintptr_t)l->data;
+        reg = registration(p, addr, nbytes);
+        if (!reg || (writable && !reg->writable)) return PyLong_FromLong(-1);
+        local_va = reg->va + (addr - reg->addr);
+        use_reg = 1;
+    }
+    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    if (st[ST_OWNER] != (int64_t)PyThread_get_thread_ident()) return PyLong_FromLong(-1);
+    uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
+    if (((head + 1 - (uint32_t)st[ST_TAIL]) & 0xFFFFFFFFu) + p->credit_guard >= e->sq_depth) return PyLong_FromLong(-1);
+    PyObject *pos_obj = PyLong_FromUnsignedLong(head);
+    PyObject *use = use_reg ? PyLong_FromUnsignedLong(head + 1) : NULL;
+    if (!pos_obj || (use_reg && !use)) { Py_XDECREF(pos_obj); Py_XDECREF(use); return NULL; }
+    if (use_reg && PyDict_SetItem(reg->uses, p->qidx[q], use) < 0) { Py_DECREF(pos_obj); Py_DECREF(use); return NULL; }
+    Py_XDECREF(use);
+    const Layout *L = &e->L;
+    uint32_t slot = head & mask;
+    uint32_t w[16] = {0};
+    w[L->w_dw0] = p->dw0_base | ((uint32_t)flag & 0xFF) << 16;
+    w[L->w_dw1] = ((uint32_t)opcode & 0xFF) << 8;
+    w[L->w_tp] = (p->tpn[q] & 0xFFFFFF) | 1u << 24;
+    w[L->w_seg] = p->tid[q];
+    memcpy(w + 2 * L->q_eid_lo, &p->eid_lo[q], 8);
+    memcpy(w + 2 * L->q_eid_hi, &p->eid_hi[q], 8);
+    w[L->w_token] = p->token[q];
+    uint64_t rva = e->heap_va_base + (uint64_t)pe * e->heap_va_stride + (uint64_t)roff;
+    memcpy(w + 2 * L->q_rmt_va, &rva, 8);
+    w[L->w_sge_len] = (uint32_t)nbytes;
+    memcpy(w + 2 * L->q_sge_va, &local_va, 8);
+    memcpy(sq_of(e, q) + 64 * (uint64_t)slot, w, 64);
+    uint32_t *sidecar = (uint32_t *)(e->seg + p->sidecar_off) + (uint64_t)q * e->sq_depth;
+    sidecar[slot] = (uint32_t)api | (uint32_t)st[ST_OWNER_BLOCK] << 8;
+    uint32_t *wq = (uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q);
+    uint32_t next = head + 1;
+    st[ST_HEAD] = next;
+    wq[p->wq_head] = next;
+    if (flag & L->cqe_flag) {
+        st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + 1);
+        wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
+    }
+    st32(hw_of(e, q) + L->hw_sq_db, next); /* the doorbell, last */
+    kick(e);
+    st[ST_N_POSTED] += 1;
+    st[ST_B_POSTED] += (int64_t)nbytes;
+    return pos_obj;
+}
+
+/* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
+static PyObject *Poster_set_allocations(Poster *p, PyObject *args) {
+    Py_buffer lo, hi;
+    if (!PyArg_ParseTuple(args, "y*y*", &lo, &hi)) return NULL;
+    Py_ssize_t n = lo.len / 8;
+    int64_t *a = n ? PyMem_Malloc(n * 8) : NULL, *b = n ? PyMem_Malloc(n * 8) : NULL;
+    if (hi.len != lo.len || (n && (!a || !b))) {
+        PyMem_Free(a); PyMem_Free(b);
+        PyBuffer_Release(&lo); PyBuffer_Release(&hi);
+        return hi.len != lo.len ? (PyErr_SetString(PyExc_ValueError, "set_allocations: lengths differ"), NULL)
+                                : PyErr_NoMemory();
+    }
+    if (n) { memcpy(a, lo.buf, n * 8); memcpy(b, hi.buf, n * 8); }
+    PyMem_Free(p->alloc_lo); PyMem_Free(p->alloc_hi);
+    p->alloc_lo = a; p->alloc_hi = b; p->n_alloc = n;
+    PyBuffer_Release(&lo); PyBuffer_Release(&hi);
+    Py_RETURN_NONE;
+}
+
+/* probe(arr) -> (data address, nd, shape, C-contiguous, id(descr)): what this file reads of an ndarray. */
+static PyObject *Poster_probe(Poster *p, PyObject *arr) {
+    if ((PyObject *)Py_TYPE(arr) != p->ndarray) { PyErr_SetString(PyExc_TypeError, "probe: not an ndarray"); return NULL; }
+    NpArray *a = (NpArray *)arr;
+    if (a->nd < 0 || a->nd > 32) { PyErr_SetString(PyExc_ValueError, "probe: implausible nd"); return NULL; }
+    PyObject *shape = PyTuple_New(a->nd);
+    if (!shape) return NULL;
+    for (int k = 0; k < a->nd; k++) PyTuple_SET_ITEM(shape, k, PyLong_FromSsize_t(a->dimensions[k]));
+    return Py_BuildValue("(KiNiK)", (unsigned long long)(uintptr_t)a->data, a->nd, shape,
+                         (a->flags & NPY_C_CONTIGUOUS) != 0, (unsigned long long)(uintptr_t)a->descr);
+}
+
+static int get(PyObject *d, const char *name, uint64_t *out) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v) { PyErr_Format(PyExc_KeyError, "poster config: %s missing", name); return -1; }
+    *out = PyLong_AsUnsignedLongLongMask(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_array(PyObject *d, const char *name, Py_ssize_t n, uint64_t *out) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v || !PyList_Check(v) || PyList_GET_SIZE(v) != n) {
+        PyErr_Format(PyExc_ValueError, "poster config: %s must be a list of %zd ints", name, n);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        out[k] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(v, k));
+        if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* Poster(engine, ndarray, registry, state, config): config holds the layout words this file needs (wq_head,
+ * wq_cqe_cnt, dw0_base, credit_guard), where the tables are (wq_off, sidecar_off, state_addr,
+ * heap_va) and per queue (lists of n_slots) tpn, tid, token, eid_lo, eid_hi. */
+static int Poster_init(Poster *p, PyObject *args, PyObject *kw) {
+    PyObject *engine, *ndarray, *registry, *state, *cfg;
+    if (!PyArg_ParseTuple(args, "O!OOOO!", &EngineType, &engine, &ndarray, &registry, &state, &PyDict_Type, &cfg))
+        return -1;
+    Engine *e = (Engine *)engine;
+    uint64_t v, state_addr;
+    if (get(cfg, "wq_off", &p->wq_off) || get(cfg, "sidecar_off", &p->sidecar_off) || get(cfg, "heap_va", &p->heap_va)
+        || get(cfg, "state_addr", &state_addr))
+        return -1;
+#define G(name) if (get(cfg, #name, &v)) return -1; p->name = v;
+    G(credit_guard) G(dw0_base) G(wq_head) G(wq_cqe_cnt)
+#undef G
+    Py_ssize_t n = e->n_slots;
+    uint64_t *tmp = PyMem_Calloc(n, 8);
+    p->tpn = calloc(n, 4); p->tid = calloc(n, 4); p->token = calloc(n, 4);
+    p->eid_lo = calloc(n, 8); p->eid_hi = calloc(n, 8); p->qidx = calloc(n, sizeof(PyObject *));
+    if (!tmp || !p->tpn || !p->tid || !p->token || !p->eid_lo || !p->eid_hi || !p->qidx) {
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+#define A(name, body) if (!rc && !(rc = get_array(cfg, name, n, tmp))) for (Py_ssize_t k = 0; k < n; k++) { body; }
+    A("tpn", p->tpn[k] = (uint32_t)tmp[k]) A("tid", p->tid[k] = (uint32_t)tmp[k]) A("token", p->token[k] = (uint32_t)tmp[k])
+    A("eid_lo", p->eid_lo[k] = tmp[k]) A("eid_hi", p->eid_hi[k] = tmp[k])
+#undef A
+    PyMem_Free(tmp);
+    if (rc) return -1;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (!(p->qidx[k] = PyLong_FromSsize_t(k))) return -1;
+    p->reg_lock = PyObject_GetAttrString(registry, "_lock");
+    if (!p->reg_lock) return -1;
+    Py_INCREF(engine); p->engine = e;
+    Py_INCREF(ndarray); p->ndarray = ndarray;
+    Py_INCREF(state); p->state_obj = state;
+    p->st = (int64_t *)(uintptr_t)state_addr;
+    return 0;
+}
+
+static void Poster_dealloc(Poster *p) {
+    if (p->qidx && p->engine)
+        for (uint32_t k = 0; k < p->engine->n_slots; k++) Py_XDECREF(p->qidx[k]);
+    for (int k = 0; k < 8; k++) Py_XDECREF(p->descr[k]);
+    Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
+    forget(p);
+    Py_XDECREF(p->state_obj);
+    free(p->tpn); free(p->tid); free(p->token); free(p->eid_lo); free(p->eid_hi); free(p->qidx);
+    PyMem_Free(p->alloc_lo); PyMem_Free(p->alloc_hi);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef Poster_methods[] = {
+    {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
+    {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
+    {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
+    {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PosterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmemx.udma._engine.Poster",
+    .tp_basicsize = sizeof(Poster),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native posting path of one PE's plain put/get calls.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Poster_init,
+    .tp_dealloc = (destructor)Poster_dealloc,
+    .tp_methods = Poster_methods,
+};
+
+int shmemx_post_init(PyObject *m) {
+    if (!(s_last = PyUnicode_InternFromString("_last")) || !(s_locked = PyUnicode_InternFromString("locked"))
+        || !(s_address = PyUnicode_InternFromString("address")) || !(s_nbytes = PyUnicode_InternFromString("nbytes"))
+        || !(s_va = PyUnicode_InternFromString("va")) || !(s_writable = PyUnicode_InternFromString("writable"))
+        || !(s_uses = PyUnicode_InternFromString("uses")) || !(s_itemsize = PyUnicode_InternFromString("itemsize"))
+        || !(s_live = PyUnicode_InternFromString("live")))
+        return -1;
+    if (PyType_Ready(&PosterType) < 0) return -1;
+    Py_INCREF(&PosterType);
+    if (PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0) { Py_DECREF(&PosterType); return -1; }
+    const char *names[] = {"ST_HEAD", "ST_TAIL", "ST_CQE_CNT", "ST_CQ_TAIL", "ST_OWNER", "ST_OWNER_BLOCK",
+                           "ST_N_POSTED", "ST_B_POSTED", "ST_WORDS"};
+    for (int k = 0; k <= ST_WORDS; k++) PyModule_AddIntConstant(m, names[k], k);
+    return 0;
+}
