@@ -1589,13 +1589,16 @@ def _both_posting_paths():
     heap_src = shmemx.array(_stamp(me, nxt, np.arange(16)).astype(np.int32), name="heap_src")
     local = _stamp(me, nxt, np.arange(8 * 16)).astype(np.int32).reshape(8, 16)
     back = np.zeros((2, 16), np.int32)
+    sig = shmemx.zeros(2, np.int64, name="sig")
     calls = [(shmemx.aclshmemx_udma_put_nbi, (dst[0], heap_src, 16, nxt), {}),
              (shmemx.aclshmemx_udma_put_nbi, (dst[1], local[1], 16, nxt), {}),
              (shmemx.aclshmemx_udma_qp_put_nbi, (dst[2, 4:], local[2], 12, nxt, 1), {}),
              (shmemx.aclshmemx_udma_put_nbi, (dst[3], local[3], 16, nxt),
               {"config": shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE}),
              (shmemx.aclshmemx_udma_get_nbi, (back[0], dst[4], 16, nxt), {}),
-             (shmemx.aclshmemx_udma_qp_get_nbi, (back[1], dst[5], 16, nxt, 1), {})]
+             (shmemx.aclshmemx_udma_qp_get_nbi, (back[1], dst[5], 16, nxt, 1), {}),
+             (shmemx.aclshmemx_udma_put_signal_nbi, (dst[6], local[6], 16, sig[0:1], 7, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_put_signal_nbi, (dst[7], heap_src, 16, sig[1:2], -3, nxt, 1), {})]
     for call, args, kwargs in calls:  # claim each queue and register the local arrays (kept: no quiet yet)
         call(*args, **kwargs)
     udma.engine.pause()
@@ -1607,17 +1610,21 @@ def _both_posting_paths():
             taken.append(pos >= 0)
             return pos
 
+        def notify(self, *args):
+            pos = saved.notify(*args)
+            taken.append(pos >= 0)
+            return pos
+
     for native in (True, False):
         saved = udma.poster
         udma.poster = Counting() if native else None
-        heads = [udma.qp(nxt, qp).head for qp in (0, 1)]
+        queues = [udma.qp(nxt, qp) for qp in (0, 1)]
+        heads = [q.head for q in queues]
         for call, args, kwargs in calls:
             call(*args, **kwargs)
         udma.poster = saved
-        rings.append([(bytes(udma.qp(nxt, qp).sq[h % udma.qp(nxt, qp).depth]),
-                       int(udma.qp(nxt, qp).sidecar[h % udma.qp(nxt, qp).depth]))
-                      for qp, h in ((0, heads[0]), (0, heads[0] + 1), (1, heads[1]), (0, heads[0] + 2),
-                                    (0, heads[0] + 3), (1, heads[1] + 1))])
+        slots = [np.arange(h, q.head) % q.depth for q, h in zip(queues, heads)]
+        rings.append([(q.sq[s].tobytes(), q.sidecar[s].tolist()) for q, s in zip(queues, slots)])
     assert taken == [True] * len(calls), f"the native path declined plain calls: {taken}"
     assert rings[0] == rings[1], "the native and the Python posting paths wrote different WQEs"
     udma.engine.resume()
@@ -1629,6 +1636,8 @@ def _both_posting_paths():
     np.testing.assert_array_equal(dst[1], _stamp(prev, me, np.arange(16, 32)).astype(np.int32))
     np.testing.assert_array_equal(dst[2, 4:], _stamp(prev, me, np.arange(32, 44)).astype(np.int32))
     np.testing.assert_array_equal(dst[3], _stamp(prev, me, np.arange(48, 64)).astype(np.int32))
+    np.testing.assert_array_equal(dst[6], _stamp(prev, me, np.arange(96, 112)).astype(np.int32))
+    assert sig.tolist() == [7, -3]
     shmemx.finalize()
 
 

@@ -169,6 +169,10 @@ def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id
 
 def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config) -> None:
     rt = runtime()
+    poster = rt.udma.poster
+    if (poster is not None and type(config) is OpConfig
+            and poster.notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, config.flag, api) >= 0):
+        return  # the plain case, posted natively (see _rw)
     what = _CALLS[api]
     if type(config) is not OpConfig:
         config = check_config(rt, what, config)

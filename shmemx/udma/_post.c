@@ -1,7 +1,8 @@
 /* The native posting path: one WRITE or READ from a put/get call, checked and posted without Python code.
  *
  * ``Poster.rw(remote, local, nelems, pe, qp_idx, opcode, flag, api)`` does what api/rma.py's checked path and
- * QueuePair.post_rw do for the plain case, and only for it: exact ndarrays, C-contiguous, of one dtype, a count
+ * QueuePair.post_rw do for the plain case, and only for it (``Poster.notify``, the same for a put_signal and
+ * QueuePair.post_bytes): exact ndarrays, C-contiguous, of one dtype, a count
  * in range, a remote view inside a live allocation of this PE's own heap copy, a local view that is this PE's
  * heap or lies in a live registration the Python path used lately, the calling thread already the queue's
  * submitter, room in the ring. Then it writes the same 64 bytes QueuePair.post_rw writes (a test pins them
@@ -57,6 +58,7 @@ typedef struct {
     int n_regs, next_reg;
     PyObject *descr[8];
     Py_ssize_t itemsize[8];
+    PyObject *sig_descr[2];           /* int64, uint64: the dtypes of a put_signal's signal word */
     uint64_t wq_off, sidecar_off;
     uint32_t credit_guard, dw0_base;
     int wq_head, wq_cqe_cnt;
@@ -164,59 +166,64 @@ static PyObject *Poster_seen(Poster *p, PyObject *reg) {
     Py_RETURN_NONE;
 }
 
-/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api) -> BB position, or -1: take the Python path. */
-static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "rw takes 8 arguments"); return NULL; }
+/* A checked transfer: the queue, the remote heap offset, the bytes, the local VA and its registration. */
+typedef struct {
+    uint32_t q;
+    int pe;
+    int64_t roff;
+    uint64_t nbytes, local_va;
+    Reg *reg;
+} Transfer;
+
+/* The checks of the plain case (see the top); 0 when they pass, -1 when the Python path must take the call. */
+static int transfer(Poster *p, PyObject *ro, PyObject *lo, PyObject *nel, PyObject *pe_o, PyObject *qp_o,
+                    int writable, Transfer *t) {
     Engine *e = p->engine;
-    PyObject *ro = args[0], *lo = args[1];
-    if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(args[2])
-        || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
-        return PyLong_FromLong(-1);
+    if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(nel)
+        || !PyLong_CheckExact(pe_o) || !PyLong_CheckExact(qp_o))
+        return -1;
     NpArray *r = (NpArray *)ro, *l = (NpArray *)lo;
-    long long nelems = PyLong_AsLongLong(args[2]);
-    long pe = PyLong_AsLong(args[3]), qp_idx = PyLong_AsLong(args[4]);
-    long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
-    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num)
-        return PyLong_FromLong(-1);
-    if (r->descr != l->descr || !(r->flags & NPY_C_CONTIGUOUS) || !(l->flags & NPY_C_CONTIGUOUS)
-        || nelems <= 0 || nelems > size_of(r) || nelems > size_of(l))
-        return PyLong_FromLong(-1);
+    long long nelems = PyLong_AsLongLong(nel);
+    long pe = PyLong_AsLong(pe_o), qp_idx = PyLong_AsLong(qp_o);
+    if (PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return -1;
+    if (r->descr != l->descr || !(r->flags & NPY_C_CONTIGUOUS) || !(l->flags & NPY_C_CONTIGUOUS) || nelems <= 0
+        || nelems > size_of(r) || nelems > size_of(l))
+        return -1;
     Py_ssize_t item = itemsize_of(p, r->descr);
-    if (item <= 0) return PyLong_FromLong(-1);
-    uint64_t nbytes = (uint64_t)nelems * (uint64_t)item;
-    if (nbytes > e->L.max_msg) return PyLong_FromLong(-1);
+    if (item <= 0) return -1;
+    t->nbytes = (uint64_t)nelems * (uint64_t)item;
+    if (t->nbytes > e->L.max_msg) return -1;
     uint8_t *my_heap = e->heap[e->my_pe];
-    int64_t roff = (int64_t)((uint8_t *)r->data - my_heap);
-    if (roff < 0 || (uint64_t)roff >= e->heap_size || !allocated(p, roff, (int64_t)nbytes))
-        return PyLong_FromLong(-1);
-    int writable = opcode == e->L.op_read;
-    uint64_t local_va;
-    int use_reg = 0;
-    Reg *reg = NULL;
+    t->roff = (int64_t)((uint8_t *)r->data - my_heap);
+    if (t->roff < 0 || (uint64_t)t->roff >= e->heap_size || !allocated(p, t->roff, (int64_t)t->nbytes)) return -1;
+    t->reg = NULL;
     int64_t loff = (int64_t)((uint8_t *)l->data - my_heap);
-    if (loff >= 0 && (uint64_t)loff < e->heap_size && allocated(p, loff, (int64_t)nbytes)) {
-        local_va = p->heap_va + (uint64_t)loff;
+    if (loff >= 0 && (uint64_t)loff < e->heap_size && allocated(p, loff, (int64_t)t->nbytes)) {
+        t->local_va = p->heap_va + (uint64_t)loff;
     } else {
         uint64_t addr = (uint64_t)(uintptr_t)l->data;
-        reg = registration(p, addr, nbytes);
-        if (!reg || (writable && !reg->writable)) return PyLong_FromLong(-1);
-        local_va = reg->va + (addr - reg->addr);
-        use_reg = 1;
+        t->reg = registration(p, addr, t->nbytes);
+        if (!t->reg || (writable && !t->reg->writable)) return -1;
+        t->local_va = t->reg->va + (addr - t->reg->addr);
     }
-    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
+    t->pe = (int)pe;
+    t->q = (uint32_t)(pe * e->qp_num + qp_idx);
+    int64_t *st = p->st + (uint64_t)t->q * ST_WORDS;
+    return st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() ? 0 : -1;
+}
+
+/* Whether ``bbs`` more BBs leave the credit guard free. */
+static inline int room(Poster *p, uint32_t q, uint32_t bbs) {
     int64_t *st = p->st + (uint64_t)q * ST_WORDS;
-    if (st[ST_OWNER] != (int64_t)PyThread_get_thread_ident()) return PyLong_FromLong(-1);
-    uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
-    if (((head + 1 - (uint32_t)st[ST_TAIL]) & 0xFFFFFFFFu) + p->credit_guard >= e->sq_depth) return PyLong_FromLong(-1);
-    PyObject *pos_obj = PyLong_FromUnsignedLong(head);
-    PyObject *use = use_reg ? PyLong_FromUnsignedLong(head + 1) : NULL;
-    if (!pos_obj || (use_reg && !use)) { Py_XDECREF(pos_obj); Py_XDECREF(use); return NULL; }
-    if (use_reg && PyDict_SetItem(reg->uses, p->qidx[q], use) < 0) { Py_DECREF(pos_obj); Py_DECREF(use); return NULL; }
-    Py_XDECREF(use);
+    return ((uint32_t)(st[ST_HEAD] + bbs - st[ST_TAIL])) + p->credit_guard < p->engine->sq_depth;
+}
+
+/* Words 0-11 of a WQE of this queue (the SQE base: what every opcode shares). */
+static void sqe_base(Poster *p, const Transfer *t, uint32_t *w, long opcode, long flag) {
+    Engine *e = p->engine;
     const Layout *L = &e->L;
-    uint32_t slot = head & mask;
-    uint32_t w[16] = {0};
+    uint32_t q = t->q;
     w[L->w_dw0] = p->dw0_base | ((uint32_t)flag & 0xFF) << 16;
     w[L->w_dw1] = ((uint32_t)opcode & 0xFF) << 8;
     w[L->w_tp] = (p->tpn[q] & 0xFFFFFF) | 1u << 24;
@@ -224,26 +231,103 @@ static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
     memcpy(w + 2 * L->q_eid_lo, &p->eid_lo[q], 8);
     memcpy(w + 2 * L->q_eid_hi, &p->eid_hi[q], 8);
     w[L->w_token] = p->token[q];
-    uint64_t rva = e->heap_va_base + (uint64_t)pe * e->heap_va_stride + (uint64_t)roff;
+    uint64_t rva = e->heap_va_base + (uint64_t)t->pe * e->heap_va_stride + (uint64_t)t->roff;
     memcpy(w + 2 * L->q_rmt_va, &rva, 8);
-    w[L->w_sge_len] = (uint32_t)nbytes;
-    memcpy(w + 2 * L->q_sge_va, &local_va, 8);
-    memcpy(sq_of(e, q) + 64 * (uint64_t)slot, w, 64);
+}
+
+/* Store ``bbs`` BBs at the head (a two-BB WQE at the last slot wraps), the sidecar word, head, cqe_cnt, the
+ * doorbell (last); kick the engine; count; record the registration's use. Returns the BB position. */
+static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32_t bbs, long flag, long api) {
+    Engine *e = p->engine;
+    uint32_t q = t->q;
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
+    PyObject *pos = PyLong_FromUnsignedLong(head);
+    if (!pos) return NULL;
+    if (t->reg) {
+        PyObject *use = PyLong_FromUnsignedLong(head + bbs);
+        if (!use || PyDict_SetItem(t->reg->uses, p->qidx[q], use) < 0) { Py_XDECREF(use); Py_DECREF(pos); return NULL; }
+        Py_DECREF(use);
+    }
+    uint8_t *ring = sq_of(e, q);
+    for (uint32_t k = 0; k < bbs; k++)
+        memcpy(ring + 64 * (uint64_t)((head + k) & mask), w + 16 * k, 64);
     uint32_t *sidecar = (uint32_t *)(e->seg + p->sidecar_off) + (uint64_t)q * e->sq_depth;
-    sidecar[slot] = (uint32_t)api | (uint32_t)st[ST_OWNER_BLOCK] << 8;
+    sidecar[head & mask] = (uint32_t)api | (uint32_t)st[ST_OWNER_BLOCK] << 8;
     uint32_t *wq = (uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q);
-    uint32_t next = head + 1;
+    uint32_t next = head + bbs;
     st[ST_HEAD] = next;
     wq[p->wq_head] = next;
-    if (flag & L->cqe_flag) {
+    if (flag & e->L.cqe_flag) {
         st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + 1);
         wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
     }
-    st32(hw_of(e, q) + L->hw_sq_db, next); /* the doorbell, last */
+    st32(hw_of(e, q) + e->L.hw_sq_db, next); /* the doorbell, last */
     kick(e);
     st[ST_N_POSTED] += 1;
-    st[ST_B_POSTED] += (int64_t)nbytes;
-    return pos_obj;
+    st[ST_B_POSTED] += (int64_t)t->nbytes;
+    return pos;
+}
+
+/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api) -> BB position, or -1: take the Python path. */
+static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "rw takes 8 arguments"); return NULL; }
+    long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    Transfer t;
+    if (transfer(p, args[0], args[1], args[2], args[3], args[4], opcode == p->engine->L.op_read, &t) < 0
+        || !room(p, t.q, 1))
+        return PyLong_FromLong(-1);
+    const Layout *L = &p->engine->L;
+    uint32_t w[16] = {0};
+    sqe_base(p, &t, w, opcode, flag);
+    w[L->w_sge_len] = (uint32_t)t.nbytes;
+    memcpy(w + 2 * L->q_sge_va, &t.local_va, 8);
+    return publish(p, &t, w, 1, flag, api);
+}
+
+/* notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, flag, api) -> BB position, or -1: one
+ * WRITE_WITH_NOTIFY whose signal word (a 64-bit integer word in a live allocation of this heap, 8-aligned) is SET
+ * to ``signal``. */
+static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "notify takes 9 arguments"); return NULL; }
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    long flag = PyLong_AsLong(args[7]), api = PyLong_AsLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *so = args[3], *sv = args[4];
+    if ((PyObject *)Py_TYPE(so) != p->ndarray || !PyLong_CheckExact(sv)) return PyLong_FromLong(-1);
+    PyObject *sd = ((NpArray *)so)->descr;
+    if (sd != p->sig_descr[0] && sd != p->sig_descr[1]) return PyLong_FromLong(-1);
+    int overflow = 0;
+    uint64_t value;
+    long long as_signed = PyLong_AsLongLongAndOverflow(sv, &overflow);
+    if (overflow > 0) {
+        value = PyLong_AsUnsignedLongLong(sv);
+        if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    } else if (overflow < 0 || (as_signed == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    } else {
+        value = (uint64_t)as_signed;
+    }
+    int64_t soff = (int64_t)((uint8_t *)((NpArray *)so)->data - e->heap[e->my_pe]);
+    if (soff < 0 || (uint64_t)soff >= e->heap_size || soff % 8 || !allocated(p, soff, 8)) return PyLong_FromLong(-1);
+    Transfer t;
+    if (transfer(p, args[0], args[1], args[2], args[5], args[6], 0, &t) < 0 || !room(p, t.q, 2))
+        return PyLong_FromLong(-1);
+    uint32_t w[32] = {0};
+    sqe_base(p, &t, w, L->op_notify, flag);
+    uint8_t *b = (uint8_t *)w;
+    uint64_t ctx0 = (uint64_t)p->tid[t.q] | (uint64_t)p->token[t.q] << 32;
+    uint64_t sva = e->heap_va_base + (uint64_t)t.pe * e->heap_va_stride + (uint64_t)soff;
+    memcpy(b + L->notify_ctx, &ctx0, 8);
+    memcpy(b + L->notify_ctx + 8, &sva, 8);
+    memcpy(b + L->notify_ctx + 16, &value, 8);
+    uint32_t len = (uint32_t)t.nbytes;
+    memcpy(b + L->notify_sge, &len, 4);
+    memcpy(b + L->notify_sge + 8, &t.local_va, 8);
+    return publish(p, &t, w, 2, flag, api);
 }
 
 /* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
@@ -297,12 +381,13 @@ static int get_array(PyObject *d, const char *name, Py_ssize_t n, uint64_t *out)
     return 0;
 }
 
-/* Poster(engine, ndarray, registry, state, config): config holds the layout words this file needs (wq_head,
+/* Poster(engine, ndarray, registry, state, signal_dtypes, config): config holds the layout words this file needs (wq_head,
  * wq_cqe_cnt, dw0_base, credit_guard), where the tables are (wq_off, sidecar_off, state_addr,
  * heap_va) and per queue (lists of n_slots) tpn, tid, token, eid_lo, eid_hi. */
 static int Poster_init(Poster *p, PyObject *args, PyObject *kw) {
-    PyObject *engine, *ndarray, *registry, *state, *cfg;
-    if (!PyArg_ParseTuple(args, "O!OOOO!", &EngineType, &engine, &ndarray, &registry, &state, &PyDict_Type, &cfg))
+    PyObject *engine, *ndarray, *registry, *state, *cfg, *sig0, *sig1;
+    if (!PyArg_ParseTuple(args, "O!OOO(OO)O!", &EngineType, &engine, &ndarray, &registry, &state, &sig0, &sig1,
+                          &PyDict_Type, &cfg))
         return -1;
     Engine *e = (Engine *)engine;
     uint64_t v, state_addr;
@@ -335,6 +420,8 @@ static int Poster_init(Poster *p, PyObject *args, PyObject *kw) {
     Py_INCREF(engine); p->engine = e;
     Py_INCREF(ndarray); p->ndarray = ndarray;
     Py_INCREF(state); p->state_obj = state;
+    Py_INCREF(sig0); p->sig_descr[0] = sig0;
+    Py_INCREF(sig1); p->sig_descr[1] = sig1;
     p->st = (int64_t *)(uintptr_t)state_addr;
     return 0;
 }
@@ -345,7 +432,7 @@ static void Poster_dealloc(Poster *p) {
     for (int k = 0; k < 8; k++) Py_XDECREF(p->descr[k]);
     Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
     forget(p);
-    Py_XDECREF(p->state_obj);
+    Py_XDECREF(p->state_obj); Py_XDECREF(p->sig_descr[0]); Py_XDECREF(p->sig_descr[1]);
     free(p->tpn); free(p->tid); free(p->token); free(p->eid_lo); free(p->eid_hi); free(p->qidx);
     PyMem_Free(p->alloc_lo); PyMem_Free(p->alloc_hi);
     Py_TYPE(p)->tp_free((PyObject *)p);
@@ -353,6 +440,7 @@ static void Poster_dealloc(Poster *p) {
 
 static PyMethodDef Poster_methods[] = {
     {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
+    {"notify", (PyCFunction)(void (*)(void))Poster_notify, METH_FASTCALL, "Post one plain put_signal, or -1."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
     {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},

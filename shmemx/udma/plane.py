@@ -108,7 +108,8 @@ class DataPlane:
             tpn=[int(x) for x in rmi["tpn"]], tid=[int(x) for x in rmi["tid"]],
             token=[int(x) for x in rmi["rmt_token_value"]], eid_lo=[int(x) for x in eid[:, 0]],
             eid_hi=[int(x) for x in eid[:, 1]])
-        poster = _engine.Poster(self.engine.native, np.ndarray, self.registry, self.qstate, config)
+        poster = _engine.Poster(self.engine.native, np.ndarray, self.registry, self.qstate,
+                                (np.dtype("<i8"), np.dtype("<u8")), config)
         if not _reads_arrays(poster):
             return None
         heap = rt.heap
