@@ -21,6 +21,8 @@
 
 #include "wake.h"
 
+#define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
+
 static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -82,8 +84,9 @@ static int parse_cond(PyObject *addr, int kind, int cmp, PyObject *target, PyObj
     return 0;
 }
 
-/* spin(addr, kind, cmp, target, mask, spin_ns) -> value or None: poll the word for up to spin_ns, yielding
- * the core now and then (the thread that will write it may need it). */
+/* spin(addr, kind, cmp, target, mask, spin_ns) -> value or None: poll the word for up to spin_ns: the first
+ * PURE_SPIN_NS without a pause in between, then yielding the core every 64 polls (the thread that will write
+ * the word, this PE's engine for instance, may be waiting for a core). */
 static PyObject *spin(PyObject *self, PyObject *args) {
     PyObject *addr, *target, *mask;
     int kind, cmp;
@@ -95,13 +98,14 @@ static PyObject *spin(PyObject *self, PyObject *args) {
     int ok = met(&c, raw);
     if (!ok && spin_ns > 0) {
         Py_BEGIN_ALLOW_THREADS
-        int64_t end = now_ns() + spin_ns;
+        int64_t start = now_ns(), end = start + spin_ns, pure = start + PURE_SPIN_NS;
         for (unsigned k = 1;; k++) {
             raw = load_word(&c);
             if ((ok = met(&c, raw))) break;
             if ((k & 63) == 0) {
-                if (now_ns() >= end) break;
-                sched_yield();
+                int64_t now = now_ns();
+                if (now >= end) break;
+                if (now >= pure) sched_yield();
             } else {
                 __builtin_ia32_pause();
             }
