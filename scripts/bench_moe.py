@@ -217,7 +217,8 @@ def run_mpi(cfg: dict) -> dict | None:
     if importlib.util.find_spec("mpi4py") is None:
         print("MPI Alltoallv baseline: skipped (mpi4py is not importable)")
         return None
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    # scripts/install_peers.sh builds mpi4py against MPICH; Open MPI installed beside it takes the plain names
+    mpiexec = shutil.which("mpiexec.mpich") or shutil.which("mpiexec") or shutil.which("mpirun")
     if mpiexec is None:
         print("MPI Alltoallv baseline: skipped (no mpiexec on PATH)")
         return None
