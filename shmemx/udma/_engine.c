@@ -11,12 +11,11 @@
  * Layouts: every word position, opcode and status comes from shmemx/udma/layout.py and segment.py, passed in
  * as a dict when the engine is made (Engine.__init__ lists the names); none is a number of this file.
  *
- * The scheduler. Each step of the loop asks a policy (struct policy) for the next piece of work among the
- * rung WQEs: a queue and how many BBs of it to execute, in order, from its consumer index. The normal policy
- * serves the queues round robin, at most BATCH_BBS BBs per turn, each SQ strictly in order (DESIGN section 5:
- * stronger than the ordering rules need). A seeded chaos policy plugs in by providing another pick function:
- * see struct policy and /work/coord/notes/11.md (README, Design) for what it sees, may choose and must leave
- * atomic.
+ * The scheduler. Each step of the loop asks a policy (struct policy, _engine.h) for the next piece of work
+ * among the rung WQEs: a queue and how many BBs of it to execute, in order, from its consumer index. The normal
+ * policy serves the queues round robin, at most BATCH_BBS BBs per turn, each SQ strictly in order (DESIGN
+ * section 5: stronger than the ordering rules need). A seeded chaos policy plugs in as another pick function
+ * (Engine.set_policy); _engine.h says what a policy sees, may choose and must leave atomic.
  *
  * Ordering. A WQE's effects are stored before its CQE; a CQE's words 1-15 before its word 0 (owner bit,
  * status), which is stored with release order; the consumer index after the WQEs it covers. WRITE_WITH_NOTIFY
@@ -499,7 +498,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
 #undef L
     PyMem_Free(tmp);
     if (rc) return -1;
-    e->policy.pick = pick_round_robin;
+    e->policy = (struct policy){"round_robin", pick_round_robin, NULL};
     e->rr = e->n_slots - 1;
     return 0;
 }
@@ -597,6 +596,32 @@ done:
     Py_RETURN_NONE;
 }
 
+/* set_policy(name): install a scheduling policy (under the turn lock). "round_robin" is the normal one; a seeded
+ * chaos policy adds its pick function and name here. */
+static PyObject *Engine_set_policy(Engine *e, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    struct policy chosen;
+    if (strcmp(name, "round_robin") == 0) {
+        chosen = (struct policy){"round_robin", pick_round_robin, NULL};
+    } else {
+        return PyErr_Format(PyExc_ValueError, "engine policy %R: known policies: 'round_robin'", arg);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->turn_lock);
+    e->policy = chosen;
+    pthread_mutex_unlock(&e->turn_lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_policy(Engine *e, void *closure) { return PyUnicode_FromString(e->policy.name); }
+
+static PyGetSetDef Engine_getset[] = {
+    {"policy", (getter)Engine_get_policy, NULL, "The scheduling policy's name.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyObject *Engine_set_tracing(Engine *e, PyObject *arg) {
     e->tracing = PyObject_IsTrue(arg);
     Py_RETURN_NONE;
@@ -621,6 +646,7 @@ static PyMethodDef Engine_methods[] = {
     {"inject_fault", (PyCFunction)Engine_inject_fault, METH_O, "The next n WQEs fail with ENGINE_FAULT (tests)."},
     {"set_locals", (PyCFunction)Engine_set_locals, METH_VARARGS, "Replace the local registrations."},
     {"set_tracing", (PyCFunction)Engine_set_tracing, METH_O, "Record a turn record per turn."},
+    {"set_policy", (PyCFunction)Engine_set_policy, METH_O, "Install a scheduling policy by name."},
     {"take_trace", (PyCFunction)Engine_take_trace, METH_NOARGS, "Drain the turn records."},
     {NULL, NULL, 0, NULL},
 };
@@ -656,6 +682,7 @@ PyTypeObject EngineType = {
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
     .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine", "The native DMA engine.", -1, NULL};

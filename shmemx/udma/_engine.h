@@ -47,12 +47,27 @@ typedef struct {
 typedef struct { uint64_t va, len; uint8_t *addr; } Local;
 
 struct engine;
-/* A scheduling policy. pick() sees the engine (its queues' hw records: doorbell and consumer index, and the
- * SQ rings with the rung WQEs) and chooses the next work: *queue and *bbs (>= 1, at most the rung BBs), to be
- * executed in order from the queue's consumer index; it returns 0 when it chooses nothing now (no work, or a
- * delay: the engine then idles until the next kick or backstop). It runs on the engine thread, holding the
- * turn lock, and must not touch Python. */
+/* A scheduling policy: the one place that decides what the engine executes next (DESIGN section 5, 9).
+ *
+ * pick() runs on the engine thread, holding the turn lock, never touching Python. It sees the engine: for each
+ * queue q (0..n_slots-1) its engine record hw_of(e, q) (the doorbell word L.hw_sq_db, stored last by the poster
+ * with release order; the consumer index L.hw_ci; L.hw_state, nonzero while the queue is in error) and its SQ
+ * ring sq_of(e, q), whose BBs from ci up to the doorbell are rung and may be read (never written). It chooses the
+ * next turn: *queue and *bbs (>= 1), and the engine then executes that queue's WQEs in order from its consumer
+ * index, at most *bbs BBs and never a WQE past the doorbell (each WQE's checks, effects and CQE are one atomic
+ * step of the engine thread; the consumer index and the CQ producer index advance only over executed WQEs; the
+ * CQEs go to the CQ in execution order). Returning 0 chooses nothing now: the engine flushes its wake-ups and
+ * idles until the next kick or the backstop (a policy that delays a queue returns 0 or picks another one). The
+ * normal policy is pick_round_robin: the next queue with rung BBs after the last one served, up to BATCH_BBS.
+ *
+ * A seeded policy (chaos) plugs in as another pick function with its state in ``state`` (an RNG seeded by
+ * Engine.set_policy), installed by Engine.set_policy under the turn lock. What it may choose: which queue runs
+ * next (the SQs are unordered with respect to each other), how many of its WQEs (a turn of 1 interleaves the
+ * queues WQE by WQE), and when (delays). Executing a WQE out of order within one SQ (allowed by the rules for
+ * NO-ordered WQEs not behind a fence or an SO) needs more than a pick: turn() would take a position inside the
+ * rung window and keep the executed set, advancing ci over its executed prefix only; see notes/11.md. */
 struct policy {
+    const char *name;
     int (*pick)(struct engine *e, uint32_t *queue, uint32_t *bbs);
     void *state;
 };

@@ -147,6 +147,16 @@ class Engine:
         """A doorbell rang (on ``qp``): wake the engine if it sleeps."""
         self.native.kick()
 
+    @property
+    def policy(self) -> str:
+        """The scheduling policy's name (``round_robin``: the SQs in turn, each in order)."""
+        return self.native.policy
+
+    def set_policy(self, name: str) -> None:
+        """Install a scheduling policy of the native engine (``_engine.h``, struct policy, says how one plugs
+        in; a seeded chaos policy is the planned second one)."""
+        self.native.set_policy(name)
+
     def inject_fault(self, count: int = 1) -> None:
         """Make the next ``count`` WQEs that pass their checks fail with ENGINE_FAULT (``Where.INJECTED``): the
         test hook for the engine's handling of its own faults (an error CQE, a queue in error, an engine that
