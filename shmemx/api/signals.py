@@ -208,13 +208,13 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     target = _word_value(rt, w, value, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
     v = words[idx]
-    if rt.tracer is None:
+    if not rt.udma.observed:  # no recorder needs per-event calls (DataPlane.refresh_fast_paths)
         if op(v, target):  # met already: nothing to record
             return v
         return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
                              Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                              lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
-    seen = [v]  # tracing: the generic wait, which records the wait (or its instant) in the trace
+    seen = [v]  # observed: the generic wait, which records the wait (or its instant) in the trace
 
     def ready() -> bool:
         v = words[idx]

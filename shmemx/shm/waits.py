@@ -1,8 +1,11 @@
 """The one place where a thread of a PE waits for another PE.
 
 Every blocking call (wait_until and friends, quiets, barriers, init/finalize, collective allocation) waits
-through ``block_until`` (or, for one heap word, its straight-line twin ``block_on_word``). It does three things
-the callers must not do themselves:
+through ``block_until`` (a Python condition) or ``block_on_word`` (one word of shared memory and a comparison:
+wait_until / signal_wait_until while no recorder needs per-event calls, and quiets, on a CQE's owner bit). Both
+sleep without the interpreter lock (``futex_wait`` and ``_native.sleep`` are native); ``block_on_word`` also
+spins without it (``_native.spin``), so the PE's kernel blocks run meanwhile. They do three things the callers
+must not do themselves:
 
 1. **It records the wait** in the thread's wait slot of the control segment (which call, which PE and heap
    offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
@@ -25,8 +28,9 @@ before the bump, its futex call sees the word changed and returns at once; if af
 to its check. If it sleeps, the kernel took a lock (a locked instruction, which makes the announcement visible)
 before comparing the word, so a writer whose bump came later reads the count after it and wakes it. So the
 announcement needs no fence of its own: a PE's own threads count themselves in ``n_sleepers`` with plain stores
-(they run under one interpreter lock, and a memoryview ``+=`` holds it throughout); other PEs' threads waiting on
-this PE's memory count themselves in ``n_remote_sleepers`` with atomic adds. The backstop timeout only bounds how
+made while holding the interpreter lock (a memoryview ``+=``, or ``_native.sleep`` before it lets the lock go and
+after it takes it back); other PEs' threads waiting on this PE's memory count themselves in ``n_remote_sleepers``
+with atomic adds. (The DMA engine, which runs without the lock, only reads the counts.) The backstop timeout only bounds how
 long a dead peer or an abort goes unnoticed.
 """
 

@@ -49,6 +49,7 @@ class DataPlane:
         self.qstate = np.zeros((self.seg.n_slots, _engine.ST_WORDS), np.int64)  # posting state (QueuePair, _post.c)
         self.qwords = memoryview(self.qstate).cast("B").cast("q")
         self.poster = None  # the native posting path (_post.c) while no recorder needs per-event calls
+        self.observed = False  # a recorder that needs per-event calls is on (refresh_fast_paths)
         self.qps: dict[int, QueuePair] = {}
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
@@ -88,8 +89,8 @@ class DataPlane:
         ``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell`` and wait through ``shm.waits`` so that the hooks
         see every event. Call it again after switching a recorder on or off."""
         rt = self.rt
-        observed = any(getattr(rt, name, None) is not None for name in ("tracer", "recorder", "checker", "chaos"))
-        self.poster = None if observed else self._make_poster()
+        self.observed = any(getattr(rt, name, None) is not None for name in ("tracer", "recorder", "checker", "chaos"))
+        self.poster = None if self.observed else self._make_poster()
         if self.poster is None:
             self.registry.seen = None
             self.rt.heap.on_change = None
