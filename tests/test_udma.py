@@ -1599,7 +1599,7 @@ def _both_posting_paths():
              (shmemx.aclshmemx_udma_qp_get_nbi, (back[1], dst[5], 16, nxt, 1), {}),
              (shmemx.aclshmemx_udma_put_signal_nbi, (dst[6], local[6], 16, sig[0:1], 7, nxt), {}),
              (shmemx.aclshmemx_udma_qp_put_signal_nbi, (dst[7], heap_src, 16, sig[1:2], -3, nxt, 1), {})]
-    for call, args, kwargs in calls:  # claim each queue and register the local arrays (kept: no quiet yet)
+    for call, args, kwargs in calls:  # register the local arrays through the Python path (kept: no quiet yet)
         call(*args, **kwargs)
     udma.engine.pause()
     rings, taken = [], []

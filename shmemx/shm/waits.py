@@ -200,7 +200,7 @@ def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[],
 
 
 def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, describe: Callable[[], str], *,
-                  mask: int = 0, sleep_pe: int | None = None, spin: float | None = None) -> int:
+                  mask: int = 0, sleep_pe: int | None = None, spin: float | None = None, adaptive: bool = True) -> int:
     """``block_until`` for one word of shared memory, without the interpreter lock while it spins or sleeps;
     returns the value that met the comparison.
 
@@ -216,17 +216,21 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
         wait: what the slot records; the wait sleeps on the wake word of ``sleep_pe`` (default ``wait.pe``).
         describe: builds the description for a timeout or abort message.
         spin: seconds to spin first; default the runtime's (0 when ranks outnumber cores).
+        adaptive: whether the spin obeys ``WaitState.should_spin`` (a quiet's does not: how long its engine takes
+            depends on the bytes it posted, not on how the last waits went).
     """
     started = time.perf_counter_ns()
     state = rt.wait_state
     spin = rt.spin if spin is None else spin
-    if spin > 0 and state.should_spin():
+    if spin > 0 and (not adaptive or state.should_spin()):
         v = _native.spin(addr, kind, cmp, target, mask, int(spin * 1e9))
         if v is not None:
-            state.spin_misses = 0
+            if adaptive:
+                state.spin_misses = 0
             _add_wait_time(rt, _tls.slot, started)
             return v
-        state.spin_misses += 1
+        if adaptive:
+            state.spin_misses += 1
     ctl = rt.ctl
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)

@@ -4,8 +4,8 @@
  * QueuePair.post_rw do for the plain case, and only for it (``Poster.notify``, the same for a put_signal and
  * QueuePair.post_bytes): exact ndarrays, C-contiguous, of one dtype, a count
  * in range, a remote view inside a live allocation of this PE's own heap copy, a local view that is this PE's
- * heap or lies in a live registration the Python path used lately, the calling thread already the queue's
- * submitter, room in the ring. Then it writes the same 64 bytes QueuePair.post_rw writes (a test pins them
+ * heap or lies in a live registration the Python path used lately, the calling thread the queue's submitter
+ * (or the queue free: then it claims it, as QueuePair.claim does), room in the ring. Then it writes the same 64 bytes QueuePair.post_rw writes (a test pins them
  * equal), the sidecar word, head, cqe_cnt and the doorbell (last), kicks the engine, counts the WQE and records
  * the registration's use. Any other case returns -1 before touching anything, and the caller takes the Python
  * path, which raises the errors and handles claims, credit waits and registrations.
@@ -59,9 +59,9 @@ typedef struct {
     PyObject *descr[8];
     Py_ssize_t itemsize[8];
     PyObject *sig_descr[2];           /* int64, uint64: the dtypes of a put_signal's signal word */
-    uint64_t wq_off, sidecar_off;
+    uint64_t wq_off, sidecar_off, cq_ctx_off;
     uint32_t credit_guard, dw0_base;
-    int wq_head, wq_cqe_cnt;
+    int wq_head, wq_cqe_cnt, wq_tail_word, cq_tail_word, hw_cq_db;
 } Poster;
 
 static PyObject *s_last, *s_locked, *s_address, *s_nbytes, *s_va, *s_writable, *s_uses, *s_itemsize, *s_live;
@@ -177,7 +177,7 @@ typedef struct {
 
 /* The checks of the plain case (see the top); 0 when they pass, -1 when the Python path must take the call. */
 static int transfer(Poster *p, PyObject *ro, PyObject *lo, PyObject *nel, PyObject *pe_o, PyObject *qp_o,
-                    int writable, Transfer *t) {
+                    int writable, long slot, Transfer *t) {
     Engine *e = p->engine;
     if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(nel)
         || !PyLong_CheckExact(pe_o) || !PyLong_CheckExact(qp_o))
@@ -210,7 +210,12 @@ static int transfer(Poster *p, PyObject *ro, PyObject *lo, PyObject *nel, PyObje
     t->pe = (int)pe;
     t->q = (uint32_t)(pe * e->qp_num + qp_idx);
     int64_t *st = p->st + (uint64_t)t->q * ST_WORDS;
-    return st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() ? 0 : -1;
+    int64_t me = (int64_t)PyThread_get_thread_ident();
+    if (st[ST_OWNER] == 0 && st[ST_N_POSTED] == 0) { /* a free queue: claim it (QueuePair.claim) */
+        st[ST_OWNER] = me;
+        st[ST_OWNER_BLOCK] = slot;
+    }
+    return st[ST_OWNER] == me ? 0 : -1;
 }
 
 /* Whether ``bbs`` more BBs leave the credit guard free. */
@@ -269,13 +274,15 @@ static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32
     return pos;
 }
 
-/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api) -> BB position, or -1: take the Python path. */
+/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api, slot) -> BB position, or -1: take the Python path.
+ * ``slot``: the calling thread's AIV block (waits.thread_slot), which becomes the submitter of a free queue. */
 static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "rw takes 8 arguments"); return NULL; }
+    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "rw takes 9 arguments"); return NULL; }
     long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
+    long slot = PyLong_AsLong(args[8]);
     if (PyErr_Occurred()) return NULL;
     Transfer t;
-    if (transfer(p, args[0], args[1], args[2], args[3], args[4], opcode == p->engine->L.op_read, &t) < 0
+    if (transfer(p, args[0], args[1], args[2], args[3], args[4], opcode == p->engine->L.op_read, slot, &t) < 0
         || !room(p, t.q, 1))
         return PyLong_FromLong(-1);
     const Layout *L = &p->engine->L;
@@ -286,14 +293,14 @@ static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
     return publish(p, &t, w, 1, flag, api);
 }
 
-/* notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, flag, api) -> BB position, or -1: one
+/* notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, flag, api, slot) -> BB position, or -1: one
  * WRITE_WITH_NOTIFY whose signal word (a 64-bit integer word in a live allocation of this heap, 8-aligned) is SET
  * to ``signal``. */
 static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "notify takes 9 arguments"); return NULL; }
+    if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "notify takes 10 arguments"); return NULL; }
     Engine *e = p->engine;
     const Layout *L = &e->L;
-    long flag = PyLong_AsLong(args[7]), api = PyLong_AsLong(args[8]);
+    long flag = PyLong_AsLong(args[7]), api = PyLong_AsLong(args[8]), slot = PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return NULL;
     PyObject *so = args[3], *sv = args[4];
     if ((PyObject *)Py_TYPE(so) != p->ndarray || !PyLong_CheckExact(sv)) return PyLong_FromLong(-1);
@@ -314,7 +321,7 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     int64_t soff = (int64_t)((uint8_t *)((NpArray *)so)->data - e->heap[e->my_pe]);
     if (soff < 0 || (uint64_t)soff >= e->heap_size || soff % 8 || !allocated(p, soff, 8)) return PyLong_FromLong(-1);
     Transfer t;
-    if (transfer(p, args[0], args[1], args[2], args[5], args[6], 0, &t) < 0 || !room(p, t.q, 2))
+    if (transfer(p, args[0], args[1], args[2], args[5], args[6], 0, slot, &t) < 0 || !room(p, t.q, 2))
         return PyLong_FromLong(-1);
     uint32_t w[32] = {0};
     sqe_base(p, &t, w, L->op_notify, flag);
@@ -328,6 +335,67 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     memcpy(b + L->notify_sge, &len, 4);
     memcpy(b + L->notify_sge + 8, &t.local_va, 8);
     return publish(p, &t, w, 2, flag, api);
+}
+
+static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
+    uint32_t word = ld32(cq_of(e, q) + 16 * (uint64_t)(pos % e->cq_depth) + e->L.c_status);
+    return ((word >> e->L.owner_shift) & 1) == (((pos / e->cq_depth) & 1) ^ 1);
+}
+
+/* quiet(pe, qp_idx, spin_ns) -> -1 (take the Python path: QueuePair.poll) or bits: 1 the CQ tail advanced
+ * (run the retire hook), 2 the caller's queue is retired to its head (release it). Consumes the CQEs up to
+ * cqe_cnt when the engine has written them all, none is an error and the queue is not in error, spinning for
+ * them up to spin_ns without the interpreter lock first; anything else is the Python path's (which sleeps,
+ * records the wait, raises). */
+static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
+    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
+    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    uint32_t *hw = hw_of(e, q);
+    uint32_t t = (uint32_t)st[ST_CQ_TAIL], target = (uint32_t)st[ST_CQE_CNT];
+    uint32_t n = target - t;
+    if (n > e->cq_depth || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+    int bits = 0;
+    if (n) {
+        uint32_t last = target - 1;
+        if (!cqe_written(e, q, last) && spin_ns > 0) {
+            Py_BEGIN_ALLOW_THREADS
+            int64_t end = now_ns() + spin_ns;
+            for (unsigned k = 1; !cqe_written(e, q, last); k++) {
+                if ((k & 63) == 0) {
+                    if (now_ns() >= end) break;
+                    sched_yield();
+                } else {
+                    __builtin_ia32_pause();
+                }
+            }
+            Py_END_ALLOW_THREADS
+            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return PyLong_FromLong(-1);
+        }
+        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+        uint32_t *cq = cq_of(e, q);
+        for (uint32_t pos = t; pos != target; pos++)
+            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return PyLong_FromLong(-1);
+        uint32_t entry_idx = cq[16 * (uint64_t)(last % e->cq_depth) + L->c_entry_idx] & 0xFFFF;
+        uint32_t tail = (uint32_t)st[ST_TAIL];
+        tail = tail + ((entry_idx - tail) & 0xFFFF);
+        st[ST_TAIL] = tail;
+        st[ST_CQ_TAIL] = target;
+        ((uint32_t *)(e->seg + p->cq_ctx_off + 64 * (uint64_t)q))[p->cq_tail_word] = target;
+        hw[p->hw_cq_db] = target & 0xFFFFFF;
+        ((uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q))[p->wq_tail_word] = tail;
+        bits |= 1;
+    }
+    if (st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() && (uint32_t)st[ST_TAIL] == (uint32_t)st[ST_HEAD])
+        bits |= 2;
+    return PyLong_FromLong(bits);
 }
 
 /* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
@@ -392,10 +460,11 @@ static int Poster_init(Poster *p, PyObject *args, PyObject *kw) {
     Engine *e = (Engine *)engine;
     uint64_t v, state_addr;
     if (get(cfg, "wq_off", &p->wq_off) || get(cfg, "sidecar_off", &p->sidecar_off) || get(cfg, "heap_va", &p->heap_va)
+        || get(cfg, "cq_ctx_off", &p->cq_ctx_off)
         || get(cfg, "state_addr", &state_addr))
         return -1;
 #define G(name) if (get(cfg, #name, &v)) return -1; p->name = v;
-    G(credit_guard) G(dw0_base) G(wq_head) G(wq_cqe_cnt)
+    G(credit_guard) G(dw0_base) G(wq_head) G(wq_cqe_cnt) G(wq_tail_word) G(cq_tail_word) G(hw_cq_db)
 #undef G
     Py_ssize_t n = e->n_slots;
     uint64_t *tmp = PyMem_Calloc(n, 8);
@@ -441,6 +510,7 @@ static void Poster_dealloc(Poster *p) {
 static PyMethodDef Poster_methods[] = {
     {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
     {"notify", (PyCFunction)(void (*)(void))Poster_notify, METH_FASTCALL, "Post one plain put_signal, or -1."},
+    {"quiet", (PyCFunction)(void (*)(void))Poster_quiet, METH_FASTCALL, "Quiet a queue whose CQEs are all in."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
     {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},

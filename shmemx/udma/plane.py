@@ -11,16 +11,19 @@ from __future__ import annotations
 import array
 import os
 import threading
+import time
 
 import numpy as np
 
+from ..shm.waits import thread_slot
 from . import _engine
 from .describe import VaNames
 from .engine import Engine
-from .queues import QueuePair
-from .registry import LocalRegistry
 from .layout import DW0
-from .segment import CREDIT_GUARD, DEFAULT_DEPTH, HW_STATE, WQ_CQE_CNT, WQ_HEAD, UdmaSegment, make_identity
+from .queues import QUIET_SPIN_FACTOR, QueuePair
+from .registry import LocalRegistry
+from .segment import (CQ_TAIL, CREDIT_GUARD, DEFAULT_DEPTH, HW_CQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
+                      UdmaSegment, make_identity)
 
 __all__ = ["DataPlane", "create", "start", "stop"]
 
@@ -50,6 +53,7 @@ class DataPlane:
         self.qwords = memoryview(self.qstate).cast("B").cast("q")
         self.poster = None  # the native posting path (_post.c) while no recorder needs per-event calls
         self.observed = False  # a recorder that needs per-event calls is on (refresh_fast_paths)
+        self.quiet_spin_ns = int(QUIET_SPIN_FACTOR * rt.spin * 1e9)
         self.qps: dict[int, QueuePair] = {}
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
@@ -95,6 +99,25 @@ class DataPlane:
             self.registry.seen = None
             self.rt.heap.on_change = None
 
+    def quiet_fast(self, pe, qp_idx) -> bool:
+        """The quiet of (pe, qp_idx) by the native path (``Poster.quiet``) when every CQE is in (or comes within
+        a quiet's spin) and none failed; False when ``QueuePair.poll`` must do it (waiting asleep, raising)."""
+        start = time.perf_counter_ns()
+        bits = self.poster.quiet(pe, qp_idx, self.quiet_spin_ns)
+        if bits < 0:
+            return False
+        rt = self.rt
+        if bits:
+            qp = self.qps[pe * self.qp_num + qp_idx]
+            if bits & 1:
+                self.retired(qp)
+            if bits & 2:
+                qp.release()  # publishes the posted counts
+            elif qp.n_posted and qp.owner == threading.get_ident():
+                qp.publish()
+        rt.stats.add_quiet(thread_slot(), time.perf_counter_ns() - start)
+        return True
+
     def _make_poster(self):
         """The native posting path, or None when its reading of numpy arrays does not match this numpy."""
         rt = self.rt
@@ -105,7 +128,8 @@ class DataPlane:
         config = dict(
             wq_off=seg.wq32.ctypes.data - seg.segment.addr, sidecar_off=seg.sidecar_offset,
             heap_va=self.registry.heap_va, state_addr=self.qstate.ctypes.data, credit_guard=CREDIT_GUARD,
-            dw0_base=DW0[0], wq_head=WQ_HEAD, wq_cqe_cnt=WQ_CQE_CNT,
+            dw0_base=DW0[0], wq_head=WQ_HEAD, wq_cqe_cnt=WQ_CQE_CNT, wq_tail_word=WQ_TAIL,
+            cq_ctx_off=seg.cq32.ctypes.data - seg.segment.addr, cq_tail_word=CQ_TAIL, hw_cq_db=HW_CQ_DB,
             tpn=[int(x) for x in rmi["tpn"]], tid=[int(x) for x in rmi["tid"]],
             token=[int(x) for x in rmi["rmt_token_value"]], eid_lo=[int(x) for x in eid[:, 0]],
             eid_hi=[int(x) for x in eid[:, 1]])
@@ -149,7 +173,7 @@ class DataPlane:
     def retired(self, qp: QueuePair) -> None:
         """A poller advanced ``qp``'s tail: registrations only it used may go."""
         if self.registry is not None and len(self.registry):
-            self.registry.collect({i: q.tail for i, q in self.qps.items()})
+            self.registry.collect(_Tails(self.qps))
 
     def publish_counts(self, mine_only: bool = False) -> None:
         """Publish every queue's posted counts into the stats (``mine_only``: the queues this thread owns)."""
@@ -165,6 +189,20 @@ class DataPlane:
             qp = self.qps.get(index)
             if qp is not None and qp.error is not None:
                 qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
+
+
+class _Tails:
+    """Every queue's retired tail, read when asked (``LocalRegistry.collect`` asks for the queues its
+    registrations used, a handful, where a dict of all would read 254 tails at 128 PEs)."""
+
+    __slots__ = ("qps",)
+
+    def __init__(self, qps):
+        self.qps = qps
+
+    def get(self, index: int, default: int = 0) -> int:
+        qp = self.qps.get(index)
+        return default if qp is None else qp.tail
 
 
 def _reads_arrays(poster) -> bool:

@@ -152,8 +152,8 @@ class LocalRegistry:
                 return reg.data, off
         return None
 
-    def collect(self, retired: dict[int, int]) -> None:
-        """Drop registrations whose every use is retired (``retired[queue index]`` = BB position done)."""
+    def collect(self, retired) -> None:
+        """Drop registrations whose every use is retired (``retired.get(queue index, 0)`` = BB position done)."""
         with self._lock:
             dead = [key for key, reg in self._by_address.items()
                     if all(((retired.get(q, 0) - pos) & 0xFFFF_FFFF) < 0x8000_0000 for q, pos in reg.uses.items())]
