@@ -392,6 +392,13 @@ static void idle(Engine *e) {
 static void *engine_main(void *arg) {
     Engine *e = arg;
     int turns = 0;
+    if (e->spin_ns == 0) {
+        /* PEs outnumber cores: a batch thread is not woken into the CPU of the thread that kicked it, so a
+         * block's doorbells pile up while it posts and the engine serves them when the block waits (as the
+         * interpreter lock made the Python engine do), instead of a context switch per doorbell */
+        struct sched_param sp = {0};
+        pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+    }
     for (;;) {
         uint32_t q = 0, bbs = 0;
         pthread_mutex_lock(&e->turn_lock);
