@@ -60,7 +60,8 @@ class Buffer:
             4 rounds (``four_rr`` one); ``scripts/bench_moe.py`` compares 4 and 8.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
-        qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
+        qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
+            policy, ``one``, needs one QP per peer: what a plain ``shmemx.init()`` gives.
         server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
         schedule: the kernel: ``"fullmesh"`` (the channel rounds above), ``"groups"`` (MoonEP's group waves) or
             ``"hierarchy"`` (HiSilicon's layered relay); see README "Topology-aware schedules".
@@ -82,7 +83,7 @@ class Buffer:
     """
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
-                 qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
+                 qp_num: int | None = None, qp_policy: str = "one", rotate: bool = True,
                  aggregate: bool = True, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
                  group_width: int | None = None, token_blocks: int | None = None,

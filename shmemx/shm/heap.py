@@ -23,7 +23,7 @@ import ctypes
 import numpy as np
 
 from ..errors import HeapExhaustedError
-from .segment import Segment, segment_name
+from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
 
 __all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address", "extent"]
 
@@ -94,6 +94,10 @@ class Heap:
         self.my_pe = my_pe
         self.n_pes = n_pes
         self.size = size
+        total, _ = shm_space()
+        if size > total:  # sparse files of any size can be made, but touching a page past the limit is SIGBUS
+            raise HeapExhaustedError(f"pe {my_pe}: a heap of {size} B ({size / 2**30:.1f} GiB) per PE cannot be backed "
+                                     f"by {SHM_DIR} ({describe_shm_space()}): give a smaller --heap-size")
         self.segments: list[Segment | None] = [None] * n_pes
         self.segments[my_pe] = Segment(segment_name(job_id, f"heap{my_pe}"), size, create=True)
         self.base_addr = self.segments[my_pe].addr  # this process's address of its own heap
