@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--ll-num-topk", type=int, default=9)
     args = ap.parse_args()
 
+    torch.set_num_threads(1)  # one interpreter thread per rank: torch's spinning pool would starve the engines
     _, num_ranks, _ = init_dist()
     num_rdma_bytes = 0
     if args.ll_compat:

@@ -162,6 +162,7 @@ def main() -> None:
     ap.add_argument("--pressure-test", action="store_true", help="repeat with the same seed: identical hashes")
     args = ap.parse_args()
 
+    torch.set_num_threads(1)  # one interpreter thread per rank: torch's spinning pool would starve the engines
     _, num_ranks, _ = init_dist()
     num_rdma_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(args.num_tokens, args.hidden, num_ranks,
                                                                     args.num_experts)
