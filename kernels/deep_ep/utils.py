@@ -20,9 +20,21 @@ __all__ = ["calc_diff", "per_token_cast_to_fp8", "per_token_cast_back", "inplace
            "hash_tensor", "bench", "all_gather", "all_reduce", "init_dist"]
 
 
+_ROWS = 1024  # rows per step of the helpers below: DeepEP-size tensors without gigabyte temporaries
+
+
 def calc_diff(x, y) -> float:
     """DeepEP's metric: ``1 - 2 sum(xy) / sum(x^2 + y^2)`` with both shifted by +1, in float64 (0 = equal)."""
-    return _ref.calc_diff(to_numpy(x).astype(np.float64), to_numpy(y).astype(np.float64))
+    a, b = to_numpy(x), to_numpy(y)
+    a, b = np.broadcast_arrays(a, b) if a.shape != b.shape else (a, b)
+    a2, b2 = a.reshape(len(a), -1) if a.ndim else a.reshape(1, 1), b.reshape(len(b), -1) if b.ndim else b.reshape(1, 1)
+    dot = norm = 0.0
+    for r in range(0, len(a2), _ROWS):
+        u = a2[r:r + _ROWS].astype(np.float64) + 1
+        v = b2[r:r + _ROWS].astype(np.float64) + 1
+        dot += float((u * v).sum())
+        norm += float((u * u + v * v).sum())
+    return 1 - 2 * dot / norm if norm else 0.0
 
 
 def per_token_cast_to_fp8(x):
@@ -39,8 +51,11 @@ def per_token_cast_back(x_fp8, x_scales):
         exponents = np.ascontiguousarray(scales).view(np.uint8).reshape(*scales.shape[:-1], -1).astype(np.uint32)
         scales = (exponents << 23).view(np.float32)
     shape = data.shape
-    flat = _ref.per_token_cast_back(data.reshape(-1, shape[-1]), np.asarray(scales).reshape(-1, scales.shape[-1]))
-    return Converter(x_fp8).out(flat.astype(_ref.bf16).reshape(shape))
+    flat, flat_scales = data.reshape(-1, shape[-1]), np.asarray(scales).reshape(-1, scales.shape[-1])
+    out = np.empty(flat.shape, _ref.bf16)
+    for r in range(0, len(flat), _ROWS):
+        out[r:r + _ROWS] = _ref.per_token_cast_back(flat[r:r + _ROWS], flat_scales[r:r + _ROWS])
+    return Converter(x_fp8).out(out.reshape(shape))
 
 
 def inplace_unique(x, num_slots: int) -> None:
