@@ -21,7 +21,6 @@ import pytest
 
 import shmemx
 from shmemx import deep_ep
-from shmemx.deep_ep import config as dconfig
 from shmemx.deep_ep import reference as dref
 from shmemx.deep_ep import utils
 from shmemx.deep_ep.event import EventHandle, EventOverlap

@@ -127,6 +127,8 @@ class Internode:
     def __init__(self, me: int, n_pes: int, server_size: int, nvl_budget: int, rdma_budget: int,
                  num_channels: int | None = None):
         self.me, self.n_pes, self.server_size = me, n_pes, server_size
+        self.servers = n_pes // server_size
+        self.server, self.lane = divmod(me, server_size)
         self.budgets = (rdma_budget, nvl_budget)
         self.num_channels = num_channels or 4
         self.rdma_qps = max(1, min(shmemx.qp_num(), self.num_channels, 8))
@@ -294,8 +296,7 @@ class Internode:
     def _send_rdma(self, seq: int, data, scales, in_rank, in_server, bounds, rdma_matrix, topk_idx,
                    topk_weights) -> None:
         """Stage 1: each server's rows to its same-lane forwarder (UDMA), the own server's by local copies."""
-        s, n, a, lane = self.server_size, self.n_pes // self.server_size, self.me // self.server_size, \
-            self.me % self.server_size
+        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v, rb, lanes = self.views, self.rows.bytes, self.lanes
         weights = (1 << np.arange(s, dtype=np.int64))
         peers = [((a + i) % n) * s + lane for i in range(n)]
@@ -358,8 +359,7 @@ class Internode:
         """Stage 2: the rows each source server sent this forwarder, to the ranks of this server (MTE).
 
         Returns ``(send_nvl_head [F, S], recv_rdma_channel_prefix_matrix [N, C])``."""
-        s, n, a, lane = self.server_size, self.n_pes // self.server_size, self.me // self.server_size, \
-            self.me % self.server_size
+        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v, r = self.views, self.rows
         counts = np.diff(rdma_prefix, prepend=0)
         nvl = [a * s + j for j in range(s)]
@@ -459,8 +459,7 @@ class Internode:
 
     def _return_nvl(self, seq: int, x: np.ndarray, topk_weights, gbl_prefix: np.ndarray) -> None:
         """Combine stage 1: the rows from source (b, j) back to forwarder (a, j)'s ``nvl_combine_*[lane][b]``."""
-        s, n, a, lane = self.server_size, self.n_pes // self.server_size, self.me // self.server_size, \
-            self.me % self.server_size
+        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v = self.views
         nvl = [a * s + j for j in range(s)]
         self._wait_credit(NVL_COMBINE, nvl, self._last[1])
@@ -489,8 +488,7 @@ class Internode:
     def _reduce_forward(self, seq: int, handle: InternodeHandle, with_weights: bool) -> None:
         """Combine stage 2: per forwarded row, the float32 sum over this server's ranks in rank order, rounded to
         bfloat16; each source server's block back over RDMA."""
-        s, n, a, lane = self.server_size, self.n_pes // self.server_size, self.me // self.server_size, \
-            self.me % self.server_size
+        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v, r, lanes = self.views, self.rows, self.lanes
         hidden, cb = r.hidden, r.combine_bytes
         shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, seq)
@@ -540,8 +538,7 @@ class Internode:
     def _sum_servers(self, seq: int, handle: InternodeHandle, with_weights: bool, bias):
         """Combine stage 3: per token, bias_0 + bias_1 + the partial sums of its servers in server order
         (float32), rounded once."""
-        s, n, a, lane = self.server_size, self.n_pes // self.server_size, self.me // self.server_size, \
-            self.me % self.server_size
+        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v, r = self.views, self.rows
         hidden = r.hidden
         in_rank = np.asarray(handle.is_token_in_rank, bool)

@@ -75,7 +75,8 @@ class Intranode:
                              f"{hidden} (top-{key[1]}, {num_experts} experts, {n_pes} ranks) needs a workspace of "
                              f"{size(num_tokens)} B per rank, more than num_nvl_bytes={self.budget} (which holds "
                              f"{tokens} tokens): make the Buffer with num_nvl_bytes >= {size(num_tokens)}")
-        self.moe = moe.Buffer(tokens, hidden, key[1], num_experts, **kwargs)
+        # zero_copy off whatever moe.Buffer's default: DeepEP's dispatch returns fresh tensors
+        self.moe = moe.Buffer(tokens, hidden, key[1], num_experts, zero_copy=False, **kwargs)
         self.key = key
         return self.moe
 
