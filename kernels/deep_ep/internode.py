@@ -214,24 +214,11 @@ class Internode:
         num_recv_tokens_per_expert_list, InternodeHandle)."""
         data, scales = (x[0], x[1]) if isinstance(x, tuple) else (x, None)
         data = np.ascontiguousarray(data)
-        n_tok, hidden = data.shape
-        s, n = self.server_size, self.n_pes // self.server_size
+        n_tok = data.shape[0]
+        in_rank = self._routing(data.shape, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+                                topk_idx, topk_weights)
         cached = handle is not None
-        if cached:
-            self._ensure(hidden, None, None, n_tok)
-            in_rank = np.asarray(handle.is_token_in_rank, bool)
-        else:
-            if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
-                raise ValueError(f"pe {self.me}: dispatch: give num_tokens_per_rank, is_token_in_rank and "
-                                 f"num_tokens_per_expert (get_dispatch_layout)")
-            if (topk_idx is None) != (topk_weights is None):
-                raise ValueError(f"pe {self.me}: dispatch: give topk_idx and topk_weights together, or neither")
-            self._ensure(hidden, None if topk_idx is None else topk_idx.shape[1], len(num_tokens_per_expert), n_tok)
-            in_rank = np.asarray(is_token_in_rank, bool)
-        if in_rank.shape != (n_tok, self.n_pes):
-            raise ValueError(f"pe {self.me}: dispatch: is_token_in_rank must be [{n_tok}, {self.n_pes}], got "
-                             f"{in_rank.shape}")
-        in_server = in_rank.reshape(n_tok, n, s).any(2)
+        in_server = in_rank.reshape(n_tok, self.servers, self.server_size).any(2)
         bounds = channel_bounds(n_tok, self.num_channels)
         t0 = time.perf_counter()
         if cached:
@@ -249,10 +236,7 @@ class Internode:
             expert_list = note.num_recv_tokens_per_expert_list
         self.last_times["notify"] = time.perf_counter() - t0
         num_recv = int(gbl_prefix[-1])
-        if num_worst_tokens and num_recv > num_worst_tokens:
-            overflow = num_recv
-        else:
-            overflow = 0
+        overflow = bool(num_worst_tokens) and num_recv > num_worst_tokens
         seq = self._next()
         with_topk = (not cached) and topk_idx is not None
         rdma_matrix = _inclusive(channel_counts(in_server, self.num_channels))  # [N, C]
@@ -276,6 +260,26 @@ class Internode:
             rdma_prefix.astype(np.int32), out["gbl_channel"], gbl_prefix.astype(np.int32),
             out["src_meta"], _head(in_server, bounds), forwarded)
         return recv_x, out.get("topk_idx"), out.get("topk_weights"), expert_list, new
+
+    def _routing(self, shape, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
+                 topk_weights) -> np.ndarray:
+        """Check a dispatch's routing arguments, make the workspace fit, return ``is_token_in_rank [T, P]``."""
+        n_tok, hidden = shape
+        if handle is not None:
+            self._ensure(hidden, None, None, n_tok)
+            in_rank = np.asarray(handle.is_token_in_rank, bool)
+        else:
+            if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+                raise ValueError(f"pe {self.me}: dispatch: give num_tokens_per_rank, is_token_in_rank and "
+                                 f"num_tokens_per_expert (get_dispatch_layout)")
+            if (topk_idx is None) != (topk_weights is None):
+                raise ValueError(f"pe {self.me}: dispatch: give topk_idx and topk_weights together, or neither")
+            self._ensure(hidden, None if topk_idx is None else topk_idx.shape[1], len(num_tokens_per_expert), n_tok)
+            in_rank = np.asarray(is_token_in_rank, bool)
+        if in_rank.shape != (n_tok, self.n_pes):
+            raise ValueError(f"pe {self.me}: dispatch: is_token_in_rank must be [{n_tok}, {self.n_pes}], got "
+                             f"{in_rank.shape}")
+        return in_rank
 
     def _pack(self, dst: np.ndarray, toks: np.ndarray, data, scales, mask_bits, topk_idx, topk_weights) -> None:
         """Rows for ``toks`` into ``dst [len(toks), row bytes]``."""
@@ -490,35 +494,18 @@ class Internode:
         bfloat16; each source server's block back over RDMA."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v, r, lanes = self.views, self.rows, self.lanes
-        hidden, cb = r.hidden, r.combine_bytes
+        cb = r.combine_bytes
         shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, seq)
         rdma_prefix = np.asarray(handle.recv_rdma_rank_prefix_sum, np.int64)
         heads = np.asarray(handle.send_nvl_head)
         counts = np.diff(rdma_prefix, prepend=0)
         peers = [((a + i) % n) * s + lane for i in range(n)]
         self._wait_credit(RDMA_COMBINE, peers, self._last[1])
-        cx16 = v["nvl_combine_x"].view(np.uint16).reshape(s, n, -1, hidden)
         for peer in peers:
             b = peer // s
             lo, rows = int(rdma_prefix[b] - counts[b]), int(counts[b])
             out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
-            sent = heads[lo:lo + rows] >= 0  # [rows, S]
-            pos = np.cumsum(sent, axis=0) - 1  # the row's place among those forwarded to rank j from b
-            for c0 in range(0, rows, _CHUNK):
-                c1 = min(rows, c0 + _CHUNK)
-                acc = np.zeros((c1 - c0, hidden), np.float32)
-                wacc = np.zeros((c1 - c0, r.num_topk), np.float32) if with_weights else None
-                for j in range(s):  # ascending rank, as DeepEP sums
-                    ok = np.flatnonzero(sent[c0:c1, j])
-                    if not len(ok):
-                        continue
-                    src = pos[c0 + ok, j]
-                    acc[ok] += cx16[j, b, src].view(bf16).astype(np.float32)
-                    if wacc is not None:
-                        wacc[ok] += v["nvl_combine_w"][j, b, src]
-                out[c0:c1, :2 * hidden] = acc.astype(bf16).view(np.uint8).reshape(c1 - c0, 2 * hidden)
-                if wacc is not None:
-                    out[c0:c1, 2 * hidden:2 * hidden + 4 * r.num_topk] = wacc.view(np.uint8)
+            self._server_sum(b, heads[lo:lo + rows] >= 0, out, with_weights)
             if b == a:
                 v["rdma_combine_signal"][a, :, 0] = seq
                 continue
@@ -534,6 +521,30 @@ class Internode:
         for peer in peers[1:]:
             for q in range(self.rdma_qps):
                 lanes.quiet(peer, q)
+
+    def _server_sum(self, b: int, sent: np.ndarray, out: np.ndarray, with_weights: bool) -> None:
+        """The rows this forwarder holds from server b (``sent [rows, S]``: forwarded to rank j): per row, the
+        float32 sum of what the ranks of this server sent back, in rank order, rounded to bfloat16, into
+        ``out [rows, combine row bytes]`` (then the weights' float32 sums)."""
+        v, r = self.views, self.rows
+        hidden, rows = r.hidden, len(sent)
+        cx16 = v["nvl_combine_x"].view(np.uint16).reshape(self.server_size, self.servers, -1, hidden)
+        pos = np.cumsum(sent, axis=0) - 1  # the row's place among those forwarded to rank j from b
+        for c0 in range(0, rows, _CHUNK):
+            c1 = min(rows, c0 + _CHUNK)
+            acc = np.zeros((c1 - c0, hidden), np.float32)
+            wacc = np.zeros((c1 - c0, r.num_topk), np.float32) if with_weights else None
+            for j in range(self.server_size):  # ascending rank, as DeepEP sums
+                ok = np.flatnonzero(sent[c0:c1, j])
+                if not len(ok):
+                    continue
+                src = pos[c0 + ok, j]
+                acc[ok] += cx16[j, b, src].view(bf16).astype(np.float32)
+                if wacc is not None:
+                    wacc[ok] += v["nvl_combine_w"][j, b, src]
+            out[c0:c1, :2 * hidden] = acc.astype(bf16).view(np.uint8).reshape(c1 - c0, 2 * hidden)
+            if wacc is not None:
+                out[c0:c1, 2 * hidden:2 * hidden + 4 * r.num_topk] = wacc.view(np.uint8)
 
     def _sum_servers(self, seq: int, handle: InternodeHandle, with_weights: bool, bias):
         """Combine stage 3: per token, bias_0 + bias_1 + the partial sums of its servers in server order
