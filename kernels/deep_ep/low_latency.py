@@ -210,7 +210,8 @@ class LowLatency:
         if use_ue8m0 and not round_scale:
             raise ValueError("low_latency_dispatch: use_ue8m0 needs round_scale=True (as in DeepEP)")
         if topk_idx.shape[0] != n_tok or topk_idx.ndim != 2:
-            raise ValueError(f"pe {me}: low_latency_dispatch: topk_idx must be [{n_tok}, num_topk], got {topk_idx.shape}")
+            raise ValueError(f"pe {me}: low_latency_dispatch: topk_idx must be [{n_tok}, num_topk], got "
+                             f"{topk_idx.shape}")
         self._ensure(max_tokens, hidden, num_experts)
         local, slots, msg = num_experts // n, n * max_tokens, _message_bytes(hidden)
         seq, half = self._begin()

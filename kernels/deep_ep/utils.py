@@ -6,6 +6,8 @@ so that a test needs no torch.distributed.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import time
 
@@ -17,7 +19,7 @@ from shmemx.kernels.moe import reference as _ref
 from .tensors import Converter, to_numpy
 
 __all__ = ["calc_diff", "per_token_cast_to_fp8", "per_token_cast_back", "inplace_unique", "create_grouped_scores",
-           "hash_tensor", "bench", "all_gather", "all_reduce", "init_dist"]
+           "hash_tensor", "bench", "all_gather", "all_reduce", "init_dist", "return_freed_memory"]
 
 
 _ROWS = 1024  # rows per step of the helpers below: DeepEP-size tensors without gigabyte temporaries
@@ -135,3 +137,16 @@ def init_dist() -> tuple[int, int, None]:
     if shmemx.is_initialized():
         return shmemx.my_pe(), shmemx.n_pes(), None
     return int(os.environ.get("SHMEMX_RANK", "0")), int(os.environ.get("SHMEMX_SIZE", "1")), None
+
+
+def return_freed_memory(threshold: int = 4 << 20) -> bool:
+    """Ask glibc to serve allocations of ``threshold`` bytes and more by mmap, so that freed arrays and tensors go
+    back to the system at once. DeepEP-size tests on 8 ranks of a small machine need it: glibc's adaptive
+    threshold otherwise keeps freed temporaries of tens of MB in each rank's heap (hundreds of MB per rank over a
+    test). Returns False where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return bool(libc is not None and libc.mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False

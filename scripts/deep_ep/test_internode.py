@@ -24,7 +24,7 @@ import torch
 
 from shmemx import deep_ep
 from shmemx.deep_ep.utils import all_reduce, bench, calc_diff, create_grouped_scores, hash_tensor, init_dist, \
-    inplace_unique, per_token_cast_back, per_token_cast_to_fp8
+    inplace_unique, per_token_cast_back, per_token_cast_to_fp8, return_freed_memory
 
 
 def say(rank: int, *args, **kwargs) -> None:
@@ -221,6 +221,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # one interpreter thread per rank: torch's spinning pool would starve the engines
+    return_freed_memory()  # 8 ranks of DeepEP-size tensors on one machine: freed temporaries go back at once
     _, num_ranks, _ = init_dist()
     server_size = args.server_size or (8 if num_ranks > 8 else max(1, num_ranks // 2))
     buffer = deep_ep.Buffer(None, int(2e9), int(1e9), num_qps_per_rank=24, explicitly_destroy=True,

@@ -23,7 +23,7 @@ import torch
 
 from shmemx import deep_ep
 from shmemx.deep_ep.utils import all_reduce, bench, calc_diff, init_dist, inplace_unique, per_token_cast_back, \
-    per_token_cast_to_fp8
+    per_token_cast_to_fp8, return_freed_memory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_low_latency  # noqa: E402
@@ -202,6 +202,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # one interpreter thread per rank: torch's spinning pool would starve the engines
+    return_freed_memory()  # 8 ranks of DeepEP-size tensors on one machine: freed temporaries go back at once
     _, num_ranks, _ = init_dist()
     num_rdma_bytes = 0
     if args.ll_compat:

@@ -21,7 +21,8 @@ import random
 import torch
 
 from shmemx import deep_ep
-from shmemx.deep_ep.utils import all_gather, bench, calc_diff, hash_tensor, init_dist, per_token_cast_back
+from shmemx.deep_ep.utils import all_gather, bench, calc_diff, hash_tensor, init_dist, per_token_cast_back, \
+    return_freed_memory
 
 RANK_OFFSET = 128  # x = rank - 128: exact in bfloat16 for up to 256 ranks
 
@@ -163,6 +164,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # one interpreter thread per rank: torch's spinning pool would starve the engines
+    return_freed_memory()  # 8 ranks of DeepEP-size tensors on one machine: freed temporaries go back at once
     _, num_ranks, _ = init_dist()
     num_rdma_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(args.num_tokens, args.hidden, num_ranks,
                                                                     args.num_experts)
