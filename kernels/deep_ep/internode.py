@@ -386,12 +386,13 @@ class Internode:
                 src_rank = b * s + lane
                 chan = _inclusive(np.stack([np.diff(np.searchsorted(pick, bounds))]))[0]
                 if peer == self.me:
-                    v["nvl_recv"][src_rank][:len(pick)] = got[pick]
+                    np.take(got, pick, axis=0, out=v["nvl_recv"][src_rank][:len(pick)])
                     v["nvl_meta"][src_rank] = chan
                     continue
-                if len(pick):
-                    rows_j = got if len(pick) == rows else got[pick]
-                    shmemx.aclshmemx_mte_put_nbi(v["nvl_recv"][src_rank][:len(pick)], rows_j, rows_j.size, peer)
+                dst = v["nvl_recv"][src_rank]
+                for c0 in range(0, len(pick), _CHUNK):  # gathered in chunks: no DeepEP-size temporaries
+                    part = got[pick[c0:c0 + _CHUNK]]
+                    shmemx.aclshmemx_mte_put_nbi(dst[c0:c0 + len(part)], part, part.size, peer)
                 shmemx.aclshmemx_mte_put_nbi(v["nvl_meta"][src_rank], chan, self.num_channels, peer)
         shmemx.aclshmemx_mte_quiet()  # the rows are out of rdma_recv and at their ranks: credit, then signal
         self._give_credit(RDMA_DISPATCH, [((a + i) % n) * s + lane for i in range(1, n)], seq)

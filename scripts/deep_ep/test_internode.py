@@ -148,6 +148,7 @@ def test_main(args, rank: int, num_ranks: int, num_servers: int, server_size: in
                         assert torch.equal(recv_topk_idx, worst_idx[:n])
                         assert torch.equal(weights_before_fill, worst_w[:n])
                         assert bool((worst_idx[n:] == -1).all())
+                        del worst_x, worst_idx, worst_w  # (DeepEP-size tensors: free them before the next call)
 
                     if not with_topk:
                         cached_args = {"x": current_x, "handle": handle, "config": config,
@@ -160,6 +161,7 @@ def test_main(args, rank: int, num_ranks: int, num_servers: int, server_size: in
                         cached_x = per_token_cast_back(*cached_x) if fp8 else cached_x
                         if not rand:
                             check_rank_blocks(cached_x, recv_gbl_rank_prefix_sum, num_ranks)
+                        del cached_x
 
                     bias_0 = torch.ones((num_tokens, hidden), dtype=torch.bfloat16)
                     bias_1 = torch.randn((num_tokens, hidden), dtype=torch.bfloat16)
@@ -182,6 +184,7 @@ def test_main(args, rank: int, num_ranks: int, num_servers: int, server_size: in
                         ref_w = topk_weights_pure_rand if rand else topk_weights
                         assert calc_diff(check_w, ref_w) < 1e-9
                     hash_value += hash_tensor(recv_x)
+                    del recv_x, recv_topk_idx, recv_topk_weights, handle, combined_x, combined_topk_weights
                     say(rank, " passed")
     say(rank, "")
 

@@ -139,6 +139,7 @@ def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buf
                         assert torch.equal(recv_topk_idx, worst_idx[:n])
                         assert torch.equal(weights_before_fill, worst_w[:n])
                         assert bool((worst_idx[n:] == -1).all())
+                        del worst_x, worst_idx, worst_w  # (DeepEP-size tensors: free them before the next call)
 
                     if not with_topk:  # a cached dispatch reuses the handle's layout
                         cached_args = {"x": current_x, "handle": handle, "config": config,
@@ -151,6 +152,7 @@ def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buf
                         cached_x = per_token_cast_back(*cached_x) if fp8 else cached_x
                         if current_x is not x_pure_rand:
                             check_rank_blocks(cached_x, rank_prefix_matrix, rank, num_ranks)
+                        del cached_x
 
                     combine_args = {"x": recv_x, "handle": handle, "config": config, "async_finish": async_mode}
                     if with_topk:
@@ -167,6 +169,7 @@ def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buf
                         check_w = combined_topk_weights if current_x is x_pure_rand else combined_topk_weights / went
                         ref_w = topk_weights_pure_rand if current_x is x_pure_rand else topk_weights
                         assert calc_diff(check_w, ref_w) < 1e-9
+                    del recv_x, recv_topk_idx, recv_topk_weights, handle, combined_x, combined_topk_weights
                     say(rank, " passed")
     say(rank, "")
 
