@@ -346,6 +346,14 @@ def _internode_job(server_size: int):
                          num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, num_worst_tokens=T * n)
     assert worst[3] == [] and len(worst[0]) == T * n and _same(worst[0][:len(want.recv_x)].view(np.uint16),
                                                                want.recv_x.view(np.uint16))
+    # low-latency calls on the same Buffer (both live in num_rdma_bytes: one workspace at a time), then normal again
+    recv_ll, count, _, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+    want_ll = dref.reference_low_latency_dispatch([a[0] for a in allin], [a[1] for a in allin], E, me, use_fp8=False)
+    for e, (rows, _, _) in enumerate(want_ll):
+        assert _same(recv_ll[e, :int(count[e])].view(np.uint16), rows.view(np.uint16))
+    again = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+                         num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    assert _same(again[0].view(np.uint16), want.recv_x.view(np.uint16))
 
 
 @pytest.mark.parametrize("n, server_size", [(4, 2), (8, 4)])

@@ -237,6 +237,9 @@ class Buffer:
 
     def _normal_engine(self):
         if self._normal is None:
+            if self.num_rdma_ranks > 1 and self._low_latency is not None:  # both live in num_rdma_bytes
+                self._low_latency.close()
+                self._low_latency = None
             if self.num_rdma_ranks > 1:
                 from .internode import Internode  # internode machinery only for jobs that span servers
 
@@ -339,6 +342,10 @@ class Buffer:
     def _ll_engine(self):
         if self._low_latency is None:
             from .low_latency import LowLatency
+
+            if self.num_rdma_ranks > 1 and self._normal is not None:  # both live in num_rdma_bytes: one at a time
+                self._normal.close()
+                self._normal = None
 
             self._low_latency = LowLatency(self.rank, self.group_size, self.num_rdma_bytes)
         return self._low_latency
