@@ -111,7 +111,7 @@ def test_torch_tensors_cross_without_copies():
                             (torch.bool, np.bool_)):
         t = torch.zeros((4, 3), dtype=torch.float32).to(dtype)
         a = to_numpy(t)
-        assert a.dtype == np.dtype(np_dtype) and np.shares_memory(a, a) and a.ctypes.data == t.data_ptr()
+        assert a.dtype == np.dtype(np_dtype) and a.ctypes.data == t.data_ptr()  # a view, not a copy
         back = Converter(t).out(a)
         assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
     strided = torch.randn(8, 5).T  # column-major views cross too
