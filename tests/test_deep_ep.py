@@ -301,8 +301,23 @@ def _internode_expected(allin: list, me: int, server_size: int, num_channels: in
     fwd = [lays[b * server_size + lane].is_token_in_rank for b in range(servers)]  # what I forward, per source
     forwarded = [f.reshape(len(f), servers, server_size)[:, a].any(1).sum() for f in fwd]
     received = [lays[i].num_tokens_per_rank[me] for i in range(n)]
-    return {"rdma_channel_prefix_matrix": np.cumsum(counts, axis=1),
-            "recv_rdma_rank_prefix_sum": np.cumsum(forwarded), "recv_gbl_rank_prefix_sum": np.cumsum(received)}
+    per_rank = np.array([[in_rank[bounds[c]:bounds[c + 1], r].sum() for c in range(num_channels)] for r in range(n)])
+    from_sources = []  # per source server b: channel prefix of what (b, lane) sends to server a
+    for f in fwd:
+        to_me = f.reshape(len(f), servers, server_size)[:, a].any(1)
+        fb = channel_bounds(len(f), num_channels)
+        from_sources.append(np.cumsum([to_me[fb[c]:fb[c + 1]].sum() for c in range(num_channels)]))
+    head = np.full(in_server.shape, -1)
+    for c in range(num_channels):
+        for b in range(servers):
+            k = 0
+            for t in range(bounds[c], bounds[c + 1]):
+                if in_server[t, b]:
+                    head[t, b], k = k, k + 1
+    return {"rdma_channel_prefix_matrix": np.cumsum(counts, axis=1), "gbl_channel_prefix_matrix":
+            np.cumsum(per_rank, axis=1), "recv_rdma_channel_prefix_matrix": np.array(from_sources),
+            "recv_rdma_rank_prefix_sum": np.cumsum(forwarded), "recv_gbl_rank_prefix_sum": np.cumsum(received),
+            "send_rdma_head": head}
 
 
 def _internode_job(server_size: int):
