@@ -18,7 +18,7 @@ def main() -> None:
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-n", "--np", "n", type=click.IntRange(min=1), required=True, help="Number of PEs (processes).")
-@click.option("--heap-size", default=None, metavar="SIZE", help="Symmetric heap per PE, e.g. 64M, 1G (default 64M).")
+@click.option("--heap-size", default=None, metavar="SIZE", help="Symmetric heap per PE, e.g. 64M, 1G (default 1G; sparse: untouched pages cost nothing).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop the job after SECONDS, print what every PE waits on, exit 124.")
 @click.option("--tag-output/--no-tag-output", default=True, show_default=True,

@@ -53,7 +53,7 @@ from shmemx.observe.reader import JobReader
 from shmemx.observe import record
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
 from shmemx.shm.control import Control, JobState, PeStatus
-from shmemx.shm.segment import remove_job_segments
+from shmemx.shm.segment import describe_shm_space, remove_job_segments
 
 from .reaper import Reaper
 
@@ -94,7 +94,7 @@ def launch(
         target: a script path, a module name (with ``module=True``) or a function (called as
             ``target(*args)`` in every rank; for fast tests, it is inherited by fork, never pickled).
         args: the script's / module's command-line arguments, or the function's arguments.
-        heap_size: heap bytes per PE (int or "64M"); default 64 MiB.
+        heap_size: heap bytes per PE (int or "64M"); default 1 GiB (sparse).
         timeout: stop the job after this many seconds (exit 124) and report what every PE waits on.
         tag_output: prefix every output line with ``[pe N]``.
         env: extra environment variables for the ranks.
@@ -340,6 +340,9 @@ class Job:
         self.failure = (r.rank, r.exitcode)
         if r.exitcode < 0:
             why = f"was killed by signal {_signame(-r.exitcode)}"
+            if -r.exitcode == signal.SIGBUS:  # the usual cause: a page of a (sparse) heap that tmpfs cannot back
+                why += (f" ({describe_shm_space()}: a shared page could not be backed; run fewer PEs or "
+                        f"a smaller --heap-size, or enlarge /dev/shm)")
         else:
             error = self.ctl.pes[r.rank]["error"].item().decode(errors="replace") if self.ctl else ""
             why = f"failed with exit code {r.exitcode}" + (f": {error}" if error else "")

@@ -59,7 +59,7 @@ ACLSHMEM_DATA_OP_ROCE = 0x04
 ACLSHMEM_DATA_OP_UDMA = 0x08
 ACLSHMEMX_INIT_WITH_DEFAULT = 1 << 0
 ACLSHMEM_MAX_QP_NUM = 32
-DEFAULT_HEAP_SIZE = 64 << 20
+DEFAULT_HEAP_SIZE = 1 << 30  # NVSHMEM's default symmetric heap; sparse: untouched pages cost nothing
 DEFAULT_TIMEOUT = 120.0
 
 _ENGINES = {ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_UDMA}
@@ -188,7 +188,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
-         cq_depth: int | None = None) -> Runtime:
+         cq_depth: int | None = None, min_heap_size=None) -> Runtime:
     """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
 
     Args:
@@ -196,6 +196,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
         timeout: deadline of every wait in seconds; overrides the launcher's ``--timeout``.
         sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two, default 32768; tests use small ones).
+        min_heap_size: a heap of at least this many bytes (for libraries that know what they need, such as
+            ``shmemx.deep_ep.Buffer``): the size above, or the launcher's, or the default, raised to it.
     """
     global _rt
     if _rt is not None and not _rt.finalized:
@@ -220,6 +222,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
                              f"process as {name}={actual}")
     size = parse_size(heap_size if heap_size is not None else
                       attr.local_mem_size or os.environ.get("SHMEMX_HEAP_SIZE") or DEFAULT_HEAP_SIZE)
+    if min_heap_size is not None:
+        size = max(size, parse_size(min_heap_size))
     if size <= 0:
         raise ValueError(f"pe {my_pe}: heap size must be positive, got {size}")
     if timeout is None:  # as for the heap size: a timeout set in attr beats the launcher's, which beats ours

@@ -9,8 +9,9 @@ If a block raises, the others are released from ``sync_all`` (they get ``BrokenB
 re-raises the first failing block's exception. When the launch ends, each block's claim on the send queues it
 posted to is released: the next launch may use them from other blocks.
 
-Threads share one interpreter lock: blocks interleave rather than run in parallel, except inside numpy copies
-and waits. That is enough to exercise ordering and one-submitter rules; for speed, vectorise inside a block.
+Blocks share one interpreter lock: their Python code interleaves rather than runs in parallel, but what they
+post the PE's DMA engine executes without that lock (a native thread), and numpy copies and waits let it go, so a
+block's WQEs move while the next block builds its own. For speed, vectorise inside a block.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import numpy as np
 from ..runtime import runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..shm.waits import Sleep, Wait, block_on_word, block_until
+from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_until
 from .checks import check_pe
 
 __all__ = [
@@ -76,7 +76,8 @@ def _check_cmp(cmp) -> int:
 
 
 class _Word:
-    __slots__ = ("ref", "dtype", "start", "record", "pe", "offset", "words", "idx", "dtype_str", "fmt", "lo", "hi")
+    __slots__ = ("ref", "dtype", "start", "record", "pe", "offset", "words", "idx", "dtype_str", "fmt", "lo", "hi",
+                 "kind")
 
 
 _FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q"}
@@ -123,6 +124,7 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     w.words, w.idx = _words_of(heap, pe, w.fmt), offset // arr.itemsize
     w.lo, w.hi = _BOUNDS[arr.dtype]
     w.dtype_str = arr.dtype.str.encode()
+    w.kind = WORD_KINDS[arr.dtype.str]
     w.start = heap.allocation_start(offset)
     w.record = heap.allocations.get(w.start)
     w.ref = weakref.ref(arr)
@@ -208,13 +210,13 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     target = _word_value(rt, w, value, name)
     words, idx, op = w.words, w.idx, _OPS[cmp]
     v = words[idx]
-    if rt.tracer is None and rt.recorder is None:
+    if not rt.udma.observed:  # no recorder needs per-event calls (DataPlane.refresh_fast_paths)
         if op(v, target):  # met already: nothing to record
             return v
-        return block_on_word(rt, words, idx, op, target,
+        return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
                              Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                              lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
-    seen = [v]  # tracing: the generic wait, which records the wait (or its instant) in the trace
+    seen = [v]  # observed: the generic wait, which records the wait (or its instant) in the trace
 
     def ready() -> bool:
         v = words[idx]
