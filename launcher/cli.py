@@ -18,7 +18,7 @@ def main() -> None:
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-n", "--np", "n", type=click.IntRange(min=1), required=True, help="Number of PEs (processes).")
-@click.option("--heap-size", default=None, metavar="SIZE", help="Symmetric heap per PE, e.g. 64M, 1G (default 64M).")
+@click.option("--heap-size", default=None, metavar="SIZE", help="Symmetric heap per PE, e.g. 64M, 1G (default 1G; sparse: untouched pages cost nothing).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop the job after SECONDS, print what every PE waits on, exit 124.")
 @click.option("--tag-output/--no-tag-output", default=True, show_default=True,
@@ -26,6 +26,9 @@ def main() -> None:
 @click.option("-m", "module", default=None, metavar="MODULE", help="Run a module as a script (like python -m).")
 @click.option("--trace", "trace", default=None, metavar="FILE",
               help="Record every WQE, wait, barrier and region; write Chrome trace-event JSON (Perfetto) to FILE.")
+@click.option("--record", "record", default=None, metavar="FILE",
+              help="Record every post, quiet, wait, barrier, region and compute annotation to FILE, for "
+                   "shmemx replay (modelled time on a topology).")
 @click.option("--stats", is_flag=True,
               help="Print every PE's counters (WQEs, bytes, quiet/barrier/wait time) at the end.")
 @click.option("--dump-dir", default=None, metavar="DIR",
@@ -37,7 +40,7 @@ def main() -> None:
               help="Jitter kernel threads at waits, quiets and signal_op, every choice drawn from SEED "
                    "('random': pick one and print it).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, check, chaos, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -55,7 +58,8 @@ def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, check
         except ValueError:
             raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
-                  tag_output=tag_output, trace=trace, stats=stats, dump_dir=dump_dir, check=check, chaos=chaos)
+                  tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
+                  chaos=chaos)
     sys.exit(code)
 
 
@@ -63,17 +67,20 @@ def run(n, heap_size, timeout, tag_output, module, trace, stats, dump_dir, check
 @click.argument("name", type=click.Choice(["P0", "P1", "P2", "P3", "P4", "P5", "all"], case_sensitive=False))
 @click.option("--quick", is_flag=True, help="Small P and shapes: about a minute per experiment.")
 @click.option("--out", "out", default=None, metavar="DIR", help="Write NAME.csv, NAME.json and NAME.png into DIR.")
-def experiment(name, quick, out) -> None:
+@click.option("--model", default=None, metavar="TOPO",
+              help="Also record each job and add modelled columns from its replay on TOPO (e.g. ascend950).")
+def experiment(name, quick, out, model) -> None:
     """Run seed 001's experiment NAME (P0-P5, or all) over the MoE schedules; print its table and verdict."""
     from pathlib import Path
 
     from shmemx.launcher.experiment import EXPERIMENTS, run_experiment
 
     for one in (list(EXPERIMENTS) if name.lower() == "all" else [name.upper()]):
-        result = run_experiment(one, quick=quick, out=Path(out) if out else None)
+        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model)
         cols = [c for c in ("n", "schedule", "qp_policy", "routing", "group_width", "token_blocks", "weight_blocks",
                             "skew", "hidden", "rounds", "wqes", "qp_wqes", "qp_bytes_max_min", "cross_server_mb",
                             "max_in_degree", "quiets", "route_reads", "dispatch_ms_max", "dispatch_ms_p50")]
+        cols += ["model_dispatch_us", "model_combine_us", "model_bound"] if model else []
         click.echo(f"{one}: {result['what']} ({result['seconds']} s)")
         click.echo("  ".join(cols))
         for r in result["rows"]:
@@ -193,6 +200,39 @@ def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(dumps.render(doc, **sel), nl=False)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("recording", type=click.Path(exists=True, dir_okay=False))
+@click.option("--topology", default="ascend950", show_default=True, metavar="TOPO",
+              help="A topology TOML file, or a built-in one: ascend950, h800_cx7.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Override a topology value, e.g. --set intra.bandwidth_GBps=100 (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the replay as one JSON document (schema in the README).")
+@click.option("--perfetto", default=None, metavar="FILE",
+              help="Also write a Chrome trace-event JSON of the replay in virtual time (open it in Perfetto).")
+def replay(recording, topology, settings, as_json, perfetto) -> None:
+    """Replay a recording (shmemx run --record FILE) in virtual time on a modelled two-tier topology."""
+    import json
+
+    from shmemx.observe.replay import SimError, render, replay as run_replay
+
+    overrides = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. intra.bandwidth_GBps=100")
+        overrides[key.strip()] = value.strip()
+    try:
+        doc = run_replay(recording, topology, overrides, perfetto=perfetto)
+    except (ValueError, SimError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(render(doc), nl=False)
+        if perfetto:
+            click.echo(f"virtual-time trace written to {perfetto}; open it in Perfetto (ui.perfetto.dev)")
 
 
 if __name__ == "__main__":  # pragma: no cover

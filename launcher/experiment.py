@@ -5,8 +5,10 @@ makes a ``moe.Buffer`` with the configuration's schedule, runs one untimed dispa
 timed ones, and writes its ``CallStats.record()`` of each call to a JSON file), and ``summarize(cfg, records)``
 turns the per-PE records into one row: counts (WQEs, bytes, cross-server bytes, rounds, in-degree, quiets,
 syncs, credits) beside wall times (max over ranks, p50, p95). Wall time here is CPU time of an emulator on a
-shared machine, not link time: the counts are what a schedule changes for certain; a modelled time is another
-issue's (``ROW_HOOKS`` lets it add columns from the same records).
+shared machine, not link time: the counts are what a schedule changes for certain. With ``--model TOPO``
+(``cfg["model"]``) each job is also recorded and replayed in virtual time on that topology (``observe.replay``),
+and the row gains the modelled columns: ``model_dispatch_us`` / ``model_combine_us`` (per timed call, max over
+PEs), ``model_makespan_us``, ``model_bound`` (what the critical path spent most on) and ``model_warnings``.
 
 Outputs in ``--out DIR``: ``NAME.csv`` (one row per configuration), ``NAME.json`` (rows, verdict, settings) and
 ``NAME.png`` (one matplotlib figure), and the verdict printed: which of the seed's hypotheses the numbers support.
@@ -14,6 +16,7 @@ Outputs in ``--out DIR``: ``NAME.csv`` (one row per configuration), ``NAME.json`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -103,9 +106,12 @@ def _rank_main(cfg: dict, out_dir: str) -> None:
                      server_size=cfg["server_size"] or None)
     records = []
     for rep in range(cfg["reps"] + 1):
-        res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        timed = (lambda name: shmemx.region(name)) if rep else (lambda name: contextlib.nullcontext())
+        with timed("dispatch"):  # (regions: what a replay of the recording times; free when not recorded)
+            res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
         d = buf.last_stats.record()
-        buf.combine(res.recv_x, res.handle, res.recv_topk_weights)
+        with timed("combine"):
+            buf.combine(res.recv_x, res.handle, res.recv_topk_weights)
         c = buf.last_stats.record()
         if rep:  # the first pair warms the pages and the pools
             records.append({"dispatch": d, "combine": c})
@@ -121,12 +127,30 @@ def run_config(cfg: dict, timeout: float = 900) -> tuple[dict, list]:
 
     with tempfile.TemporaryDirectory(prefix="shmemx-exp-") as tmp:
         heap = "16M" if cfg["n"] >= 64 else "64M"
+        recording = os.path.join(tmp, "run.rec") if cfg.get("model") else None
         code = launch(cfg["n"], _rank_main, (cfg, tmp), timeout=timeout, heap_size=heap,
-                      stdout=open(os.devnull, "w"))
+                      stdout=open(os.devnull, "w"), record=recording)
         if code != 0:
             raise RuntimeError(f"experiment job {cfg} failed with exit status {code}")
         records = [json.loads(Path(tmp, f"pe{pe}.json").read_text()) for pe in range(cfg["n"])]
-    return summarize(cfg, records), records
+        row = summarize(cfg, records)
+        if recording:
+            row.update(_modelled(cfg, recording))
+    return row, records
+
+
+def _modelled(cfg: dict, recording: str) -> dict:
+    """The modelled columns of a row (issue 13): the recording replayed on ``cfg["model"]``."""
+    from shmemx.observe.replay import modelled_columns
+
+    cols = modelled_columns(recording, cfg["model"], regions=("dispatch", "combine"))
+    out = {}
+    for kind in ("dispatch", "combine"):
+        calls = max(cols[f"model_{kind}_calls"], 1)
+        out[f"model_{kind}_us"] = round(cols[f"model_{kind}_us"] / calls, 3)
+    out.update(model_makespan_us=round(cols["model_makespan_us"], 3), model_bound=cols["model_bound"],
+               model_warnings=cols["model_warnings"])
+    return out
 
 
 def _over(values) -> dict:
@@ -329,11 +353,12 @@ EXPERIMENTS = {
 }
 
 
-def run_experiment(name: str, *, quick: bool, out: Path | None, progress=True) -> dict:
-    """Run every configuration of ``name``, write the CSV, JSON and PNG into ``out``; returns the JSON."""
+def run_experiment(name: str, *, quick: bool, out: Path | None, progress=True, model: str | None = None) -> dict:
+    """Run every configuration of ``name``, write the CSV, JSON and PNG into ``out``; returns the JSON. With
+    ``model`` (a topology), the rows gain the modelled columns (see the module docstring)."""
     from tqdm import tqdm
 
-    cfgs = configs(name, quick)
+    cfgs = [dict(c, model=model) if model else c for c in configs(name, quick)]
     rows = []
     start = time.time()
     for cfg in tqdm(cfgs, desc=f"{name}", unit="config", disable=not progress):

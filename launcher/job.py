@@ -50,9 +50,10 @@ from shmemx.errors import PeerFailedError
 from shmemx.observe.counters import JobStats
 from shmemx.observe import dump as dumps
 from shmemx.observe.reader import JobReader
+from shmemx.observe import record
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
 from shmemx.shm.control import Control, JobState, PeStatus
-from shmemx.shm.segment import remove_job_segments
+from shmemx.shm.segment import describe_shm_space, remove_job_segments
 from shmemx.udma.chaos import CHAOS_ENV
 from shmemx.udma.check.analyze import analyze
 from shmemx.udma.check.events import read_job_logs
@@ -86,6 +87,7 @@ def launch(
     stdout=None,
     stderr=None,
     trace: str | None = None,
+    record: str | None = None,
     stats: bool = False,
     dump_dir: str | None = None,
     dump: bool = True,
@@ -99,12 +101,14 @@ def launch(
         target: a script path, a module name (with ``module=True``) or a function (called as
             ``target(*args)`` in every rank; for fast tests, it is inherited by fork, never pickled).
         args: the script's / module's command-line arguments, or the function's arguments.
-        heap_size: heap bytes per PE (int or "64M"); default 64 MiB.
+        heap_size: heap bytes per PE (int or "64M"); default 1 GiB (sparse).
         timeout: stop the job after this many seconds (exit 124) and report what every PE waits on.
         tag_output: prefix every output line with ``[pe N]``.
         env: extra environment variables for the ranks.
         stdout, stderr: text streams for the ranks' output and the launcher's messages (default sys's).
         trace: write a Chrome trace-event JSON of every WQE, wait, barrier and region to this path.
+        record: write a recording of every post, quiet, wait, barrier, region and compute annotation to this
+            path, for ``shmemx replay`` (virtual time on a modelled topology; ``observe.record``).
         stats: print every PE's counters when the job ends.
         dump_dir: where a post-mortem dump goes (default ``$SHMEMX_DUMP_DIR`` or the current directory).
         dump: write a post-mortem dump at all (the diagnosis is printed either way).
@@ -116,6 +120,7 @@ def launch(
     job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
               env=env or {}, stdout=stdout, stderr=stderr)
     job.trace_path = os.path.abspath(trace) if trace else None
+    job.record_path = os.path.abspath(record) if record else None
     job.stats = stats
     job.dump_dir = dump_dir
     job.dump = dump
@@ -174,6 +179,8 @@ class Job:
         self._defer_signals = False  # inside a section that a signal must not cut short
         self.trace_path: str | None = None
         self.trace_dir: str | None = None
+        self.record_path: str | None = None
+        self.record_dir: str | None = None
         self.t0 = time.perf_counter_ns()
         self.stats = False
         self.dump_dir: str | None = None
@@ -206,6 +213,9 @@ class Job:
         if self.trace_path:
             self.trace_dir = tempfile.mkdtemp(prefix=f"shmemx_{self.job_id}_trace_")
             self.reaper.trace_dir(self.trace_dir)
+        if self.record_path:
+            self.record_dir = tempfile.mkdtemp(prefix=f"shmemx_{self.job_id}_record_")
+            self.reaper.trace_dir(self.record_dir)
         try:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
@@ -249,6 +259,8 @@ class Job:
             env[CHECK_ENV] = "1"
         if self.chaos is not None:
             env[CHAOS_ENV] = str(self.chaos)
+        if self.record_dir:
+            env[record.RECORD_DIR_ENV] = self.record_dir
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -359,6 +371,9 @@ class Job:
         self.failure = (r.rank, r.exitcode)
         if r.exitcode < 0:
             why = f"was killed by signal {_signame(-r.exitcode)}"
+            if -r.exitcode == signal.SIGBUS:  # the usual cause: a page of a (sparse) heap that tmpfs cannot back
+                why += (f" ({describe_shm_space()}: a shared page could not be backed; run fewer PEs or "
+                        f"a smaller --heap-size, or enlarge /dev/shm)")
         else:
             error = self.ctl.pes[r.rank]["error"].item().decode(errors="replace") if self.ctl else ""
             why = f"failed with exit code {r.exitcode}" + (f": {error}" if error else "")
@@ -404,8 +419,8 @@ class Job:
         self._message(f"dump of every queue, wait and allocation: {shown} (read it with shmemx dump --file)")
 
     def _finish_inspection(self) -> None:
-        """After the ranks ended: print the counters (--stats), merge the trace parts (--trace), analyse the
-        event logs (--check)."""
+        """After the ranks ended: print the counters (--stats), merge the trace parts (--trace) and the recording
+        parts (--record), analyse the event logs (--check)."""
         if self.ctl is None:
             return
         if self.check:
@@ -431,6 +446,23 @@ class Job:
             finally:
                 shutil.rmtree(self.trace_dir, ignore_errors=True)
                 self.trace_dir = None
+        if self.record_dir:
+            self._finish_recording()
+
+    def _finish_recording(self) -> None:
+        try:
+            meta = {"job": self.job_id, "script": self._target_name()}
+            missing = record.merge_parts(self.record_path, self.record_dir, self.n, meta)
+        except OSError as exc:
+            self._message(f"could not write the recording to {self.record_path}: {exc}")
+        else:
+            note = f" (no events from pe {', '.join(map(str, missing))}: stopped before finalize; a replay " \
+                   f"needs every PE)" if missing else ""
+            self._message(f"recording written to {self.record_path}{note}; replay it with shmemx replay "
+                          f"{os.path.relpath(self.record_path)} --topology ascend950")
+        finally:
+            shutil.rmtree(self.record_dir, ignore_errors=True)
+            self.record_dir = None
 
     def _analyse(self) -> None:
         """--check: replay every PE's event log; print one ``shmemx check:`` line per finding, write them as JSON

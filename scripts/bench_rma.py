@@ -12,15 +12,24 @@ reference measured in the same run, alternating with it so that drift of this sh
   1024, and through the raw vectorised path (reserve N, one ``build_writes``, one ring, one poll per batch);
   beside ``np.copyto`` of the same 64-byte rows in a Python loop (the reference for a per-call cost);
   with ``--both``, the same with both PEs sending at once (per-PE figure);
+* one put of 1 MiB and more followed by its quiet, repeated ``k`` times, beside the same ``np.copyto``s;
+* the user's 64-byte pattern: ``aclshmemx_udma_put_nbi(dst[i], src[i], 8, pe)`` from the rows of a local numpy
+  array into the rows of a heap array, one quiet per 1024 (the plain API path);
 * put_signal -> signal_wait_until ping-pong between 2 PEs (half round trip), beside the same ping-pong done with
   ``aclshmemx_signal_op`` SET (a direct store, no engine);
-* MPI_Put + MPI_Win_flush columns for the bandwidth rows when mpi4py is importable (skipped otherwise).
+* peer columns, measured in the same run on the same sizes and patterns when ``scripts/install_peers.sh`` has
+  installed them (``scripts/peers.py``): shmem4py over Open MPI's OSHMEM (``put_nbi`` + ``quiet``; ``put``,
+  ``fence``, ``atomic_set`` / ``wait_until`` for the ping-pong) and mpi4py over MPICH (``Put`` + ``Win_flush``;
+  ``Send`` / ``Recv`` for the ping-pong). The shmemx jobs and the peer jobs alternate, twice, and each figure is
+  the median of both rounds' samples, so that drift of this shared host hits all columns.
 
-Bars (issue 3): puts of 1 MiB and more >= 0.8x np.copyto; qp_put_nbi 64 B >= 150,000 completed WQE/s per PE; the
-raw vectorised path >= 2,000,000 completed 64-B WQE/s per PE.
+Bars: puts of 1 MiB and more >= 0.8x np.copyto (issue 3), a 4 MiB put + quiet repeated >= 0.9x np.copyto and >=
+shmem4py's (issue 11); qp_put_nbi 64 B >= 150,000 completed WQE/s per PE and the raw vectorised path >= 2,000,000
+(issue 3); the user's 64-byte put_nbi pattern >= 370,000 and >= shmem4py's (issue 11); put_signal half round trip
+<= 25 us (issue 11).
 
-Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both]``. ``--quick`` is a smoke run of a few seconds
-(rough numbers); ``--check`` exits 1 when a bar is missed.
+Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers]``. ``--quick`` is a
+smoke run of a few seconds (rough numbers; no peers unless ``--peers``); ``--check`` exits 1 when a bar is missed.
 """
 
 from __future__ import annotations
@@ -96,7 +105,15 @@ def _bandwidth_body(cfg: Config) -> None:
                     shmemx.aclshmemx_udma_qp_put_nbi(d, s, size, 1, 0)
                 shmemx.aclshmemx_udma_qp_quiet(1, 0)
                 puts.append(k * size / (time.perf_counter() - t0))
-            result[size] = {"k": k, "put": puts, "copyto": copies}
+            single = []
+            if size >= MIB:  # one put and its quiet, k times
+                for _ in range(cfg.samples):
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        shmemx.aclshmemx_udma_qp_put_nbi(d, s, size, 1, 0)
+                        shmemx.aclshmemx_udma_qp_quiet(1, 0)
+                    single.append(k * size / (time.perf_counter() - t0))
+            result[size] = {"k": k, "put": puts, "copyto": copies, "put1": single}
         print(json.dumps(result))
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()
@@ -112,7 +129,8 @@ def _rate_body(cfg: Config, both: bool) -> None:
     dst = shmemx.zeros((slots, 8), np.int64, name="dst")
     shmemx.aclshmem_barrier_all()
     sending = both or me == 0
-    result = {"loop": [], "batch": [], "raw": [], "copyto": []}
+    result = {"loop": [], "local": [], "batch": [], "raw": [], "copyto": []}
+    rows = np.arange(slots * 8, dtype=np.int64).reshape(slots, 8) + (me << 40)  # a local array, not the heap
     q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
     step = np.arange(slots, dtype=np.uint64) * np.uint64(WQE)
     remote, local = q.remote_va(dst), q.local_va(src)
@@ -127,6 +145,13 @@ def _rate_body(cfg: Config, both: bool) -> None:
             for i in range(base % slots, base % slots + 1024):
                 put(dst[i], src[i], 8, nxt, 0)
             shmemx.aclshmemx_udma_qp_quiet(nxt, 0)
+
+    def local_rows() -> None:
+        put = shmemx.aclshmemx_udma_put_nbi
+        for base in range(0, total, 1024):
+            for i in range(base % slots, base % slots + 1024):
+                put(dst[i], rows[i], 8, nxt)
+            shmemx.aclshmemx_udma_quiet(nxt)
 
     def batch() -> None:
         put = shmemx.aclshmemx_udma_qp_put_nbi
@@ -151,7 +176,7 @@ def _rate_body(cfg: Config, both: bool) -> None:
             for i in range(base % slots, base % slots + 1024):
                 np.copyto(peer[i], src[i])
 
-    for name, fn in (("loop", loop), ("batch", batch), ("raw", raw), ("copyto", copyto)):
+    for name, fn in (("loop", loop), ("local", local_rows), ("batch", batch), ("raw", raw), ("copyto", copyto)):
         fn_total = total if name != "raw" else total // slots * slots
         for rep in range(cfg.samples + 1):  # sample 0 warms up
             shmemx.aclshmem_barrier_all()
@@ -211,63 +236,6 @@ def _pingpong_body(cfg: Config) -> None:
     shmemx.finalize()
 
 
-# --- MPI reference (only when mpi4py is importable) ----------------------------------------------------------
-
-
-def mpi_available() -> bool:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _mpi_bandwidth(cfg: Config) -> dict | None:
-    """MPI_Put + MPI_Win_flush bandwidth between 2 ranks (mpiexec), or None when that cannot run here."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
-    if mpiexec is None:
-        return None
-    code = f"""
-import json, time, numpy as np
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-sizes, samples, total, max_k = {cfg.sizes!r}, {cfg.samples}, {cfg.bw_bytes}, {cfg.bw_max_k}
-buf = np.zeros(max(sizes), np.uint8); src = np.full(max(sizes), 7, np.uint8)
-win = MPI.Win.Create(buf, comm=comm)
-out = {{}}
-win.Lock_all()
-for size in sizes:
-    k = max(1, min(max_k, total // size)); rates = []
-    for _ in range(samples):
-        comm.Barrier()
-        if comm.rank == 0:
-            t0 = time.perf_counter()
-            for _ in range(k):
-                win.Put(src[:size], 1)
-            win.Flush(1)
-            rates.append(k * size / (time.perf_counter() - t0))
-    out[size] = rates
-win.Unlock_all()
-if comm.rank == 0:
-    print(json.dumps(out))
-win.Free()
-"""
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(code)
-    try:
-        proc = subprocess.run([mpiexec, "-n", "2", sys.executable, f.name], capture_output=True, text=True,
-                              timeout=600)
-    finally:
-        os.unlink(f.name)
-    if proc.returncode != 0:
-        return None
-    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
-
-
 # --- running and printing ----------------------------------------------------------------------------------
 
 
@@ -290,65 +258,151 @@ def _fmt(values, unit: str) -> str:
     return f"{med} [{lo}..{hi}]"
 
 
+def _peer_cfg(cfg: Config) -> dict:
+    return {"sizes": cfg.sizes, "bw_bytes": cfg.bw_bytes, "bw_max_k": cfg.bw_max_k, "samples": cfg.samples,
+            "slots": cfg.raw_batch, "rate_wqes": cfg.rate_wqes, "pingpong_rounds": cfg.pingpong_rounds}
+
+
+class _Pool:
+    """Samples of every figure, pooled over the rounds: ``pool[source][key]`` lists."""
+
+    def __init__(self):
+        self.data: dict = {}
+
+    def add(self, source: str, key, values) -> None:
+        if values:
+            self.data.setdefault(source, {}).setdefault(key, []).extend(values)
+
+    def get(self, source: str, key):
+        return self.data.get(source, {}).get(key)
+
+
+def _measure(cfg: Config, heap: str, peer_names: list, rounds: int) -> _Pool:
+    """Every job, shmemx's and each peer's alternating, ``rounds`` times."""
+    import peers
+
+    pool = _Pool()
+    pcfg = _peer_cfg(cfg)
+    for _ in range(rounds):
+        (bw,) = _job(_bandwidth_body, cfg, heap=heap)
+        for size in cfg.sizes:
+            r = bw[str(size)]
+            pool.add("k", size, [r["k"]])
+            for key in ("put", "copyto", "put1"):
+                pool.add("shmemx", (key, size), r[key])
+        for peer in peer_names:
+            got = peers.run(peer, "bw", 2, pcfg) or {}
+            for size, r in got.items():
+                pool.add(peer, ("put", int(size)), r["put"])
+                pool.add(peer, ("put1", int(size)), r["put1"])
+        (rate,) = _job(_rate_body, cfg, False)
+        for key, values in rate.items():
+            pool.add("shmemx", key, values)
+        for peer in peer_names:
+            pool.add(peer, "local", (peers.run(peer, "rate", 2, pcfg) or {}).get("rate"))
+        (pp,) = _job(_pingpong_body, cfg)
+        for key, values in pp.items():
+            pool.add("shmemx", key, values)
+        for peer in peer_names:
+            pool.add(peer, "put_signal", (peers.run(peer, "pingpong", 2, pcfg) or {}).get("pingpong"))
+    return pool
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds (rough numbers)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a bar is missed")
     parser.add_argument("--both", action="store_true", help="also measure the message rates with both PEs sending")
+    parser.add_argument("--peers", dest="peers", action="store_true", default=None,
+                        help="measure the installed peers (the default of a full run)")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="measure shmemx only")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     heap = f"{2 * max(cfg.sizes) // MIB + 8}M"
-    rows = []  # (measurement, unit, shmemx values, reference name, reference values, bar, ok, MPI values)
     load_before = os.getloadavg()[0]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import peers
 
-    (bw,) = _job(_bandwidth_body, cfg, heap=heap)
-    mpi = _mpi_bandwidth(cfg) if mpi_available() else None
+    installed = peers.available()
+    want = (not args.quick) if args.peers is None else args.peers
+    peer_names = [p for p in peers.PEERS if want and installed[p]]
+    pool = _measure(cfg, heap, peer_names, 1 if args.quick else 2)
+
+    rows = []  # (measurement, unit, shmemx values, reference name, reference values, bar, ok, {peer: values})
+    sh = lambda key: pool.get("shmemx", key)  # noqa: E731
+    level = {}  # bars "at least level with shmem4py"
     for size in cfg.sizes:
-        r = bw[str(size)]
-        ratio = _median(r["put"]) / _median(r["copyto"])
+        k = pool.get("k", size)[0]
+        ratio = _median(sh(("put", size))) / _median(sh(("copyto", size)))
         bar, ok = ("", None) if size < MIB else (">= 0.8x copyto", ratio >= 0.8)
-        rows.append((f"put {_size(size)} (x{r['k']}) + quiet", "GB/s", r["put"], "np.copyto", r["copyto"], bar, ok,
-                     None if mpi is None else mpi[size]))
-    (rate,) = _job(_rate_body, cfg, False)
-    refs = rate["copyto"]
-    bars = {"loop": (150_000, ">= 150k WQE/s"), "raw": (2_000_000, ">= 2M WQE/s"), "batch": (None, "")}
-    names = {"loop": "64 B qp_put_nbi loop, quiet/1024", "batch": "64 B defer/submit, batches of 1024",
-             "raw": f"64 B raw path, batches of {cfg.raw_batch}"}
-    for key in ("loop", "batch", "raw"):
+        rows.append((f"put {_size(size)} (x{k}) + quiet", "GB/s", sh(("put", size)), "np.copyto",
+                     sh(("copyto", size)), bar, ok, {p: pool.get(p, ("put", size)) for p in peer_names}))
+    for size in cfg.sizes:
+        if size < MIB:
+            continue
+        k = pool.get("k", size)[0]
+        values = sh(("put1", size))
+        ratio = _median(values) / _median(sh(("copyto", size)))
+        bar, ok = ("", None)
+        if size == 4 * MIB:
+            bar, ok = ">= 0.9x copyto", ratio >= 0.9
+            theirs = pool.get("shmem4py", ("put1", size))
+            if theirs:
+                level["4 MiB put + quiet"] = (_median(values), _median(theirs))
+        rows.append((f"(put {_size(size)} + quiet) x{k}", "GB/s", values, "np.copyto", sh(("copyto", size)), bar, ok,
+                     {p: pool.get(p, ("put1", size)) for p in peer_names}))
+    refs = sh("copyto")
+    bars = {"loop": (150_000, ">= 150k WQE/s"), "local": (370_000, ">= 370k WQE/s"), "raw": (2_000_000, ">= 2M WQE/s"),
+            "batch": (None, "")}
+    names = {"loop": "64 B qp_put_nbi loop, quiet/1024", "local": "64 B put_nbi local->heap rows, quiet/1024",
+             "batch": "64 B defer/submit, batches of 1024", "raw": f"64 B raw path, batches of {cfg.raw_batch}"}
+    for key in ("loop", "local", "batch", "raw"):
         floor, bar = bars[key]
-        ok = None if floor is None else _median(rate[key]) >= floor
-        rows.append((names[key] + ", 1 sender", "WQE/s", rate[key], "copyto loop", refs, bar, ok, None))
+        ok = None if floor is None else _median(sh(key)) >= floor
+        extra = {p: pool.get(p, "local") for p in peer_names} if key == "local" else {}
+        if key == "local" and pool.get("shmem4py", "local"):
+            level["64 B put_nbi rate"] = (_median(sh(key)), _median(pool.get("shmem4py", "local")))
+        rows.append((names[key] + ", 1 sender", "WQE/s", sh(key), "copyto loop", refs, bar, ok, extra))
     if args.both:
         per_pe = _job(_rate_body, cfg, True)
-        for key in ("loop", "batch", "raw"):
+        for key in ("loop", "local", "batch", "raw"):
             values = [v for pe in per_pe for v in pe[key]]
             rows.append((names[key] + ", both send (per PE)", "WQE/s", values, "copyto loop",
-                         [v for pe in per_pe for v in pe["copyto"]], "", None, None))
-    (pp,) = _job(_pingpong_body, cfg)
-    rows.append(("put_signal -> wait_until, half round trip", "us", pp["put_signal"], "signal_op SET",
-                 pp["signal_op"], "", None, None))
+                         [v for pe in per_pe for v in pe["copyto"]], "", None, {}))
+    half = sh("put_signal")
+    rows.append(("put_signal -> wait_until, half round trip", "us", half, "signal_op SET", sh("signal_op"),
+                 "<= 25 us", _median(half) <= 25e-6, {p: pool.get(p, "put_signal") for p in peer_names}))
 
     cores = len(os.sched_getaffinity(0))
     print(f"shmemx bench_rma ({'quick' if args.quick else 'full'} run; {cores} cores; 2 PEs; medians over "
-          f"{cfg.samples} samples, min..max in brackets; load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers them)")
-    if mpi is None:
-        print("MPI_Put columns skipped: " + ("mpi4py is not importable" if not mpi_available() else
-                                             "mpiexec missing or the MPI job failed"))
-    mpi_col = f" {'MPI_Put+flush':>26}" if mpi is not None else ""
+          f"{cfg.samples} samples{' x 2 rounds' if not args.quick else ''}, min..max in brackets; load average "
+          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers them)")
+    missing = [p for p in peers.PEERS if p not in peer_names]
+    if missing:
+        why = "not requested" if not want else "not installed (bash scripts/install_peers.sh)"
+        print(f"peer columns skipped ({why}): {', '.join(missing)}")
+    if peer_names:
+        print("peers: shmem4py = put_nbi + quiet / put, fence, atomic_set -> wait_until over Open MPI OSHMEM; "
+              "mpi = Put + Win_flush / Send -> Recv over MPICH")
+    peer_cols = "".join(f" {p:>26}" for p in peer_names)
     header = (f"{'measurement':<56} {'unit':>5} {'shmemx':>26} {'reference':>13} {'reference value':>26} "
-              f"{'ratio':>6}{mpi_col}  {'bar':<15} result")
+              f"{'ratio':>6}{peer_cols}  {'bar':<15} result")
     print(header)
     print("-" * len(header))
     missed = 0
-    for what, unit, values, ref_name, ref_values, bar, ok, mpi_values in rows:
+    for what, unit, values, ref_name, ref_values, bar, ok, peer_values in rows:
         ref = _fmt(ref_values, unit) if ref_values else ""
         ratio = f"{_median(values) / _median(ref_values):.2f}x" if ref_values else ""
         result = "" if ok is None else ("PASS" if ok else "FAIL")
         missed += ok is False
-        extra = f" {_fmt(mpi_values, unit) if mpi_values else '':>26}" if mpi is not None else ""
+        extra = "".join(f" {_fmt(peer_values[p], unit) if peer_values.get(p) else '':>26}" for p in peer_names)
         print(f"{what:<56} {unit:>5} {_fmt(values, unit):>26} {ref_name:>13} {ref:>26} {ratio:>6}{extra}  "
               f"{bar:<15} {result}")
+    for what, (ours, theirs) in level.items():
+        ok = ours >= theirs
+        missed += not ok
+        print(f"level with shmem4py, {what}: shmemx / shmem4py = {ours / theirs:.2f}x (bar >= 1.00x)  "
+              f"{'PASS' if ok else 'FAIL'}")
     return 1 if args.check and missed else 0
 
 

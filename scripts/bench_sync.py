@@ -12,10 +12,15 @@ primitive measured in the same run, with the ratio shmemx / raw:
   ``machine_limits.md`` section 3 measured them. The raw and shmemx runs alternate, so that drift of this
   shared host hits both.
 
+* peer columns when ``scripts/install_peers.sh`` installed them (``scripts/peers.py``; a full run, or
+  ``--peers``): shmem4py over Open MPI's OSHMEM (``barrier_all``; ``put``, ``fence``, ``atomic_set`` ->
+  ``wait_until`` for the ping-pong) and mpi4py over MPICH (``MPI_Barrier``; ``Send`` -> ``Recv``), each job run
+  right after shmemx's job of the same row.
+
 Bars (issue 2): 8 ranks start and exit in at most 0.5 s; the 2-rank round trip and the 8-rank hop at most 1.5x raw.
 
-Usage: ``python scripts/bench_sync.py [--quick] [--check]``. ``--quick`` is a smoke run of a few seconds (its
-numbers are rough); ``--check`` exits 1 when a bar is missed.
+Usage: ``python scripts/bench_sync.py [--quick] [--check] [--peers | --no-peers]``. ``--quick`` is a smoke run of a
+few seconds (its numbers are rough; no peers unless ``--peers``); ``--check`` exits 1 when a bar is missed.
 """
 
 from __future__ import annotations
@@ -188,13 +193,30 @@ def raw_ring(n: int, rounds: int, reps: int) -> list[float]:
     return result
 
 
-def paired(n: int, rounds: int, cfg: Config) -> tuple[list[float], list[float]]:
-    """Per-round seconds of the raw ring and of the shmemx ring on ``n`` ranks, alternating jobs."""
-    raw, shm = [], []
+def paired(n: int, rounds: int, cfg: Config, peer_names=()) -> tuple[list[float], list[float], dict]:
+    """Per-round seconds of the raw ring and of the shmemx ring on ``n`` ranks, alternating jobs; with
+    ``peer_names`` (2 ranks), each peer's ping-pong round trips too, after each shmemx job."""
+    import peers
+
+    raw, shm, theirs = [], [], {}
     for _ in range(cfg.blocks):
         raw += raw_ring(n, rounds, cfg.reps)
         shm += _run_job(n, _signal_ring_body, rounds, cfg.reps)
-    return raw, shm
+        for peer in peer_names:
+            got = peers.run(peer, "pingpong", 2, {"samples": cfg.reps, "pingpong_rounds": rounds}) or {}
+            theirs.setdefault(peer, []).extend(2 * v for v in got.get("pingpong", []))  # half -> round trip
+    return raw, shm, theirs
+
+
+def _peer_barriers(n: int, cfg: Config, peer_names) -> dict:
+    import peers
+
+    out = {}
+    for peer in peer_names:
+        got = peers.run(peer, "barrier", n, {"samples": cfg.barrier_reps, "barriers": cfg.barrier_iters}) or {}
+        if got.get("barrier"):
+            out[peer] = got["barrier"]
+    return out
 
 
 # --- the table ---------------------------------------------------------------------------------------------
@@ -213,9 +235,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds (rough numbers)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a bar is missed")
+    parser.add_argument("--peers", dest="peers", action="store_true", default=None,
+                        help="measure the installed peers (the default of a full run)")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="measure shmemx only")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    rows = []  # (what, unit, shmemx values, raw values or None, bar text, passed or None)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import peers
+
+    want = (not args.quick) if args.peers is None else args.peers
+    peer_names = [p for p, found in peers.available().items() if want and found]
+    rows = []  # (what, unit, shmemx values, raw values or None, bar text, passed or None, {peer: values})
 
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty.py"
@@ -224,27 +254,28 @@ def main(argv=None) -> int:
             times = startup_times(n, cfg.startup_reps, empty)
             ok = None if bar is None else statistics.median(times) <= bar
             rows.append((f"start-up + exit, {n} ranks, empty script", "s", times, None,
-                         f"<= {bar} s" if bar else "", ok))
+                         f"<= {bar} s" if bar else "", ok, {}))
     for n in (2, 8, 16):
-        rows.append((f"barrier_all, {n} ranks", "us", _run_job(n, _barrier_body, cfg.barrier_iters,
-                                                              cfg.barrier_reps), None, "", None))
-    raw, shm = paired(2, cfg.pingpong_rounds, cfg)
+        mine = _run_job(n, _barrier_body, cfg.barrier_iters, cfg.barrier_reps)
+        rows.append((f"barrier_all, {n} ranks", "us", mine, None, "", None, _peer_barriers(n, cfg, peer_names)))
+    raw, shm, theirs = paired(2, cfg.pingpong_rounds, cfg, peer_names)
     rows.append(("signal ping-pong round trip, 2 ranks", "us", shm, raw, "<= 1.5x raw",
-                 statistics.median(shm) <= 1.5 * statistics.median(raw)))
-    raw, shm = paired(8, cfg.ring_rounds, cfg)
+                 statistics.median(shm) <= 1.5 * statistics.median(raw), theirs))
+    raw, shm, _ = paired(8, cfg.ring_rounds, cfg)
     hop = lambda values: [v / 8 for v in values]  # noqa: E731 - per-hop time of an 8-rank round
     rows.append(("signal ring, per hop, 8 ranks", "us", hop(shm), hop(raw), "<= 1.5x raw",
-                 statistics.median(shm) <= 1.5 * statistics.median(raw)))
+                 statistics.median(shm) <= 1.5 * statistics.median(raw), {}))
 
     cores = len(os.sched_getaffinity(0))
     load = os.getloadavg()[0]  # other work on the machine: above ~1 per core, latencies measure the scheduler
     print(f"shmemx bench_sync ({'quick' if args.quick else 'full'} run; {cores} cores, load {load:.1f}; medians "
           f"over repetitions, min..max in brackets)")
-    header = f"{'measurement':<42} {'shmemx':>24} {'raw futex':>24} {'ratio':>7}  {'bar':<12} result"
+    peer_cols = "".join(f" {p:>24}" for p in peer_names)
+    header = f"{'measurement':<42} {'shmemx':>24} {'raw futex':>24} {'ratio':>7}{peer_cols}  {'bar':<12} result"
     print(header)
     print("-" * len(header))
     failed = 0
-    for what, unit, values, raw_values, bar, ok in rows:
+    for what, unit, values, raw_values, bar, ok, peer_values in rows:
         mine = f"{_fmt(statistics.median(values), unit)} [{_spread(values, unit)}]"
         theirs = ratio = ""
         if raw_values:
@@ -252,8 +283,18 @@ def main(argv=None) -> int:
             ratio = f"{statistics.median(values) / statistics.median(raw_values):.2f}x"
         result = "" if ok is None else ("ok" if ok else "MISSED")
         failed += ok is False
-        print(f"{what:<42} {mine:>24} {theirs:>24} {ratio:>7}  {bar:<12} {result}")
+        extra = "".join(f" {_cell(peer_values.get(p), unit):>24}" for p in peer_names)
+        print(f"{what:<42} {mine:>24} {theirs:>24} {ratio:>7}{extra}  {bar:<12} {result}")
+    if peer_names:
+        print("peers: shmem4py = barrier_all / put, fence, atomic_set -> wait_until over Open MPI OSHMEM; "
+              "mpi = MPI_Barrier / Send -> Recv over MPICH")
+    elif want:
+        print("peer columns skipped: not installed (bash scripts/install_peers.sh)")
     return 1 if args.check and failed else 0
+
+
+def _cell(values, unit: str) -> str:
+    return f"{_fmt(statistics.median(values), unit)} [{_spread(values, unit)}]" if values else ""
 
 
 if __name__ == "__main__":

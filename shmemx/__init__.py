@@ -10,8 +10,8 @@ import sys as _sys
 
 from .errors import (ClosedError, CompletionError, HeapExhaustedError, InternalError, NotInitializedError,
                      PeerFailedError, ShmemError, SubmitterError, SymmetryError, WaitTimeoutError)
-from .api.memory import (aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr, array, empty,
-                         full, prefault, zeros)
+from .api.memory import (HeapInfo, aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr,
+                         array, empty, full, heap_info, prefault, zeros)
 from .runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                       ACLSHMEMX_INIT_WITH_DEFAULT, InitAttr, OptionalAttr, is_initialized)
 from .api.signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
@@ -37,10 +37,10 @@ from .api.udma_atomics import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_
 from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub,
                          launch, sync_all)
 from .api.raw import RawQueue, aclshmemx_udma_raw_queue
-from .api.inspection import count, region, stats
+from .api.inspection import compute, count, region, stats
 from .observe.counters import JobStats
 from .api.host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
-                       aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes)
+                       aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes, qp_num)
 
 # ``shmemx.layout`` (the WQE / CQE layouts, e.g. ``shmemx.layout.pack_wqe``) is the data plane's layout module
 _sys.modules[__name__ + ".layout"] = layout
@@ -53,13 +53,13 @@ __all__ = [
     "PeerFailedError", "CompletionError", "SubmitterError", "InternalError",
     # host
     "init", "finalize", "my_pe", "n_pes", "InitAttr", "OptionalAttr", "is_initialized",
-    "aclshmemx_init_attr", "aclshmem_finalize", "aclshmem_my_pe", "aclshmem_n_pes", "aclshmemx_set_qp_num",
+    "aclshmemx_init_attr", "aclshmem_finalize", "aclshmem_my_pe", "aclshmem_n_pes", "aclshmemx_set_qp_num", "qp_num",
     "aclshmem_barrier_all", "aclshmem_sync_all",
     "ACLSHMEM_DATA_OP_MTE", "ACLSHMEM_DATA_OP_SDMA", "ACLSHMEM_DATA_OP_ROCE", "ACLSHMEM_DATA_OP_UDMA",
     "ACLSHMEMX_INIT_WITH_DEFAULT",
     # memory
     "aclshmem_malloc", "aclshmem_calloc", "aclshmem_align", "aclshmem_free", "aclshmem_ptr",
-    "empty", "zeros", "full", "array", "prefault",
+    "empty", "zeros", "full", "array", "prefault", "heap_info", "HeapInfo",
     # signals and waits
     "ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT", "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT",
     "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD",
@@ -87,5 +87,5 @@ __all__ = [
     # raw WQE path
     "RawQueue", "aclshmemx_udma_raw_queue",
     # inspection: trace regions, counters
-    "region", "count", "stats", "JobStats",
+    "region", "count", "stats", "JobStats", "compute",
 ]

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import ClosedError, NotInitializedError, SymmetryError
 from .observe.counters import StatsSegment
+from .observe.record import Recorder
 from .observe.trace import Tracer
 from .shm import atomics
 from .shm.barrier import barrier
@@ -61,7 +62,7 @@ ACLSHMEM_DATA_OP_ROCE = 0x04
 ACLSHMEM_DATA_OP_UDMA = 0x08
 ACLSHMEMX_INIT_WITH_DEFAULT = 1 << 0
 ACLSHMEM_MAX_QP_NUM = 32
-DEFAULT_HEAP_SIZE = 64 << 20
+DEFAULT_HEAP_SIZE = 1 << 30  # NVSHMEM's default symmetric heap; sparse: untouched pages cost nothing
 DEFAULT_TIMEOUT = 120.0
 
 _ENGINES = {ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_UDMA}
@@ -126,6 +127,7 @@ class Runtime:
         self.tracer = None  # the WQE/wait recorder when the job is traced (observe.trace.Tracer), else None
         self.checker = None  # the event recorder of --check (udma.check.recorder.Checker), else None
         self.chaos = None  # the seeded jitter of kernel threads under --chaos (udma.chaos.Jitter), else None
+        self.recorder = None  # the event recorder for virtual time when recorded (observe.record.Recorder)
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -191,7 +193,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
-         cq_depth: int | None = None) -> Runtime:
+         cq_depth: int | None = None, min_heap_size=None) -> Runtime:
     """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
 
     Args:
@@ -199,6 +201,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
         timeout: deadline of every wait in seconds; overrides the launcher's ``--timeout``.
         sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two, default 32768; tests use small ones).
+        min_heap_size: a heap of at least this many bytes (for libraries that know what they need, such as
+            ``shmemx.deep_ep.Buffer``): the size above, or the launcher's, or the default, raised to it.
     """
     global _rt
     if _rt is not None and not _rt.finalized:
@@ -223,6 +227,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
                              f"process as {name}={actual}")
     size = parse_size(heap_size if heap_size is not None else
                       attr.local_mem_size or os.environ.get("SHMEMX_HEAP_SIZE") or DEFAULT_HEAP_SIZE)
+    if min_heap_size is not None:
+        size = max(size, parse_size(min_heap_size))
     if size <= 0:
         raise ValueError(f"pe {my_pe}: heap size must be positive, got {size}")
     if timeout is None:  # as for the heap size: a timeout set in attr beats the launcher's, which beats ours
@@ -252,6 +258,7 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         rt.checker = Checker.from_env(rt)
         if rt.checker is not None:
             checked_arrays.install(rt.checker, heap)
+        rt.recorder = Recorder.from_env()
         plane.create(rt)  # this PE's queues and URMA identity
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
@@ -342,6 +349,13 @@ def _close_inspection(rt: Runtime) -> None:
             print(f"shmemx: pe {rt.my_pe}: could not write the trace part:\n{traceback.format_exc()}",
                   file=sys.stderr)
         rt.tracer = None
+    if rt.recorder is not None:
+        try:
+            rt.recorder.write(rt.my_pe, rt.n_pes, rt.qp_num)
+        except Exception:  # the job's result stands; the recording part is lost, and we say why
+            print(f"shmemx: pe {rt.my_pe}: could not write the recording part:\n{traceback.format_exc()}",
+                  file=sys.stderr)
+        rt.recorder = None
     if rt.stats is not None:
         rt.stats.close()
         rt.stats = None

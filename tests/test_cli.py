@@ -94,7 +94,7 @@ def test_run_script_by_absolute_path_from_elsewhere(scripts, tmp_path_factory):
     proc = _run("shmemx", ["run", "-n", "2", "--no-tag-output", str(scripts / "script.py")], elsewhere)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == [
-        f"pe {p} of 2 name __main__ argv [] helper 42 heap {64 << 20}" for p in range(2)]
+        f"pe {p} of 2 name __main__ argv [] helper 42 heap {1 << 30}" for p in range(2)]  # the default heap: 1 GiB
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -742,25 +742,18 @@ def test_unquieted_error_surfaces_at_barrier_all_vec(run_ok):
 
 
 def _engine_fault():
-    """An unexpected exception inside the engine becomes an ENGINE_FAULT CQE with the traceback; the engine lives
-    on and the next WQE runs."""
+    """A fault inside the engine becomes an ENGINE_FAULT CQE; the engine lives on and the next WQE runs (the
+    native engine's fault hook, ``Engine.inject_fault``, stands for a bug)."""
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     nxt = (me + 1) % n
     dst = shmemx.zeros((n, 8), np.int64, name="dst")
     src = shmemx.array(np.arange(8), name="src")
-    engine = runtime().udma.engine
-    run = engine._run
-
-    def broken(w, target):
-        engine._run = run
-        raise ZeroDivisionError("injected")
-
-    engine._run = broken
+    runtime().udma.engine.inject_fault(1)
     shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
-    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected exception in the DMA engine") as info:
+    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected fault in the DMA engine") as info:
         shmemx.aclshmemx_udma_quiet(nxt)
-    assert info.value.cqe.status == CqeStatus.ENGINE_FAULT and "ZeroDivisionError: injected" in str(info.value)
+    assert info.value.cqe.status == CqeStatus.ENGINE_FAULT and "injected" in str(info.value)
     shmemx.aclshmemx_udma_put_nbi(dst[me], src, 8, nxt)
     shmemx.aclshmemx_udma_quiet(nxt)
     shmemx.aclshmem_barrier_all()
@@ -773,31 +766,23 @@ def test_engine_exception_becomes_an_error_cqe(run_ok):
 
 
 def _engine_fault_in_a_vector_run():
-    """The same for the vectorised path (a run of 16 WRITEs rung at once): an ENGINE_FAULT CQE, not a dead
-    engine; the QP works afterwards."""
+    """The same inside a run of 16 WRITEs rung at once: an ENGINE_FAULT CQE for the first, FLUSHED for the rest,
+    not a dead engine; the QP works afterwards."""
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     nxt = (me + 1) % n
     dst = shmemx.zeros((n, 16, 8), np.int64, name="dst")
     src = shmemx.array(_stamp(me, nxt, np.arange(128)).reshape(16, 8), name="src")
-    engine = runtime().udma.engine
-    copy = engine._copy_group
-
-    def broken(*args):
-        engine._copy_group = copy
-        raise ZeroDivisionError("injected into the vector path")
-
-    engine._copy_group = broken
+    runtime().udma.engine.inject_fault(1)
     q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
     step = np.arange(16, dtype=np.uint64) * np.uint64(64)
     head = q.reserve(16)
     q.ring_doorbell(q.write(head, q.build_writes(rmt_va=q.remote_va(dst[me]) + step, sge_len=64,
                                                  sge_va=q.local_va(src) + step)), cqes=16)
-    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected exception in the DMA engine's "
-                                                     "vectorised path") as info:
+    with pytest.raises(shmemx.CompletionError, match="ENGINE_FAULT: unexpected fault in the DMA engine") as info:
         q.poll()
-    assert "ZeroDivisionError: injected into the vector path" in str(info.value)
-    assert info.value.cqe.user_data == head and runtime().udma.dead is None
+    assert "injected" in str(info.value)
+    assert info.value.cqe.user_data == head
     shmemx.aclshmemx_udma_put_nbi(dst[me, 0], src[0], 8, nxt)
     shmemx.aclshmemx_udma_quiet(nxt)
     shmemx.aclshmem_barrier_all()
@@ -810,8 +795,8 @@ def test_engine_exception_in_the_vector_path_becomes_an_error_cqe(run_ok):
 
 
 def _vector_run_through_another_tp():
-    """A run of WRITEs on QP 0 that carry QP 1's TP to the same peer (valid: any TP of the target PE) is executed
-    by the general vectorised checks, not the own-queue shortcut, with the same data and CQEs."""
+    """A run of WRITEs on QP 0 that carry QP 1's TP to the same peer (valid: any TP of the target PE) is executed,
+    with the same data and CQEs."""
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
@@ -823,15 +808,11 @@ def _vector_run_through_another_tp():
                           sge_len=64, sge_va=q.local_va(src) + np.arange(16, dtype=np.uint64) * np.uint64(64))
     words = wqes.view(np.uint32)
     words[:, 2] = words[:, 2] & 0xFF00_0000 | other._qp.tpn  # QP 1's TP, sge_num kept
-    engine = runtime().udma.engine
-    shortcut = engine._vector_own
-    calls = []
-    engine._vector_own = lambda *a: calls.append("own") or shortcut(*a)
     head = q.reserve(16)
     q.ring_doorbell(q.write(head, wqes), cqes=16)
     q.poll()
-    assert calls == [], "a run through another TP must not take the own-queue shortcut"
-    engine._vector_own = shortcut
+    statuses = q.cq.view(np.uint32)[np.arange(head, head + 16) % q.depth, 0] >> 24
+    assert not statuses.any()
     shmemx.aclshmem_barrier_all()
     np.testing.assert_array_equal(dst[(me - 1) % n].reshape(-1), _stamp((me - 1) % n, me, np.arange(128)))
     shmemx.finalize()
@@ -1589,3 +1570,76 @@ def _quiet_deadline():
 
 def test_quiet_has_a_deadline_naming_the_queue(run_ok):
     run_ok(2, _quiet_deadline)
+
+
+# --- the native posting path writes what the Python path writes ---------------------------------------------------
+
+
+def _both_posting_paths():
+    """Every plain put/get the native path posts (``_post.c``: heap and registered local buffers, both QPs, a
+    CQE-less config) writes the same 64 bytes and sidecar word as ``QueuePair.post_rw`` does for the same call,
+    and executes the same way."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 2)
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    udma = runtime().udma
+    assert udma.poster is not None, "a plain run must have the native posting path"
+    dst = shmemx.zeros((8, 16), np.int32, name="dst")
+    heap_src = shmemx.array(_stamp(me, nxt, np.arange(16)).astype(np.int32), name="heap_src")
+    local = _stamp(me, nxt, np.arange(8 * 16)).astype(np.int32).reshape(8, 16)
+    back = np.zeros((2, 16), np.int32)
+    sig = shmemx.zeros(2, np.int64, name="sig")
+    calls = [(shmemx.aclshmemx_udma_put_nbi, (dst[0], heap_src, 16, nxt), {}),
+             (shmemx.aclshmemx_udma_put_nbi, (dst[1], local[1], 16, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_put_nbi, (dst[2, 4:], local[2], 12, nxt, 1), {}),
+             (shmemx.aclshmemx_udma_put_nbi, (dst[3], local[3], 16, nxt),
+              {"config": shmemx.ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE}),
+             (shmemx.aclshmemx_udma_get_nbi, (back[0], dst[4], 16, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_get_nbi, (back[1], dst[5], 16, nxt, 1), {}),
+             (shmemx.aclshmemx_udma_put_signal_nbi, (dst[6], local[6], 16, sig[0:1], 7, nxt), {}),
+             (shmemx.aclshmemx_udma_qp_put_signal_nbi, (dst[7], heap_src, 16, sig[1:2], -3, nxt, 1), {})]
+    for call, args, kwargs in calls:  # register the local arrays through the Python path (kept: no quiet yet)
+        call(*args, **kwargs)
+    udma.engine.pause()
+    rings, taken = [], []
+
+    class Counting:  # the native path, noting whether it took each call
+        def rw(self, *args):
+            pos = saved.rw(*args)
+            taken.append(pos >= 0)
+            return pos
+
+        def notify(self, *args):
+            pos = saved.notify(*args)
+            taken.append(pos >= 0)
+            return pos
+
+    for native in (True, False):
+        saved = udma.poster
+        udma.poster = Counting() if native else None
+        queues = [udma.qp(nxt, qp) for qp in (0, 1)]
+        heads = [q.head for q in queues]
+        for call, args, kwargs in calls:
+            call(*args, **kwargs)
+        udma.poster = saved
+        slots = [np.arange(h, q.head) % q.depth for q, h in zip(queues, heads)]
+        rings.append([(q.sq[s].tobytes(), q.sidecar[s].tolist()) for q, s in zip(queues, slots)])
+    assert taken == [True] * len(calls), f"the native path declined plain calls: {taken}"
+    assert rings[0] == rings[1], "the native and the Python posting paths wrote different WQEs"
+    udma.engine.resume()
+    for qp in (0, 1):
+        shmemx.aclshmemx_udma_qp_quiet(nxt, qp)
+    shmemx.aclshmem_barrier_all()
+    prev = (me - 1) % n
+    np.testing.assert_array_equal(dst[0], _stamp(prev, me, np.arange(16)).astype(np.int32))
+    np.testing.assert_array_equal(dst[1], _stamp(prev, me, np.arange(16, 32)).astype(np.int32))
+    np.testing.assert_array_equal(dst[2, 4:], _stamp(prev, me, np.arange(32, 44)).astype(np.int32))
+    np.testing.assert_array_equal(dst[3], _stamp(prev, me, np.arange(48, 64)).astype(np.int32))
+    np.testing.assert_array_equal(dst[6], _stamp(prev, me, np.arange(96, 112)).astype(np.int32))
+    assert sig.tolist() == [7, -3]
+    shmemx.finalize()
+
+
+def test_native_and_python_posting_paths_write_identical_wqes(run_ok):
+    run_ok(2, _both_posting_paths)

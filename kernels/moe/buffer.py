@@ -60,7 +60,8 @@ class Buffer:
             4 rounds (``four_rr`` one); ``scripts/bench_moe.py`` compares 4 and 8.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
-        qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``).
+        qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
+            policy, ``one``, needs one QP per peer: what a plain ``shmemx.init()`` gives.
         server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
         schedule: the kernel: ``"fullmesh"`` (the channel rounds above), ``"groups"`` (MoonEP's group waves) or
             ``"hierarchy"`` (HiSilicon's layered relay); see README "Topology-aware schedules".
@@ -82,7 +83,7 @@ class Buffer:
     """
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
-                 qp_num: int | None = None, qp_policy: str = "two_3_1", rotate: bool = True,
+                 qp_num: int | None = None, qp_policy: str = "one", rotate: bool = True,
                  aggregate: bool = True, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
                  group_width: int | None = None, token_blocks: int | None = None,
@@ -449,7 +450,7 @@ class Buffer:
 
     # --- combine ---------------------------------------------------------------------------------------------
 
-    def combine(self, x, handle: DispatchHandle, topk_weights=None) -> CombineResult:
+    def combine(self, x, handle: DispatchHandle, topk_weights=None, bias=None) -> CombineResult:
         """Send every received row back to its source token and sum there (collective).
 
         Args:
@@ -458,11 +459,12 @@ class Buffer:
                 already weighted (as in DeepEP).
             handle: the dispatch's ``DispatchHandle``.
             topk_weights: ``[num_recv, K] float32`` summed back the same way, or None.
+            bias: ``[T, H] bfloat16``, or a pair of them (DeepEP's ``bias_0, bias_1``), or None.
 
         Returns:
             ``CombineResult(combined_x [T, H] bfloat16, combined_topk_weights [T, K] float32 or None)``: per
-            token, the float32 sum in ascending rank order over the ranks it went to, rounded once to bfloat16
-            (zero for a token that went nowhere).
+            token, the float32 sum of the biases, then in ascending rank order of the rows of the ranks it went
+            to, rounded once to bfloat16 (the bias alone for a token that went nowhere).
         """
         self._check_open()
         start = time.perf_counter()
@@ -507,7 +509,7 @@ class Buffer:
             recv_lo=np.concatenate([[0], prefix[:-1, me]]), recv_channel_start=starts, dest_base=dest[:, me],
             back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
             bounds=channel_bounds(n_tok, blocks), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
-            out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me])
+            out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
         t_kernel = time.perf_counter()
         if sched.name == "fullmesh":
             shmemx.launch(combine_kernel, n_ch, args)
@@ -659,6 +661,22 @@ class Buffer:
                              f"{per_expert.shape}")
         return DispatchLayout(per_rank.astype(np.int32), None, per_expert.astype(np.int32),
                               np.ascontiguousarray(in_rank))
+
+    def _bias(self, bias, n_tok: int) -> np.ndarray | None:
+        """combine's ``bias`` (one ``[T, H] bfloat16`` or a pair) as their float32 sum, or None."""
+        if bias is None:
+            return None
+        parts = [np.asarray(b) for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
+        for b in parts:
+            if b.shape != (n_tok, self.hidden) or b.dtype != np.dtype(bf16):
+                raise ValueError(f"pe {self.me}: combine: bias must be [{n_tok}, {self.hidden}] bfloat16, got "
+                                 f"{b.shape} {b.dtype}")
+        if not parts:
+            return None
+        total = parts[0].astype(np.float32)
+        for b in parts[1:]:
+            total += b.astype(np.float32)
+        return total
 
     def _combine_rows(self, x, num_recv: int) -> np.ndarray:
         data = np.asarray(x)

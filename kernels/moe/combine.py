@@ -63,6 +63,7 @@ class CombineArgs:
     out_weights: np.ndarray | None  # [T, K] float32
     scratch: object  # block -> ([REDUCE_CHUNK, H] float32, [REDUCE_CHUNK, H] uint16), reused across calls
     recv_rows: np.ndarray | None = None  # [P] rows received from each source (the groups and hierarchy kernels)
+    bias: np.ndarray | None = None  # [T, H] float32: the sum starts from it (DeepEP's bias_0 + bias_1)
 
 
 def _unit_range(a: CombineArgs, u) -> tuple[int, int]:
@@ -117,7 +118,8 @@ def _wait_source(a: CombineArgs, r: int) -> None:
 
 
 def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
-    """Sum the returned rows of tokens [t0, t1) in ascending rank order (float32), round once to bfloat16."""
+    """Sum the returned rows of tokens [t0, t1) in ascending rank order (float32, after the bias when there is
+    one), round once to bfloat16."""
     if t1 <= t0:
         return
     head = a.send_head[t0:t1]
@@ -135,7 +137,10 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
         toks = by_count[c0:c0 + REDUCE_CHUNK]
         g = gather[toks]
         part, got = acc[:len(g)], rows16[:len(g)]
-        part.fill(0)
+        if a.bias is None:
+            part.fill(0)
+        else:
+            np.take(a.bias, t0 + toks, axis=0, out=part)
         for j in range(max(int(counts[toks[0]]), 1)):
             np.take(cx16, g[:, j], axis=0, out=got, mode="clip")  # no temporaries: no page faults per call
             np.add(part, got.view(bf16), out=part, casting="unsafe")

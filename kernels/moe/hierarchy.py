@@ -433,11 +433,12 @@ def _partials(a, h: HierSpec, dp: int, timer, t: float) -> float:
 
 
 def _final_sum(a, h: HierSpec, t0: int, t1: int) -> None:
-    """Phase 3: per token, the partials of its servers in ascending server order, float32, rounded once."""
+    """Phase 3: per token, the bias (if any), then the partials of its servers in ascending server order, float32,
+    rounded once."""
     hv = h.views
     mask = a.server_mask[t0:t1]
     pos = a.server_pos[t0:t1]
-    acc = np.zeros((t1 - t0, a.out_x.shape[1]), np.float32)
+    acc = np.zeros((t1 - t0, a.out_x.shape[1]), np.float32) if a.bias is None else a.bias[t0:t1].copy()
     wacc = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32) if a.out_weights is not None else None
     for dp in range(h.topo.num_servers):
         sel = np.flatnonzero(mask[:, dp])

@@ -9,8 +9,9 @@ If a block raises, the others are released from ``sync_all`` (they get ``BrokenB
 re-raises the first failing block's exception. When the launch ends, each block's claim on the send queues it
 posted to is released: the next launch may use them from other blocks.
 
-Threads share one interpreter lock: blocks interleave rather than run in parallel, except inside numpy copies
-and waits. That is enough to exercise ordering and one-submitter rules; for speed, vectorise inside a block.
+Blocks share one interpreter lock: their Python code interleaves rather than runs in parallel, but what they
+post the PE's DMA engine executes without that lock (a native thread), and numpy copies and waits let it go, so a
+block's WQEs move while the next block builds its own. For speed, vectorise inside a block.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _Launch:
         self.barrier = threading.Barrier(block_dim)
         self.errors: list[tuple[int, BaseException]] = []
         self.ub = [None] * block_dim
+        self.launch_id = 0  # the recorder's id of this launch (observe.record), 0 when not recorded
 
 
 _tls = threading.local()
@@ -64,8 +66,9 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
     if _current() is not None:
         raise RuntimeError(f"pe {rt.my_pe}: launch inside a kernel: kernels cannot launch kernels")
     state = _Launch(int(block_dim))
-    ck = rt.checker
+    ck, rec = rt.checker, rt.recorder
     launch_id = ck.launch(state.block_dim) if ck is not None else 0
+    state.launch_id = rec.launch(state.block_dim) if rec is not None else 0
 
     def body(idx: int) -> None:
         _tls.launch = state
@@ -73,6 +76,8 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         set_thread_slot(idx)
         if ck is not None:
             ck.block(launch_id, True)
+        if rec is not None:
+            rec.block(state.launch_id, True)
         try:
             kernel(*args, **kwargs)
         except BaseException as exc:
@@ -81,6 +86,8 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         finally:
             if ck is not None:
                 ck.block(launch_id, False)
+            if rec is not None:
+                rec.block(state.launch_id, False)
 
     threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
                for b in range(block_dim)]
@@ -90,6 +97,8 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         t.join()
     if ck is not None:
         ck.join(launch_id)
+    if rec is not None:
+        rec.join(state.launch_id)
     idents = {t.ident for t in threads}
     if rt.udma is not None:
         for qp in rt.udma.qps.values():
@@ -124,6 +133,8 @@ def sync_all() -> None:
     rt = runtime()
     if rt.checker is not None:
         rt.checker.sync(True)
+    if rt.recorder is not None:
+        rt.recorder.sync(state.launch_id)
     try:
         state.barrier.wait(timeout=rt.timeout)
         if rt.checker is not None:

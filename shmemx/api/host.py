@@ -21,13 +21,14 @@ __all__ = [
     "aclshmem_my_pe",
     "aclshmem_n_pes",
     "aclshmemx_set_qp_num",
+    "qp_num",
     "aclshmem_barrier_all",
     "aclshmem_sync_all",
 ]
 
 
 def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
-         cq_depth: int | None = None) -> None:
+         cq_depth: int | None = None, min_heap_size=None) -> None:
     """Attach to the job (collective).
 
     Args:
@@ -35,8 +36,11 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
         timeout: deadline of every wait, quiet and barrier in seconds; overrides ``--timeout``.
         sq_depth, cq_depth: ring depths (power of two, default 32768); small ones make wrap-around testable.
+        min_heap_size: at least this many heap bytes (the size above, the launcher's or the default 1 GiB is raised
+            to it); every PE must pass the same.
     """
-    _runtime.init(attr, heap_size=heap_size, timeout=timeout, sq_depth=sq_depth, cq_depth=cq_depth)
+    _runtime.init(attr, heap_size=heap_size, timeout=timeout, sq_depth=sq_depth, cq_depth=cq_depth,
+                  min_heap_size=min_heap_size)
 
 
 def aclshmemx_init_attr(flags: int, attr: InitAttr) -> int:
@@ -72,6 +76,12 @@ aclshmem_n_pes = n_pes
 def aclshmemx_set_qp_num(engine: int, qp_num: int) -> int:
     """QPs per peer for ``engine`` (ACLSHMEM_DATA_OP_UDMA). Before init only, 1..32, the same on every PE."""
     return _runtime.set_qp_num(engine, qp_num)
+
+
+def qp_num() -> int:
+    """UDMA QPs per peer of this job (``aclshmemx_set_qp_num`` before init; 1 by default). Libraries that map
+    their lanes onto QPs (``shmemx.deep_ep``'s one QP per local expert) read it instead of probing queues."""
+    return runtime().qp_num
 
 
 def aclshmem_barrier_all() -> None:

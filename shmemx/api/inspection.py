@@ -1,12 +1,13 @@
-"""The inspection API of a rank: ``region`` (a named span of a kernel), ``count`` (a user counter) and ``stats``
-(every PE's counters as arrays).
+"""The inspection API of a rank: ``region`` (a named span of a kernel), ``count`` (a user counter), ``stats``
+(every PE's counters as arrays) and ``compute`` (modelled time of work the kernel does not post).
 
-Regions and counters are recorded into the runtime's recorders (``rt.tracer``, ``rt.stats``, see ``observe``);
-``shmemx run --trace`` and ``--stats`` show them for the whole job.
+Regions and counters are recorded into the runtime's recorders (``rt.tracer``, ``rt.stats``, ``rt.recorder``, see
+``observe``); ``shmemx run --trace``, ``--stats`` and ``--record`` show them for the whole job.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from ..observe.counters import JobStats
 from ..runtime import runtime
 from ..shm.waits import thread_slot
 
-__all__ = ["region", "count", "stats"]
+__all__ = ["region", "count", "stats", "compute"]
 
 _now = time.perf_counter_ns
 
@@ -30,10 +31,14 @@ class _Region:
 
     def __enter__(self):
         self.slot = thread_slot()
+        if self.rt.recorder is not None:
+            self.rt.recorder.region(self.name, True)
         self.start = _now()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.rt.recorder is not None:
+            self.rt.recorder.region(self.name, False)
         tracer = self.tracer
         if tracer is not None:
             tracer.span(self.start, self.slot, "region", self.name)
@@ -73,3 +78,19 @@ def stats() -> JobStats:
     if rt.udma is not None:
         rt.udma.publish_counts(mine_only=True)
     return JobStats.read(rt.job_id, rt.n_pes, segments={rt.my_pe: rt.stats})
+
+
+def compute(us: float, *, name: str = "compute") -> None:
+    """Model ``us`` microseconds of work at this point of the calling block (an expert FFN, a quantisation: work
+    the kernel does not post), for ``shmemx replay``: the replay advances the block's virtual clock by ``us``.
+
+    Does nothing in the run itself (do the work, if any, as usual); with ``--record`` it records the annotation.
+    """
+    rt = runtime()
+    if isinstance(us, bool) or not isinstance(us, (int, float, np.integer, np.floating)) or not math.isfinite(us) \
+            or us < 0:
+        raise ValueError(f"pe {rt.my_pe}: shmemx.compute(us={us!r}): us must be a finite number >= 0")
+    if not isinstance(name, str):
+        raise TypeError(f"pe {rt.my_pe}: shmemx.compute(name=...): name must be a string, got {name!r}")
+    if rt.recorder is not None:
+        rt.recorder.compute(float(us), name)

@@ -11,7 +11,7 @@ returns, every PE's copy is initialised and a peer's first put cannot be overwri
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -35,7 +35,25 @@ __all__ = [
     "array",
     "free",
     "prefault",
+    "heap_info",
+    "HeapInfo",
 ]
+
+
+class HeapInfo(NamedTuple):
+    """This PE's symmetric heap: ``size`` bytes, ``used`` by live allocations, ``largest_free`` the largest block
+    an ``aclshmem_malloc`` could still get (the same on every PE: the allocator is symmetric)."""
+
+    size: int
+    used: int
+    largest_free: int
+
+
+def heap_info() -> HeapInfo:
+    """The heap's size and what is left of it, so that a library can check a size it was given (e.g.
+    ``shmemx.deep_ep.Buffer``'s ``num_nvl_bytes``) before a collective allocation fails."""
+    heap = runtime().heap
+    return HeapInfo(heap.size, heap.used, heap.largest_hole())
 
 
 def _op_name(op: WaitCall) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..shm.control import WaitCall
 from ..shm.heap import data_address
+from ..shm.waits import thread_slot
 from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, M32, MAX_MSG_BYTES,
                            Opcode, OpConfig)
 from ..udma.check.array import CheckedArray
@@ -104,8 +105,17 @@ def _pin(qp) -> tuple[int, int]:
 
 
 def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, config, batch, buf) -> None:
-    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``."""
+    """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``.
+
+    The plain case (no batch, an OpConfig, arguments the checks accept at a glance, the calling block already the
+    queue's submitter, room in the ring) is posted by the native path (``_post.c``) in a few hundred ns; every
+    other case, and every call while a recorder is on, takes the checked path below."""
     rt = runtime()
+    poster = rt.udma.poster
+    if (poster is not None and batch is None and type(config) is OpConfig
+            and poster.rw(remote_arr, local_arr, nelems, pe, qp_idx, opcode, config.flag, api,
+                          thread_slot()) >= 0):
+        return
     qp, off, nbytes, local_va, reg = _transfer(rt, api, opcode, remote_arr, local_arr, nelems, pe, qp_idx)
     if batch is not None:
         if not isinstance(batch, _BatchCall):
@@ -163,6 +173,11 @@ def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id
 
 def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config) -> None:
     rt = runtime()
+    poster = rt.udma.poster
+    if (poster is not None and type(config) is OpConfig
+            and poster.notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, config.flag, api,
+                              thread_slot()) >= 0):
+        return  # the plain case, posted natively (see _rw)
     what = _CALLS[api]
     if type(config) is not OpConfig:
         config = check_config(rt, what, config)
@@ -228,6 +243,8 @@ def aclshmemx_udma_qp_quiet(pe, qp_idx) -> None:
     """Wait until every CQE-producing WQE posted to (pe, qp_idx) completed; raise ``CompletionError`` on an error
     CQE (after consuming the CQ up to ``cqe_cnt``, so the queue is usable again)."""
     rt = runtime()
+    if rt.udma.poster is not None and rt.udma.quiet_fast(pe, qp_idx):  # all in, none failed: native
+        return
     qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_qp_quiet", pe, qp_idx))
     qp.poll(qp.cqe_cnt, "aclshmemx_udma_qp_quiet", call=WaitCall.QP_QUIET)
 
@@ -235,6 +252,8 @@ def aclshmemx_udma_qp_quiet(pe, qp_idx) -> None:
 def aclshmemx_udma_quiet(pe) -> None:
     """Quiet QP 0 of ``pe`` only (as on the hardware; other QPs need ``aclshmemx_udma_qp_quiet``)."""
     rt = runtime()
+    if rt.udma.poster is not None and rt.udma.quiet_fast(pe, 0):
+        return
     qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_quiet", pe, 0))
     qp.poll(qp.cqe_cnt, "aclshmemx_udma_quiet", call=WaitCall.QUIET)
 
@@ -358,9 +377,11 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     where = f"{what} to pe {pe}" if remote_is_dst else f"{what} from pe {pe}"
     nbytes = transfer_bytes(rt, where, nelems, {"dst": dst, "src": src})
     sym = dst if remote_is_dst else src
-    symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
+    offset = symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
     if nbytes == 0:
         return
+    if rt.recorder is not None:
+        rt.recorder.mte(pe, offset, nbytes, remote_is_dst, src if remote_is_dst else None)
     peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
     ck = rt.checker
     if remote_is_dst:

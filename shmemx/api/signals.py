@@ -22,7 +22,7 @@ import numpy as np
 from ..runtime import runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..shm.waits import Sleep, Wait, block_on_word, block_until
+from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_until
 from .checks import check_pe
 
 __all__ = [
@@ -76,7 +76,8 @@ def _check_cmp(cmp) -> int:
 
 
 class _Word:
-    __slots__ = ("ref", "dtype", "start", "record", "pe", "offset", "words", "idx", "dtype_str", "fmt", "lo", "hi")
+    __slots__ = ("ref", "dtype", "start", "record", "pe", "offset", "words", "idx", "dtype_str", "fmt", "lo", "hi",
+                 "kind")
 
 
 _FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q"}
@@ -123,6 +124,7 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     w.words, w.idx = _words_of(heap, pe, w.fmt), offset // arr.itemsize
     w.lo, w.hi = _BOUNDS[arr.dtype]
     w.dtype_str = arr.dtype.str.encode()
+    w.kind = WORD_KINDS[arr.dtype.str]
     w.start = heap.allocation_start(offset)
     w.record = heap.allocations.get(w.start)
     w.ref = weakref.ref(arr)
@@ -196,6 +198,8 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.jitter()
+    if rt.recorder is not None:
+        rt.recorder.signal(pe, w.offset, w.dtype, sig_op, value)
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -219,13 +223,13 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
         if rt.checker is not None:  # an acquire: recorded after the word met the condition
             rt.checker.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v)
         return v
-    if rt.tracer is None:
+    if not rt.udma.observed:  # no recorder needs per-event calls (DataPlane.refresh_fast_paths)
         if op(v, target):  # met already: nothing to record
             return v
-        return block_on_word(rt, words, idx, op, target,
+        return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
                              Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                              lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
-    seen = [v]  # tracing: the generic wait, which records the wait (or its instant) in the trace
+    seen = [v]  # observed: the generic wait, which records the wait (or its instant) in the trace
 
     def ready() -> bool:
         v = words[idx]
@@ -236,6 +240,8 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
 
     block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                 lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"), sleep=Sleep.wake(w.pe))
+    if rt.recorder is not None:
+        rt.recorder.wait(call, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, seen[0])
     return seen[0]
 
 
@@ -244,7 +250,7 @@ def _checked_wait(rt, call: WaitCall, name: str, w: _Word, op, cmp: int, target:
     words, idx = w.words, w.idx
     v = words[idx]
     if not op(v, target):
-        v = block_on_word(rt, words, idx, op, target,
+        v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
                           Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                           lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     if rt.chaos is not None:
@@ -273,6 +279,8 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     if met and rt.checker is not None:
         rt.checker.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v,
                         test=True)
+    if rt.recorder is not None:
+        rt.recorder.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, int(met), test=True)
     return met
 
 
@@ -330,7 +338,7 @@ class _Words:
         if rt.chaos is not None:
             rt.chaos.jitter()
 
-    def record(self, rt, call: WaitCall, met, test: bool = False) -> None:
+    def check(self, rt, call: WaitCall, met, test: bool = False) -> None:
         """Tell the checker which words met the condition (``met``: their indices; None: every active one)."""
         if met is None:
             met = np.flatnonzero(self.active)
@@ -341,6 +349,15 @@ class _Words:
         rt.checker.wait(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.itemsize, self.cmp, value,
                         test=test, met=met)
 
+    def record(self, rt, call: WaitCall, result: int, test: bool = False) -> None:
+        """Record this wait (or test) and its result in ``rt.recorder`` (``observe.record``)."""
+        vector = np.ndim(self.values) != 0
+        stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
+        rt.recorder.wait(call, self.pe, self.offset, stride, self.ivars.dtype, len(self.ivars), self.cmp,
+                         0 if vector else int(self.values), result, test=test,
+                         active=None if self.active.all() else self.active,
+                         values=self.values if vector else None)
+
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
     """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
@@ -348,7 +365,9 @@ def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> 
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
     w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
     if rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ALL, None)
+        w.check(rt, WaitCall.WAIT_UNTIL_ALL, None)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, 1)
 
 
 def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
@@ -356,6 +375,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
     rt = runtime()
     w = _Words(rt, "wait_until_any", ivars, cmp, value, status)
     if not w.active.any():
+        if rt.recorder is not None:
+            w.record(rt, WaitCall.WAIT_UNTIL_ANY, -1)
         return None
     found = []
 
@@ -368,7 +389,9 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
 
     w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
     if rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ANY, found[:1])
+        w.check(rt, WaitCall.WAIT_UNTIL_ANY, found[:1])
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, found[0])
     return found[0]
 
 
@@ -377,6 +400,8 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
     rt = runtime()
     w = _Words(rt, "wait_until_some", ivars, cmp, value, status)
     if not w.active.any():
+        if rt.recorder is not None:
+            w.record(rt, WaitCall.WAIT_UNTIL_SOME, 0)
         return []
     found: list[int] = []
 
@@ -389,7 +414,9 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
 
     w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
     if rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_SOME, found)
+        w.check(rt, WaitCall.WAIT_UNTIL_SOME, found)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(found))
     return found
 
 
@@ -398,7 +425,9 @@ def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
     w = _Words(rt, "test_all", ivars, cmp, value, status)
     met = bool(np.all(w.matches() | ~w.active))
     if met and rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ALL, None, test=True)
+        w.check(rt, WaitCall.WAIT_UNTIL_ALL, None, test=True)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ALL, int(met), test=True)
     return met
 
 
@@ -407,7 +436,9 @@ def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | 
     w = _Words(rt, "test_any", ivars, cmp, value, status)
     hits = np.flatnonzero(w.matches())
     if len(hits) and rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ANY, hits[:1], test=True)
+        w.check(rt, WaitCall.WAIT_UNTIL_ANY, hits[:1], test=True)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_ANY, int(hits[0]) if len(hits) else -1, test=True)
     return int(hits[0]) if len(hits) else None
 
 
@@ -416,5 +447,7 @@ def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[
     w = _Words(rt, "test_some", ivars, cmp, value, status)
     hits = [int(i) for i in np.flatnonzero(w.matches())]
     if hits and rt.checker is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_SOME, hits, test=True)
+        w.check(rt, WaitCall.WAIT_UNTIL_SOME, hits, test=True)
+    if rt.recorder is not None:
+        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(hits), test=True)
     return hits

@@ -39,6 +39,8 @@ def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = N
         rt.chaos.jitter()
     if ck is not None:
         ck.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1, call, True)
+    if rt.recorder is not None:
+        rt.recorder.barrier(call, int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1)
     try:
         _barrier(rt, call, timeout)
         if ck is not None:

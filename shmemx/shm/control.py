@@ -21,8 +21,7 @@ import time
 
 import numpy as np
 
-from .atomics import fetch_add_u32
-from .futex import futex_wake, futex_wake_add
+from . import _native
 from .segment import Segment, segment_name
 
 __all__ = [
@@ -263,14 +262,9 @@ class Control:
 
     def wake(self, pe: int) -> None:
         """Tell PE ``pe`` that its memory changed: bump its wake word, wake its sleepers if it has any."""
-        addr = self.wake_addrs[pe]
-        words, i = self.words, self._sleepers_idx[pe]
-        if words[i] or words[i + 1]:  # a sleeper announced: bump and wake in one system call
-            futex_wake_add(addr)
-            return
-        fetch_add_u32(addr, 1)  # a full fence: the data stores before it are visible first...
-        if words[i] or words[i + 1]:  # ...and before these reads (a sleeper that announced meanwhile)
-            futex_wake(addr)
+        # wake.h: a locked add (a full fence: the data stores before it are visible first), then a wake only if a
+        # sleeper announced itself; one FUTEX_WAKE_OP when one already had
+        _native.wake(self.wake_addrs[pe], self.sleepers_addrs[pe])
 
     def live_allocations(self, pe: int) -> np.ndarray:
         allocs = self.pes[pe]["allocs"]

@@ -2,17 +2,17 @@
 
 Futexes on 32-bit words of the shared segments (shared, not PRIVATE, so that they work across processes).
 ``machine_limits.md`` section 3 measured them against semaphores, eventfd and pipes: all cost the same ~20 us per
-wake-up on this VM, and a futex needs no handle passed between processes. ctypes releases the GIL around each
-system call. Addresses are plain integers; callers bound-check before they get here.
+wake-up on this VM, and a futex needs no handle passed between processes. The sleep is native (``_native``,
+without the interpreter lock); the wakes go through ctypes, which releases it around each system call.
+Addresses are plain integers; callers bound-check before they get here.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
-import os
 import platform
-import threading
+
+from . import _native
 
 __all__ = ["futex_wait", "futex_wake", "futex_wake_add"]
 
@@ -27,48 +27,20 @@ _FUTEX_WAKE_OP = 5
 _ADD_ONE = 1 << 28 | 1 << 12  # FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): *uaddr2 += 1
 _INT_MAX = 0x7FFF_FFFF
 
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                      ctypes.c_void_p, ctypes.c_int]
 
 
-class _ThreadTimespec(threading.local):
-    """Each thread's own timespec for futex_wait, built once (a fresh one and its byref cost ~1 us a wait)."""
-
-    def __init__(self):
-        self.ts = _Timespec(0, 0)
-        self.addr = ctypes.addressof(self.ts)
-
-
-_thread_ts = _ThreadTimespec()
-
-
 def futex_wait(addr: int, expected: int, timeout: float) -> bool:
-    """Sleep while the u32 at ``addr`` equals ``expected``, at most ``timeout`` seconds.
+    """Sleep while the u32 at ``addr`` equals ``expected``, at most ``timeout`` seconds (native, without the
+    interpreter lock).
 
     Returns True when woken or when the word already differed, False on timeout. Callers recheck their
     condition either way: futex wake-ups can be spurious.
     """
-    t = _thread_ts
-    ts = t.ts
-    timeout = max(timeout, 0.0)
-    sec = int(timeout)
-    ts.tv_sec, ts.tv_nsec = sec, int((timeout - sec) * 1e9)
-    rc = _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, expected & 0xFFFF_FFFF, t.addr, None, 0)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err == errno.ETIMEDOUT:
-        return False
-    if err in (errno.EAGAIN, errno.EINTR):
-        return True
-    raise OSError(err, f"futex wait: {os.strerror(err)}")
+    return _native.futex_wait(addr, expected & 0xFFFF_FFFF, timeout)
 
 
 def futex_wake(addr: int, n: int = _INT_MAX) -> int:

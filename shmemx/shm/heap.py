@@ -23,7 +23,7 @@ import ctypes
 import numpy as np
 
 from ..errors import HeapExhaustedError
-from .segment import Segment, segment_name
+from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
 
 __all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address", "extent"]
 
@@ -94,6 +94,10 @@ class Heap:
         self.my_pe = my_pe
         self.n_pes = n_pes
         self.size = size
+        total, _ = shm_space()
+        if size > total:  # sparse files of any size can be made, but touching a page past the limit is SIGBUS
+            raise HeapExhaustedError(f"pe {my_pe}: a heap of {size} B ({size / 2**30:.1f} GiB) per PE cannot be backed "
+                                     f"by {SHM_DIR} ({describe_shm_space()}): give a smaller --heap-size")
         self.segments: list[Segment | None] = [None] * n_pes
         self.segments[my_pe] = Segment(segment_name(job_id, f"heap{my_pe}"), size, create=True)
         self.base_addr = self.segments[my_pe].addr  # this process's address of its own heap
@@ -101,6 +105,7 @@ class Heap:
         self.allocations: dict[int, tuple[int, str]] = {}  # offset -> (size, name)
         self._alloc_starts: list[int] = []  # sorted keys of allocations
         self._last_hit = (0, 0)  # [start, end) of the allocation ``allocated`` found last
+        self.on_change = None  # called with the heap after every commit and release (the native posting path)
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
@@ -225,6 +230,8 @@ class Heap:
                 self._free[i:i + 1] = pieces
                 self.allocations[offset] = (size, name)
                 bisect.insort(self._alloc_starts, offset)
+                if self.on_change is not None:
+                    self.on_change(self)
                 return
         raise HeapExhaustedError(f"pe {self.my_pe}: internal: no hole holds {offset:#x}+{size:#x}")
 
@@ -232,6 +239,8 @@ class Heap:
         size, _ = self.allocations.pop(offset)
         self._alloc_starts.remove(offset)
         self._last_hit = (0, 0)
+        if self.on_change is not None:
+            self.on_change(self)
         if size == 0:
             return
         bisect.insort(self._free, (offset, size))

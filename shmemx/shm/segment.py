@@ -12,14 +12,17 @@ them from under the other ranks at exit (``machine_limits.md`` section 4), and i
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
 import numpy as np
 
+from ..errors import HeapExhaustedError
 from .atomics import address_of
 
-__all__ = ["SHM_DIR", "Segment", "segment_name", "job_segments", "remove_job_segments", "PAGE_SIZE", "align_up"]
+__all__ = ["SHM_DIR", "Segment", "segment_name", "job_segments", "remove_job_segments", "PAGE_SIZE", "align_up",
+           "shm_space", "describe_shm_space"]
 
 SHM_DIR = "/dev/shm"
 PAGE_SIZE = mmap.PAGESIZE
@@ -29,6 +32,17 @@ _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python 3.11 has no constant for it
 def align_up(n: int, alignment: int) -> int:
     """``n`` rounded up to a multiple of ``alignment``."""
     return -(-n // alignment) * alignment
+
+
+def shm_space() -> tuple[int, int]:
+    """``(total, free)`` bytes of the file system behind /dev/shm (tmpfs: what can back shared pages)."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def describe_shm_space() -> str:
+    total, free = shm_space()
+    return f"{SHM_DIR} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB"
 
 
 def segment_name(job_id: str, what: str) -> str:
@@ -112,10 +126,19 @@ class Segment:
             return
         try:
             self.mm.madvise(_MADV_POPULATE_WRITE, start, length)
-        except (OSError, ValueError):
-            # Older kernels: touch one byte per page (read then write back the same value).
-            pages = self.bytes[start:start + length:PAGE_SIZE]
-            pages[:] = pages
+        except OSError as exc:
+            if exc.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):  # touching the pages would be SIGBUS
+                raise HeapExhaustedError(
+                    f"segment {self.name}: {SHM_DIR} cannot back {length} B at +{start:#x} ({describe_shm_space()}): "
+                    f"run fewer PEs, a smaller --heap-size, or enlarge {SHM_DIR}") from None
+            self._touch(start, length)
+        except ValueError:
+            self._touch(start, length)
+
+    def _touch(self, start: int, length: int) -> None:
+        """Older kernels (no MADV_POPULATE_WRITE): touch one byte per page (read then write back the same value)."""
+        pages = self.bytes[start:start + length:PAGE_SIZE]
+        pages[:] = pages
 
     def close(self) -> None:
         """Unmap, unless numpy views of it are still alive (then the mapping lives on until they die)."""

@@ -1,8 +1,11 @@
 """The one place where a thread of a PE waits for another PE.
 
 Every blocking call (wait_until and friends, quiets, barriers, init/finalize, collective allocation) waits
-through ``block_until`` (or, for one heap word, its straight-line twin ``block_on_word``). It does three things
-the callers must not do themselves:
+through ``block_until`` (a Python condition) or ``block_on_word`` (one word of shared memory and a comparison:
+wait_until / signal_wait_until while no recorder needs per-event calls, and quiets, on a CQE's owner bit). Both
+sleep without the interpreter lock (``futex_wait`` and ``_native.sleep`` are native); ``block_on_word`` also
+spins without it (``_native.spin``), so the PE's kernel blocks run meanwhile. They do three things the callers
+must not do themselves:
 
 1. **It records the wait** in the thread's wait slot of the control segment (which call, which PE and heap
    offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
@@ -25,8 +28,9 @@ before the bump, its futex call sees the word changed and returns at once; if af
 to its check. If it sleeps, the kernel took a lock (a locked instruction, which makes the announcement visible)
 before comparing the word, so a writer whose bump came later reads the count after it and wakes it. So the
 announcement needs no fence of its own: a PE's own threads count themselves in ``n_sleepers`` with plain stores
-(they run under one interpreter lock, and a memoryview ``+=`` holds it throughout); other PEs' threads waiting on
-this PE's memory count themselves in ``n_remote_sleepers`` with atomic adds. The backstop timeout only bounds how
+made while holding the interpreter lock (a memoryview ``+=``, or ``_native.sleep`` before it lets the lock go and
+after it takes it back); other PEs' threads waiting on this PE's memory count themselves in ``n_remote_sleepers``
+with atomic adds. (The DMA engine, which runs without the lock, only reads the counts.) The backstop timeout only bounds how
 long a dead peer or an abort goes unnoticed.
 """
 
@@ -42,15 +46,18 @@ from typing import Callable
 from . import atomics
 from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_CALLS, WAIT_DTYPE, JobState, WaitCall
 from ..errors import PeerFailedError, WaitTimeoutError
+from . import _native
 from .futex import futex_wait
 
 __all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "thread_slot", "set_thread_slot",
-           "ENGINE_SLOT"]
+           "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
 _PLAIN_SLEEPERS = getattr(sys, "_is_gil_enabled", lambda: True)()
 _BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
+WORD_KINDS = {"<i4": 0, "<u4": 1, "<i8": 2, "<u8": 3}  # a word's dtype string -> the native waits' kind
+CMP_MASKED = 6  # the native waits' "word & mask == target" (ACLSHMEM_CMP_EQ..LE are 0..5)
 
 # A wait slot is written with one pack (0.2 us) instead of nine structured-field stores (~8 us): every field but
 # ``call``, which is stored last, so that a reader that sees the call sees the whole record.
@@ -192,62 +199,65 @@ def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[],
         _account(rt, wait, started, slot_idx)
 
 
-def block_on_word(rt, words, idx: int, op, target: int, wait: Wait, describe: Callable[[], str]) -> int:
-    """``block_until`` for one heap word (wait_until, signal_wait_until) while no trace is recorded; returns the
-    value that met ``op(words[idx], target)``.
+def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, describe: Callable[[], str], *,
+                  mask: int = 0, sleep_pe: int | None = None, spin: float | None = None, adaptive: bool = True) -> int:
+    """``block_until`` for one word of shared memory, without the interpreter lock while it spins or sleeps;
+    returns the value that met the comparison.
 
-    The same wait slot, spin, sleep, deadline, abort check and accounting, with no closure per check, and from a
-    futex wake-up to the return only a word read, the comparison and the epilogue (the stores of the sleeper
-    count and the slot, the wait time). That stretch is the hop of every signal chain, run with cold caches and
-    TLB right after a context switch, where each call and object touched costs far more than in a warm loop
-    (bench_sync's 8-rank ring: the generic path spent ~12 us more per hop).
+    The same wait slot, spin, sleep, deadline, abort check and accounting as ``block_until``; the spinning and
+    the sleeping are native (``_native.spin`` / ``_native.sleep``), so the PE's other threads (kernel blocks)
+    run meanwhile, and from a futex wake-up to the return only native code runs before the epilogue. Used by
+    wait_until / signal_wait_until while no recorder needs per-event calls, and by quiets (a CQE's owner bit).
 
     Args:
-        words, idx: the word as ``words[idx]`` (a memoryview of its PE's heap cast to the word's format).
-        op, target: the comparison (``operator.eq`` ...) and the value it compares against.
-        wait: what the slot records; ``wait.pe`` is the word's PE, whose wake word the wait sleeps on.
+        addr: the word's address in this process; ``kind``: ``WORD_KINDS`` of its dtype.
+        cmp, target: ACLSHMEM_CMP_EQ..LE (0..5) and the value compared against, or ``CMP_MASKED`` (6):
+            ``word & mask == target``.
+        wait: what the slot records; the wait sleeps on the wake word of ``sleep_pe`` (default ``wait.pe``).
         describe: builds the description for a timeout or abort message.
+        spin: seconds to spin first; default the runtime's (0 when ranks outnumber cores).
+        adaptive: whether the spin obeys ``WaitState.should_spin`` (a quiet's does not: how long its engine takes
+            depends on the bytes it posted, not on how the last waits went).
     """
     started = time.perf_counter_ns()
     state = rt.wait_state
-    if rt.spin > 0 and state.should_spin():
-        spin_end = time.perf_counter() + rt.spin
-        while time.perf_counter() < spin_end:
-            v = words[idx]
-            if op(v, target):
+    spin = rt.spin if spin is None else spin
+    if spin > 0 and (not adaptive or state.should_spin()):
+        v = _native.spin(addr, kind, cmp, target, mask, int(spin * 1e9))
+        if v is not None:
+            if adaptive:
                 state.spin_misses = 0
-                _add_wait_time(rt, _tls.slot, started)
-                return v
-        state.spin_misses += 1
+            _add_wait_time(rt, _tls.slot, started)
+            return v
+        if adaptive:
+            state.spin_misses += 1
     ctl = rt.ctl
-    cw = ctl.words
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)
-    pe = wait.pe
-    wake_addr = ctl.wake_addrs[pe]
-    wake_idx = ctl.wake_idx[pe]
+    pe = wait.pe if sleep_pe is None else sleep_pe
     own = pe == rt.my_pe and _PLAIN_SLEEPERS
+    count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
     start = time.monotonic()
     deadline = start + rt.timeout
-    if own:
-        sleepers_idx = ctl._sleepers_idx[pe]
-        cw[sleepers_idx] += 1
-    else:
-        atomics.fetch_add_u32(ctl.remote_sleepers_addrs[pe], 1)
     try:
         while True:
-            seen = cw[wake_idx]
-            v = words[idx]
-            if op(v, target):
+            code, v = _native.sleep(addr, kind, cmp, target, mask, ctl.wake_addrs[pe], count_addr, not own,
+                                    deadline - time.monotonic(), _state_addr(ctl), _ABORTING, _BACKSTOP)
+            if code == 0:
                 return v
-            _sleep(rt, wake_addr, seen, start, deadline, describe)
+            now = time.monotonic()
+            if code == 1 and now >= deadline:
+                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+            if code == 2:
+                failed = int(ctl.header["failed_pe"])
+                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
     finally:
-        if own:
-            cw[sleepers_idx] -= 1
-        else:
-            atomics.fetch_add_u32(ctl.remote_sleepers_addrs[pe], -1)
-        cw[call_idx] = 0  # WaitCall.NONE
+        ctl.words[call_idx] = 0  # WaitCall.NONE
         _add_wait_time(rt, slot_idx, started)
+
+
+def _state_addr(ctl) -> int:
+    return ctl.segment.addr + 4 * _STATE_IDX
 
 
 def _spin_until(rt, pred: Callable[[], bool], spin: float) -> bool:

@@ -270,12 +270,15 @@ assert WQE_DTYPE.itemsize == WQEBB_SIZE
 # engine paths, ring scans), and u64 positions for ``[n, 8] uint64`` rows
 W_DW0, W_DW1, W_TP, W_SEG = (WQE_DTYPE.fields[f][1] // 4 for f in ("dw0", "dw1", "tp_sge", "rmt_seg_id"))
 W_TOKEN, W_SGE_LEN = WQE_DTYPE.fields["rmt_token_value"][1] // 4, WQE_DTYPE.fields["sge_len"][1] // 4
+W_REDUCE = WQE_DTYPE.fields["reduce_attr"][1] // 4
 Q_EID_LO = WQE_DTYPE.fields["rmt_eid"][1] // 8
 Q_EID_HI = Q_EID_LO + 1
 Q_RMT_VA, Q_SGE_VA = WQE_DTYPE.fields["rmt_va"][1] // 8, WQE_DTYPE.fields["sge_va"][1] // 8
 OPCODE_BYTE = WQE_DTYPE.fields["dw1"][1] + 1  # byte 5 of a WQE holds its opcode
 FLAG_BYTE = WQE_DTYPE.fields["dw0"][1] + 2  # byte 2 its flag
-_NOTIFY_SGE_OFFSET = 80  # a WRITE_WITH_NOTIFY's SGE follows its 32-byte notify context
+NOTIFY_CTX_OFFSET = 48  # byte offsets in a two-BB WQE: a WRITE_WITH_NOTIFY's notify context (tid | token << 32,
+NOTIFY_SGE_OFFSET = 80  # signal VA, signal value, 0), its SGE after it; an FAA/CAS operand (swap, then compare)
+AMO_OPERAND_OFFSET = 64
 
 
 # Fields of a WQE's words, for ints and numpy arrays of words alike
@@ -306,7 +309,7 @@ def seg_id_of(seg):
 def sge_len_word(opcode: int) -> int:
     """u32 index, from the WQE's first byte, of the SGE length of a WQE of ``opcode`` (word 20, in the second BB,
     for WRITE_WITH_NOTIFY; word 12 otherwise)."""
-    return _NOTIFY_SGE_OFFSET // 4 if opcode == Opcode.WRITE_WITH_NOTIFY else W_SGE_LEN
+    return NOTIFY_SGE_OFFSET // 4 if opcode == Opcode.WRITE_WITH_NOTIFY else W_SGE_LEN
 
 
 def wqe_length(wqe) -> int:
@@ -395,17 +398,17 @@ def pack_wqe(
                    rmt_eid & (2**64 - 1), rmt_eid >> 64 & (2**64 - 1), rmt_token_value & 0xFFFF_FFFF,
                    (reduce_dtype & 0xF) << 8 | (reduce_op & 0xF) << 12, rmt_va)
     if opcode == Opcode.WRITE_WITH_NOTIFY:
-        _NOTIFY.pack_into(buf, 48, (notify_tid & 0xFFFFF) | (notify_token & 0xFFFF_FFFF) << 32, notify_va,
+        _NOTIFY.pack_into(buf, NOTIFY_CTX_OFFSET, (notify_tid & 0xFFFFF) | (notify_token & 0xFFFF_FFFF) << 32, notify_va,
                           notify_value & (2**64 - 1), 0)
-        _SGE.pack_into(buf, _NOTIFY_SGE_OFFSET, sge_len, 0, sge_va)
+        _SGE.pack_into(buf, NOTIFY_SGE_OFFSET, sge_len, 0, sge_va)
     else:
         _SGE.pack_into(buf, 48, sge_len, 0, sge_va)
     if opcode in (Opcode.FAA, Opcode.CAS):
         size = 8 if sge_len == 8 else 4
         fmt = "<Q" if size == 8 else "<I"
-        struct.pack_into(fmt, buf, 64, operand & (2 ** (8 * size) - 1))
+        struct.pack_into(fmt, buf, AMO_OPERAND_OFFSET, operand & (2 ** (8 * size) - 1))
         if opcode == Opcode.CAS:
-            struct.pack_into(fmt, buf, 64 + size, compare & (2 ** (8 * size) - 1))
+            struct.pack_into(fmt, buf, AMO_OPERAND_OFFSET + size, compare & (2 ** (8 * size) - 1))
     return bytes(buf)
 
 
@@ -422,17 +425,17 @@ def decode_wqe(data) -> Wqe:
         rmt_va=rmt_va,
     )
     if opcode == Opcode.WRITE_WITH_NOTIFY and len(data) >= 96:
-        q0, w.notify_va, w.notify_value, _ = _NOTIFY.unpack_from(data, 48)
+        q0, w.notify_va, w.notify_value, _ = _NOTIFY.unpack_from(data, NOTIFY_CTX_OFFSET)
         w.notify_tid, w.notify_token = q0 & 0xFFFFF, q0 >> 32
-        w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, _NOTIFY_SGE_OFFSET)
+        w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, NOTIFY_SGE_OFFSET)
     else:
         w.sge_len, w.sge_token_id, w.sge_va = _SGE.unpack_from(data, 48)
     if opcode in (Opcode.FAA, Opcode.CAS) and len(data) >= 80:
         size = 8 if w.sge_len == 8 else 4
         fmt = "<Q" if size == 8 else "<I"
-        (w.operand,) = struct.unpack_from(fmt, data, 64)
+        (w.operand,) = struct.unpack_from(fmt, data, AMO_OPERAND_OFFSET)
         if opcode == Opcode.CAS:
-            (w.compare,) = struct.unpack_from(fmt, data, 64 + size)
+            (w.compare,) = struct.unpack_from(fmt, data, AMO_OPERAND_OFFSET + size)
     return w
 
 

@@ -8,17 +8,22 @@ pairs and starts the engine; ``stop`` stops the engine. The runtime calls these;
 
 from __future__ import annotations
 
+import array
 import os
 import threading
+import time
 
 import numpy as np
 
-from ..errors import InternalError
+from ..shm.waits import thread_slot
+from . import _engine
 from .describe import VaNames
 from .engine import Engine
-from .queues import QueuePair
+from .layout import DW0
+from .queues import QUIET_SPIN_FACTOR, QueuePair
 from .registry import LocalRegistry
-from .segment import DEFAULT_DEPTH, UdmaSegment, make_identity
+from .segment import (CQ_TAIL, CREDIT_GUARD, DEFAULT_DEPTH, HW_CQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
+                      UdmaSegment, make_identity)
 
 __all__ = ["DataPlane", "create", "start", "stop"]
 
@@ -44,12 +49,15 @@ class DataPlane:
         self.va_names = VaNames(rt.n_pes, rt.ctl.describe_offset, self.seg.layout())
         self.hw64 = self.seg.hw32.view(np.uint64)
         self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
+        self.qstate = np.zeros((self.seg.n_slots, _engine.ST_WORDS), np.int64)  # posting state (QueuePair, _post.c)
+        self.qwords = memoryview(self.qstate).cast("B").cast("q")
+        self.poster = None  # the native posting path (_post.c) while no recorder needs per-event calls
+        self.observed = False  # a recorder that needs per-event calls is on (refresh_fast_paths)
+        self.quiet_spin_ns = int(QUIET_SPIN_FACTOR * rt.spin * 1e9)
         self.qps: dict[int, QueuePair] = {}
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
         self.engine = None
-        self.errors: set[int] = set()  # queue indices whose failure nobody has reported yet
-        self.dead = None  # (exception, traceback text) if the engine thread died
         self._threads: dict[int, threading.Thread] = {}
         me = rt.ctl.pes[rt.my_pe]
         me["eid"] = (self.identity["eid_lo"], self.identity["eid_hi"])
@@ -65,12 +73,13 @@ class DataPlane:
                                "heap_token": int(e["heap_token"])})
         self.seg.fill_tables(rt.my_pe, self.peers, rt.heap.size)
         self.registry = LocalRegistry(rt.my_pe, rt.heap, self.seg, int(self.seg.header["amo_tid"]))
+        self.engine = Engine(self)
+        self.registry.sink = self.engine.native.set_locals  # the engine resolves local VAs through the registrations
         for peer in range(rt.n_pes):
             if peer != rt.my_pe:
                 for qp in range(self.qp_num):
                     q = QueuePair(self, peer, qp)
                     self.qps[q.index] = q
-        self.engine = Engine(self)
         if rt.tracer is not None:
             for q in self.qps.values():
                 q.trace = rt.tracer.queue(q.index)
@@ -78,12 +87,77 @@ class DataPlane:
         if rt.checker is not None:
             for q in self.qps.values():
                 q.check = rt.checker
+        if rt.recorder is not None:
+            for q in self.qps.values():
+                q.record = rt.recorder
+        self.refresh_fast_paths()
         self.engine.start()
+
+    def refresh_fast_paths(self) -> None:
+        """Use the native posting path unless a recorder that needs a call per event is on (``rt.tracer``, and
+        ``rt.recorder`` / ``rt.checker`` / ``rt.chaos`` when those exist): observed runs post through
+        ``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell`` and wait through ``shm.waits`` so that the hooks
+        see every event. Call it again after switching a recorder on or off."""
+        rt = self.rt
+        self.observed = any(getattr(rt, name, None) is not None for name in ("tracer", "recorder", "checker", "chaos"))
+        self.poster = None if self.observed else self._make_poster()
+        if self.poster is None:
+            self.registry.seen = None
+            self.rt.heap.on_change = None
+
+    def quiet_fast(self, pe, qp_idx) -> bool:
+        """The quiet of (pe, qp_idx) by the native path (``Poster.quiet``) when every CQE is in (or comes within
+        a quiet's spin) and none failed; False when ``QueuePair.poll`` must do it (waiting asleep, raising)."""
+        start = time.perf_counter_ns()
+        bits = self.poster.quiet(pe, qp_idx, self.quiet_spin_ns)
+        if bits < 0:
+            return False
+        rt = self.rt
+        if bits:
+            qp = self.qps[pe * self.qp_num + qp_idx]
+            if bits & 1:
+                self.retired(qp)
+            if bits & 2:
+                qp.release()  # publishes the posted counts
+            elif qp.n_posted and qp.owner == threading.get_ident():
+                qp.publish()
+        rt.stats.add_quiet(thread_slot(), time.perf_counter_ns() - start)
+        return True
+
+    def _make_poster(self):
+        """The native posting path, or None when its reading of numpy arrays does not match this numpy."""
+        rt = self.rt
+        seg = self.seg
+        n = seg.n_slots
+        rmi = seg.remote_mem_info
+        eid = np.array(rmi["eid"], np.uint64).reshape(n, 2)
+        config = dict(
+            wq_off=seg.wq32.ctypes.data - seg.segment.addr, sidecar_off=seg.sidecar_offset,
+            heap_va=self.registry.heap_va, state_addr=self.qstate.ctypes.data, credit_guard=CREDIT_GUARD,
+            dw0_base=DW0[0], wq_head=WQ_HEAD, wq_cqe_cnt=WQ_CQE_CNT, wq_tail_word=WQ_TAIL,
+            cq_ctx_off=seg.cq32.ctypes.data - seg.segment.addr, cq_tail_word=CQ_TAIL, hw_cq_db=HW_CQ_DB,
+            tpn=[int(x) for x in rmi["tpn"]], tid=[int(x) for x in rmi["tid"]],
+            token=[int(x) for x in rmi["rmt_token_value"]], eid_lo=[int(x) for x in eid[:, 0]],
+            eid_hi=[int(x) for x in eid[:, 1]])
+        poster = _engine.Poster(self.engine.native, np.ndarray, self.registry, self.qstate,
+                                (np.dtype("<i8"), np.dtype("<u8")), config)
+        if not _reads_arrays(poster):
+            return None
+        heap = rt.heap
+
+        def allocations(heap) -> None:
+            starts = heap._alloc_starts
+            poster.set_allocations(array.array("q", starts).tobytes(),
+                                   array.array("q", [s + heap.allocations[s][0] for s in starts]).tobytes())
+
+        heap.on_change = allocations
+        allocations(heap)
+        self.registry.seen = poster.seen
+        return poster
 
     def stop(self) -> None:
         if self.engine is not None:
-            self.engine.stop()
-            self.engine = None
+            self.engine.stop()  # kept: a failure found afterwards is described through it
 
     # --- lookups -------------------------------------------------------------------------------------------
 
@@ -105,7 +179,7 @@ class DataPlane:
     def retired(self, qp: QueuePair) -> None:
         """A poller advanced ``qp``'s tail: registrations only it used may go."""
         if self.registry is not None and len(self.registry):
-            self.registry.collect({i: q.tail for i, q in self.qps.items()})
+            self.registry.collect(_Tails(self.qps))
 
     def publish_counts(self, mine_only: bool = False) -> None:
         """Publish every queue's posted counts into the stats (``mine_only``: the queues this thread owns)."""
@@ -114,20 +188,37 @@ class DataPlane:
             if q.n_posted and (not mine_only or q.owner == me):
                 q.publish()
 
-    def raise_dead(self) -> None:
-        exc, text = self.dead
-        raise InternalError(f"pe {self.my_pe}: the DMA engine thread died ({type(exc).__name__}: {exc}); "
-                            f"this is a shmemx bug:\n{text}")
-
     def check_errors(self) -> None:
-        """Raise a failure nobody has quieted yet (called by barriers and finalize)."""
-        if self.dead is not None:
-            self.raise_dead()
-        for index in sorted(self.errors):
-            qp = self.qps[index]
-            self.errors.discard(index)
-            if qp.error is not None:
+        """Raise a failure nobody has quieted yet (called by barriers and finalize): a queue whose engine record
+        says it is in error."""
+        for index in np.flatnonzero(self.seg.hw32[:, HW_STATE]).tolist():
+            qp = self.qps.get(index)
+            if qp is not None and qp.error is not None:
                 qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
+
+
+class _Tails:
+    """Every queue's retired tail, read when asked (``LocalRegistry.collect`` asks for the queues its
+    registrations used, a handful, where a dict of all would read 254 tails at 128 PEs)."""
+
+    __slots__ = ("qps",)
+
+    def __init__(self, qps):
+        self.qps = qps
+
+    def get(self, index: int, default: int = 0) -> int:
+        qp = self.qps.get(index)
+        return default if qp is None else qp.tail
+
+
+def _reads_arrays(poster) -> bool:
+    """Whether the native posting path reads numpy arrays as numpy does (data, shape, contiguity, dtype)."""
+    base = np.arange(48, dtype=np.int64).reshape(6, 8)
+    for arr in (base, base[2], base[1:, 3:], base[:, 1], np.zeros(0, np.uint8), np.frombuffer(bytes(64), np.uint16)):
+        if poster.probe(arr) != (arr.__array_interface__["data"][0], arr.ndim, arr.shape,
+                                 bool(arr.flags.c_contiguous), id(arr.dtype)):
+            return False
+    return True
 
 
 def create(rt) -> None:

@@ -31,16 +31,34 @@ import numpy as np
 
 from ..errors import CompletionError, ShmemError, SubmitterError
 from ..shm.control import WaitCall
-from ..shm.waits import Wait, block_until, thread_slot
+from ..shm.waits import CMP_MASKED, WORD_KINDS, Wait, block_on_word, thread_slot
 from .describe import format_cqe, format_wqe
-from .layout import (DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
+from .layout import (C_ENTRY_IDX, C_STATUS, DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
                      decode_cqe, decode_wqe, pack_wqe, tp_word, wqe_length)
+from ._engine import (ST_B_POSTED, ST_CQ_TAIL, ST_CQE_CNT, ST_HEAD, ST_N_POSTED, ST_OWNER, ST_OWNER_BLOCK, ST_TAIL,
+                      ST_WORDS)
 from .rings import Api, decode_sidecar, read_wqe, scan_wqes, sidecar_word
-from .segment import CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL
+from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_STATUS,
+                      HW_ERR_SUBSTATUS, HW_ERR_WHERE, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
 
 __all__ = ["QueuePair"]
 
 _now = time.perf_counter_ns
+# A quiet spins this many times a wait's spin (50 us when PEs do not outnumber cores, else 0) before it sleeps:
+# the engine is executing its WQEs meanwhile, and a 1 MiB copy alone takes ~60 us here
+QUIET_SPIN_FACTOR = 20
+
+
+def _state_word(k: int, doc: str) -> property:
+    """A QueuePair attribute that is word ``k`` of its record in the plane's posting state block."""
+
+    def get(self) -> int:
+        return self._s[self._o + k]
+
+    def set(self, value: int) -> None:
+        self._s[self._o + k] = value
+
+    return property(get, set, doc=doc)
 
 
 class QueuePair:
@@ -73,6 +91,7 @@ class QueuePair:
         self._i_db = (seg.hw_offset + 64 * i) // 4 + HW_SQ_DB
         self._i_sidecar = (seg.sidecar_offset + 4 * i * seg.sq_depth) // 4
         self._i_cq = (seg.cq_offset + i * seg.cq_bytes) // 4  # word 0 of CQ slot 0
+        self._cq_addr = seg.segment.addr + seg.cq_offset + i * seg.cq_bytes
         rmi = seg.remote_mem_info[i]
         self.tpn = int(rmi["tpn"])
         self.tid = int(rmi["tid"])
@@ -84,27 +103,58 @@ class QueuePair:
         self.amo_va = int(seg.wq_ctx[i]["amo_addr"])
         self.amo = seg.amo[i]  # [8] uint64 fetch scratch
         self._dw2 = tp_word(self.tpn)
-        # posting side (kernel threads)
-        self.head = self.tail = self.cqe_cnt = self.cq_tail = 0
-        self.owner: int | None = None
+        # posting side (kernel threads): head, tail, cqe_cnt, cq_tail, submitter, and the WQEs and bytes posted since
+        # the owner last published them (observe.counters), in the plane's private state block, which the native
+        # posting path (_post.c) reads and writes too
+        self._s = udma.qwords
+        self._o = i * ST_WORDS
         self.owner_block = -1
-        # inspection: WQEs and bytes posted since the owner last published them (observe.counters), and the trace list
-        self.n_posted = self.b_posted = 0
         self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
         self.check = None  # the runtime's checker (udma.check) while the job runs under --check
-        # engine side
-        self.ci = 0
-        self.cq_pi = 0
-        self.queued = False
-        self.own_words = None  # the engine's expected words 2-8 of a WQE on this queue (Engine._own_words)
-        self.error: dict | None = None  # the first failure, until a poller reports it
+        self.record = None  # the runtime's event recorder (observe.record.Recorder) while the job is recorded
+        self._kick = udma.engine.kick  # wakes the engine after a doorbell store
 
     def __repr__(self) -> str:
         return f"QueuePair(pe {self.my_pe} -> pe {self.peer} qp {self.qp_idx})"
 
+    head = _state_word(ST_HEAD, "the posted head (monotonic BB counter)")
+    tail = _state_word(ST_TAIL, "the retired tail (from the last consumed CQE's entry_idx)")
+    cqe_cnt = _state_word(ST_CQE_CNT, "CQEs asked for so far")
+    cq_tail = _state_word(ST_CQ_TAIL, "CQEs consumed so far")
+    owner_block = _state_word(ST_OWNER_BLOCK, "the submitter's AIV block (-1: none)")
+    n_posted = _state_word(ST_N_POSTED, "WQEs posted since the last publish")
+    b_posted = _state_word(ST_B_POSTED, "bytes posted since the last publish")
+
+    @property
+    def owner(self) -> int | None:
+        """The submitting thread's ident, or None."""
+        return self._s[self._o + ST_OWNER] or None
+
+    @owner.setter
+    def owner(self, ident: int | None) -> None:
+        self._s[self._o + ST_OWNER] = ident or 0
+
     @property
     def name(self) -> str:
         return f"pe {self.peer} qp {self.qp_idx}"
+
+    @property
+    def cq_pi(self) -> int:
+        """The CQ producer index (CQEs the engine has written)."""
+        return int(self.hw32[HW_CQ_PI])
+
+    @property
+    def error(self) -> dict | None:
+        """The queue's first failure, from the engine's record, until a poller reports it: position, status,
+        substatus and the detail in words; None while the queue is not in error."""
+        hw = self.hw32
+        if not hw[HW_STATE]:
+            return None
+        pos = int(hw[HW_ERR_POS])
+        status = int(hw[HW_ERR_STATUS])
+        detail = self.udma.engine.describe_fault(status, int(hw[HW_ERR_WHERE]), int(hw[HW_ERR_ARG]), pos,
+                                                 decode_wqe(self.wqe_at(pos)))
+        return {"pos": pos, "status": status, "substatus": int(hw[HW_ERR_SUBSTATUS]), "detail": detail}
 
     # --- submitters --------------------------------------------------------------------------------------
 
@@ -161,9 +211,7 @@ class QueuePair:
             self.cqe_cnt = (self.cqe_cnt + 1) & M32
             w[self._i_cqe_cnt] = self.cqe_cnt
         w[self._i_db] = head & M32  # the doorbell, last
-        if not self.queued:  # Engine.notify, inlined: this runs once per posted WQE
-            self.queued = True
-            self.udma.engine.q.put(self)
+        self._kick()
 
     def post_rw(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int, api: int, what: str) -> int:
         """Post a one-BB WRITE or READ; returns its BB position. (``_rang`` inlined: this is the per-token path.)"""
@@ -190,10 +238,10 @@ class QueuePair:
             tr.append(length << 16 | opcode << 8 | self.owner_block)
         if self.check is not None:
             self.check.post(self, head, opcode, flag, rmt_va, length, local_va, api)
+        if self.record is not None:
+            self.record.post(self, head, 1)
         w[self._i_db] = new  # the doorbell, last
-        if not self.queued:
-            self.queued = True
-            self.udma.engine.q.put(self)
+        self._kick()
         self.n_posted += 1
         self.b_posted += length
         return head
@@ -219,6 +267,8 @@ class QueuePair:
             tr.append(length << 16 | wqe[OPCODE_BYTE] << 8 | self.owner_block)
         if self.check is not None:
             self.check.post_wqe(self, head, wqe, api)
+        if self.record is not None:
+            self.record.post(self, head, bbs)
         self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
         self.b_posted += length
@@ -276,13 +326,15 @@ class QueuePair:
             self._count_batch(n)
             if self.check is not None:
                 self.check.doorbell(self, n, api)
+            if self.record is not None:
+                self.record.post(self, self.head, n)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:
             self.cqe_cnt = (self.cqe_cnt + cqes) & M32
             self.wq32[WQ_CQE_CNT] = self.cqe_cnt
         self.hw32[HW_SQ_DB] = head & M32
-        self.udma.engine.notify(self)
+        self._kick()
 
     # --- polling (quiet) ---------------------------------------------------------------------------------
 
@@ -321,6 +373,8 @@ class QueuePair:
         chaos = self.udma.rt.chaos
         if chaos is not None:
             chaos.jitter()
+        if self.record is not None:
+            self.record.quiet(self, target, call)
         try:
             self._poll(target, what, call, report, release)
             if self.check is not None:
@@ -357,20 +411,30 @@ class QueuePair:
             self._raise(None, what)
 
     def _wait_cqe(self, t: int, target: int, what: str, call: WaitCall) -> None:
-        """Sleep until the engine wrote the CQE at position ``t`` (or died)."""
-        udma = self.udma
-
-        def ready() -> bool:
-            return self._valid_count(t, 1) == 1 or udma.dead is not None
-
-        block_until(udma.rt, ready, Wait(call, pe=self.peer, qp=self.qp_idx, target=target),
-                    lambda: self._describe_wait(what, target), spin=0.0)
-        if udma.dead is not None:
-            udma.raise_dead()
+        """Wait until the engine wrote the CQEs from position ``t`` up to ``target`` (at most a ring's worth): the
+        owner bit of the last of them (the engine writes them in order), without the interpreter lock while it
+        spins or sleeps (on this PE's wake word, which the engine bumps after writing CQEs)."""
+        last = (t + min((target - t) & M32, self.cq_depth) - 1) & M32
+        rt = self.udma.rt
+        block_on_word(rt, self._cq_addr + 64 * (last % self.cq_depth), WORD_KINDS["<u4"], CMP_MASKED,
+                      cqe_owner(last, self.cq_depth) << OWNER_SHIFT,
+                      Wait(call, pe=self.peer, qp=self.qp_idx, target=target),
+                      lambda: self._describe_wait(what, target), mask=1 << OWNER_SHIFT, sleep_pe=self.my_pe,
+                      spin=QUIET_SPIN_FACTOR * rt.spin, adaptive=False)
 
     def _consume(self, t: int, k: int) -> bytes | None:
         """Take the ``k`` written CQEs from position ``t``: restore the SQ tail from the last one's entry_idx;
-        returns the first error CQE's bytes, or None."""
+        returns the first error CQE's bytes, or None. (A few CQEs are read as words: a numpy call costs 15-30 us
+        right after a large copy evicted the caches, and a put + quiet loop runs this after every copy.)"""
+        if k <= 16:
+            w, base, depth = self._w, self._i_cq, self.cq_depth
+            first_error = None
+            for pos in range(t, t + k):
+                if w[base + 16 * (pos % depth) + C_STATUS] >> 16 and first_error is None:
+                    first_error = pos % depth
+            entry_idx = w[base + 16 * ((t + k - 1) % depth) + C_ENTRY_IDX] & 0xFFFF
+            self.tail = (self.tail + ((entry_idx - self.tail) & 0xFFFF)) & M32
+            return None if first_error is None else bytes(self.cq[first_error])
         slots = (t + np.arange(k, dtype=np.int64)) % self.cq_depth
         rows = self.cq32[slots]
         status = rows[:, 0] >> 16
@@ -399,8 +463,7 @@ class QueuePair:
 
     def _raise(self, cqe, what: str) -> None:
         err = self.error
-        self.error = None
-        self.hw32[HW_STATE] = 0
+        self.hw32[HW_STATE] = 0  # reported: the engine executes this queue's later WQEs again
         pos = cqe.user_data if cqe is not None else (err or {}).get("pos", 0)
         if err is not None and err.get("pos") is not None:
             pos = err["pos"]

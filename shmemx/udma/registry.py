@@ -7,6 +7,7 @@ the engine resolves back to the array, and a tokenId. Posting threads register; 
 
 from __future__ import annotations
 
+import array
 import bisect
 import threading
 
@@ -22,7 +23,7 @@ __all__ = ["LocalRegistry", "Registration"]
 class Registration:
     """Local memory registered as an URMA segment: ``[va, va + nbytes)`` maps to ``data`` (uint8)."""
 
-    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable")
+    __slots__ = ("va", "nbytes", "tid", "data", "address", "uses", "writable", "live")
 
     def __init__(self, va: int, data: np.ndarray, tid: int, address: int):
         self.va = va
@@ -32,6 +33,7 @@ class Registration:
         self.address = address
         self.writable = bool(data.flags.writeable)
         self.uses: dict[int, int] = {}  # queue index -> BB position after its last WQE that used this
+        self.live = True  # False once collected (the native posting path checks it)
 
 
 class LocalRegistry:
@@ -55,6 +57,8 @@ class LocalRegistry:
         self._lock = threading.Lock()
         self.snapshot: tuple[list[int], list[Registration]] = ([], [])  # sorted VAs, replaced on change
         self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
+        self.sink = None  # the engine's set_locals(vas, lengths, addresses): told of every change
+        self.seen = None  # the native posting path's Poster.seen(reg): told of every registration va_of returns
 
     def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
               addr: int | None = None) -> tuple[int, Registration | None]:
@@ -75,6 +79,8 @@ class LocalRegistry:
                 if last is self._last:  # not collected meanwhile
                     if pin is not None:
                         last.uses[pin[0]] = pin[1]
+                    if self.seen is not None:
+                        self.seen(last)
                     return last.va + (addr - last.address), last
         off = addr - self.heap.base_addr
         if 0 <= off and self.heap.allocated(off, arr.nbytes):
@@ -106,6 +112,8 @@ class LocalRegistry:
             if pin is not None:
                 reg.uses[pin[0]] = pin[1]
             self._last = reg
+            if self.seen is not None:
+                self.seen(reg)
         return reg.va + (addr - root_addr), reg
 
     def _register(self, root: np.ndarray, root_addr: int) -> Registration:
@@ -122,6 +130,10 @@ class LocalRegistry:
     def _publish(self) -> None:
         regs = sorted(self._by_address.values(), key=lambda r: r.va)
         self.snapshot = ([r.va for r in regs], regs)
+        if self.sink is not None:
+            self.sink(array.array("Q", [r.va for r in regs]).tobytes(),
+                      array.array("Q", [r.nbytes for r in regs]).tobytes(),
+                      array.array("Q", [r.address for r in regs]).tobytes())
 
     def resolve(self, va: int, length: int) -> tuple[np.ndarray, int] | None:
         """(uint8 buffer, offset) of local ``[va, va+length)``, or None when it is not registered memory."""
@@ -140,14 +152,16 @@ class LocalRegistry:
                 return reg.data, off
         return None
 
-    def collect(self, retired: dict[int, int]) -> None:
-        """Drop registrations whose every use is retired (``retired[queue index]`` = BB position done)."""
+    def collect(self, retired) -> None:
+        """Drop registrations whose every use is retired (``retired.get(queue index, 0)`` = BB position done)."""
         with self._lock:
             dead = [key for key, reg in self._by_address.items()
                     if all(((retired.get(q, 0) - pos) & 0xFFFF_FFFF) < 0x8000_0000 for q, pos in reg.uses.items())]
             if dead:
                 for key in dead:
-                    if self._by_address.pop(key) is self._last:
+                    reg = self._by_address.pop(key)
+                    reg.live = False
+                    if reg is self._last:
                         self._last = None
                 self._publish()
 

@@ -64,14 +64,18 @@ HEADER_DTYPE = np.dtype(
 HW_DTYPE = np.dtype(
     {
         "names": ["sq_db", "cq_db", "ci", "cq_pi", "state", "err_status", "err_substatus", "err_pos", "executed",
-                  "bytes"],
-        "formats": ["<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u8", "<u8"],
-        "offsets": [0, 4, 8, 12, 16, 20, 24, 28, 32, 40],
+                  "bytes", "err_where", "err_arg"],
+        "formats": ["<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<u8", "<u8", "<u4", "<u4"],
+        "offsets": [0, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 52],
         "itemsize": 64,
     }
 )
 # word indices into a record viewed as 16 x u32
-HW_SQ_DB, HW_CQ_DB, HW_CI, HW_CQ_PI, HW_STATE = 0, 1, 2, 3, 4
+HW_SQ_DB, HW_CQ_DB, HW_CI, HW_CQ_PI, HW_STATE = (
+    HW_DTYPE.fields[f][1] // 4 for f in ("sq_db", "cq_db", "ci", "cq_pi", "state"))
+HW_ERR_STATUS, HW_ERR_SUBSTATUS, HW_ERR_POS, HW_ERR_WHERE, HW_ERR_ARG = (
+    HW_DTYPE.fields[f][1] // 4 for f in ("err_status", "err_substatus", "err_pos", "err_where", "err_arg"))
+HW_EXECUTED, HW_BYTES = HW_DTYPE.fields["executed"][1] // 8, HW_DTYPE.fields["bytes"][1] // 8  # u64 words
 WQ_HEAD, WQ_TAIL, WQ_CQE_CNT = 6, 7, 13
 CQ_HEAD, CQ_TAIL = 6, 7
 

@@ -1,0 +1,29 @@
+"""``shmemx.deep_ep``: DeepEP's legacy API (``deep_ep.Buffer``) on shmemx, for code written against DeepEP.
+
+    from shmemx import deep_ep          # instead of: import deep_ep
+    buffer = deep_ep.Buffer(None, num_nvl_bytes=int(1e9))   # group=None: the whole job (shmemx initialised here)
+    num_tokens_per_rank, _, num_tokens_per_expert, is_token_in_rank, _ = buffer.get_dispatch_layout(topk_idx, 256)
+    recv_x, recv_topk_idx, recv_topk_weights, counts, handle, event = buffer.dispatch(
+        x, topk_idx=topk_idx, topk_weights=topk_weights, num_tokens_per_rank=num_tokens_per_rank,
+        is_token_in_rank=is_token_in_rank, num_tokens_per_expert=num_tokens_per_expert)
+    combined_x, combined_topk_weights, event = buffer.combine(recv_x, handle, topk_weights=recv_topk_weights)
+
+Tensors are numpy arrays or torch CPU tensors (torch is optional: ``pip install -e '.[torch]'``); results come
+back in the kind they came in. Modules: ``buffer`` (``Buffer``), ``config`` (``Config``, size hints),
+``event`` (``EventOverlap``), ``handles``, ``intranode`` (on ``shmemx.kernels.moe``), ``internode`` (seed 003's
+notify_dispatch and the two-tier kernels), ``low_latency``, ``reference`` (plain numpy), ``utils`` (what DeepEP's
+tests use: ``calc_diff``, FP8 casts, ``inplace_unique``, ``bench``, collectives), ``tensors`` (numpy / torch).
+Only the public ``shmemx`` API and ``shmemx.kernels.moe`` are used.
+"""
+
+import numpy as _np
+
+from .buffer import Buffer
+from .config import Config
+from .event import EventHandle, EventOverlap
+from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
+
+topk_idx_t = _np.int64  # DeepEP's deep_ep.topk_idx_t (torch.int64 there; torch users pass torch.int64)
+
+__all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "IntranodeHandle", "InternodeHandle",
+           "LowLatencyHandle", "topk_idx_t"]

@@ -1,0 +1,414 @@
+"""``shmemx.deep_ep.Buffer``: DeepEP's legacy ``Buffer`` (names, argument order, return tuples) on shmemx.
+
+Three engines behind one surface, chosen as DeepEP chooses them:
+
+* intranode (the job fits one server, P <= server_size): ``intranode.Intranode`` on ``moe.Buffer``;
+* internode (P > server_size, P a multiple of it): ``internode.Internode``, seed 003's notify_dispatch and the
+  two-tier dispatch / combine (UDMA between servers, MTE within one);
+* low latency (``low_latency_dispatch`` / ``low_latency_combine``): ``low_latency.LowLatency``.
+
+What differs from DeepEP, and why (see also the README's "Coming from DeepEP"):
+
+* ``group=None`` means the whole job; a torch.distributed group (or an mpi4py ``comm``) is accepted when it spans
+  the job's ranks in the job's order. When shmemx is not initialised yet, the constructor initialises it, with a
+  heap that holds ``num_nvl_bytes + num_rdma_bytes`` and the QPs ``num_qps_per_rank`` asks for (at most 32).
+* Every call returns after its work completed: events are complete (``EventOverlap``), so ``previous_event``,
+  ``async_finish`` and ``allocate_on_comm_stream`` are accepted, checked as DeepEP checks them, and change
+  nothing; ``Config`` and ``num_sms`` have no effect (no SMs, no ring buffers).
+* ``num_nvl_bytes`` (and ``num_rdma_bytes`` internode) bound the normal-mode workspace: a dispatch moves whole
+  per-destination ranges, not chunks through a ring, so the bytes bound the tokens per rank (the error names the
+  size needed); ``num_rdma_bytes`` must hold the low-latency workspace (``get_low_latency_rdma_size_hint``).
+* numpy arrays in, numpy out; torch CPU tensors in, torch CPU tensors out (``tensors``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import shmemx
+from shmemx.kernels import moe
+
+from . import config as _config
+from .config import Config
+from .event import EventHandle, EventOverlap
+from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
+from .intranode import Intranode
+from .tensors import Converter, to_numpy
+
+__all__ = ["Buffer", "SERVER_SIZE_ENV"]
+
+SERVER_SIZE_ENV = "SHMEMX_SERVER_SIZE"
+_HEAP_MARGIN = 64 << 20  # heap bytes beyond the two buffers: small allocations of the job and the kernels
+_MAX_QPS = 32
+
+
+def _check_bytes(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"deep_ep.Buffer: {name} must be an integer number of bytes >= 0, got {value!r}")
+    return int(value)
+
+
+def _event(previous_event, async_finish: bool, allocate_on_comm_stream: bool) -> EventOverlap:
+    """Check the stream arguments as DeepEP does; they change nothing here (every call completes)."""
+    if previous_event is not None and not isinstance(previous_event, EventOverlap):
+        raise TypeError(f"previous_event must be an EventOverlap (Buffer.capture()), got {type(previous_event)}")
+    if allocate_on_comm_stream and (previous_event is None or not async_finish):
+        raise ValueError("allocate_on_comm_stream=True needs previous_event and async_finish=True (as in DeepEP)")
+    return EventOverlap(EventHandle())
+
+
+class Buffer:
+    """DeepEP's communication buffer. Collective: every rank of the job constructs it with the same arguments.
+
+    Args:
+        group: None (the whole job), or a torch.distributed process group spanning the job in rank order.
+        num_nvl_bytes: bytes for normal-mode communication within a server (bounds the tokens per rank).
+        num_rdma_bytes: bytes for communication between servers, and for low-latency mode.
+        low_latency_mode: the buffer is meant for ``low_latency_dispatch`` / ``low_latency_combine``.
+        num_qps_per_rank: UDMA QPs per peer when this constructor initialises shmemx (at most 32). Low-latency
+            mode wants one per local expert (DeepEP's docstring); experts beyond the job's QPs share them
+            (local expert e on QP ``e % qp_num``).
+        allow_nvlink_for_low_latency_mode, allow_mnnvl, use_fabric, enable_shrink: accepted, no effect.
+        explicitly_destroy: ``destroy()`` must be called (else the workspaces live until finalize).
+        comm: an mpi4py communicator instead of ``group``.
+        server_size: ranks per server (DeepEP's NUM_MAX_NVL_PEERS, 8); keyword-only; default: the
+            ``SHMEMX_SERVER_SIZE`` environment variable, else 8. A job of more ranks runs internode.
+        num_channels: channels (AIV blocks) of the normal-mode kernels; keyword-only; default: moe.Buffer's.
+
+    Raises:
+        HeapExhaustedError: the heap cannot hold ``num_nvl_bytes + num_rdma_bytes``.
+        ValueError: a group that is not the job, a server size that does not divide the ranks.
+    """
+
+    num_sms: int = 20
+
+    def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
+                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm=None, *, server_size: int | None = None,
+                 num_channels: int | None = None):
+        self.num_nvl_bytes = _check_bytes("num_nvl_bytes", num_nvl_bytes)
+        self.num_rdma_bytes = _check_bytes("num_rdma_bytes", num_rdma_bytes)
+        if isinstance(num_qps_per_rank, bool) or not isinstance(num_qps_per_rank, (int, np.integer)) \
+                or num_qps_per_rank < 1:
+            raise ValueError(f"deep_ep.Buffer: num_qps_per_rank must be an integer >= 1, got {num_qps_per_rank!r}")
+        self.low_latency_mode = bool(low_latency_mode)
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.num_qps_per_rank = int(num_qps_per_rank)
+        size = self._server_size(server_size)
+        self._attach(group, comm)
+        self.rank, self.group_size = shmemx.my_pe(), shmemx.n_pes()
+        self.group = group
+        self.server_size = min(size, self.group_size)
+        if self.group_size % self.server_size:
+            raise ValueError(f"pe {self.rank}: deep_ep.Buffer: {self.group_size} ranks are not a whole number of "
+                             f"servers of {self.server_size} (server_size, or {SERVER_SIZE_ENV})")
+        self.num_rdma_ranks = self.group_size // self.server_size
+        self.rdma_rank, self.nvl_rank = divmod(self.rank, self.server_size)
+        self._check_heap()
+        self.num_channels = num_channels
+        self._normal = None
+        self._low_latency = None
+        self.destroyed = False
+
+    # --- construction ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _server_size(server_size) -> int:
+        if server_size is None:
+            server_size = int(os.environ.get(SERVER_SIZE_ENV) or _config.NUM_MAX_NVL_PEERS)
+        if isinstance(server_size, bool) or not isinstance(server_size, (int, np.integer)) or server_size < 1:
+            raise ValueError(f"deep_ep.Buffer: server_size must be an integer >= 1, got {server_size!r}")
+        return int(server_size)
+
+    def _attach(self, group, comm) -> None:
+        """Initialise shmemx when nobody did (heap and QPs for this buffer), then check the group."""
+        if not shmemx.is_initialized():
+            shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, min(self.num_qps_per_rank, _MAX_QPS))
+            shmemx.init(min_heap_size=self.num_nvl_bytes + self.num_rdma_bytes + _HEAP_MARGIN)
+        me, n = shmemx.my_pe(), shmemx.n_pes()
+        for what, obj, size, rank in (("group", group, "size", "rank"), ("comm", comm, "Get_size", "Get_rank")):
+            if obj is None:
+                continue
+            got = (int(getattr(obj, rank)()), int(getattr(obj, size)()))
+            if got != (me, n):
+                raise ValueError(f"pe {me}: deep_ep.Buffer: the {what} has this process as rank {got[0]} of {got[1]}; "
+                                 f"a shmemx Buffer spans the whole job in its order (pe {me} of {n}): pass "
+                                 f"group=None or the world group")
+
+    def _check_heap(self) -> None:
+        need = self.num_nvl_bytes + self.num_rdma_bytes
+        info = shmemx.heap_info()
+        if need > info.largest_free:
+            raise shmemx.HeapExhaustedError(
+                f"pe {self.rank}: deep_ep.Buffer(num_nvl_bytes={self.num_nvl_bytes}, num_rdma_bytes="
+                f"{self.num_rdma_bytes}) needs {need} B of symmetric heap, the heap has {info.largest_free} B free "
+                f"(of {info.size}): start the job with --heap-size {-(-(need + _HEAP_MARGIN) // 2**20)}M or more, "
+                f"or let deep_ep.Buffer initialise shmemx (it sizes the heap)")
+
+    def destroy(self) -> None:
+        """Free the workspaces (collective; needs ``explicitly_destroy=True``, as in DeepEP)."""
+        if not self.explicitly_destroy:
+            raise ValueError("deep_ep.Buffer.destroy: the Buffer was made without explicitly_destroy=True")
+        self._release()
+
+    def _release(self) -> None:
+        if self.destroyed:
+            return
+        self.destroyed = True
+        for engine in (self._normal, self._low_latency):
+            if engine is not None:
+                engine.close()
+        self._normal = self._low_latency = None
+
+    def _check_alive(self) -> None:
+        if self.destroyed:
+            raise shmemx.ClosedError(f"pe {self.rank}: this deep_ep.Buffer was destroyed")
+
+    # --- static helpers, as in DeepEP --------------------------------------------------------------------------
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """True: FP8 (float8_e4m3fn) payloads are supported."""
+        return True
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """DeepEP's SM count for the default configs (even); no effect on the kernels here."""
+        if new_num_sms % 2:
+            raise ValueError(f"set_num_sms: the SM count must be even, got {new_num_sms}")
+        Buffer.num_sms = int(new_num_sms)
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event on the "current stream" (complete)."""
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        """Bytes the low-latency mode needs in ``num_rdma_bytes`` (DeepEP's formula)."""
+        return _config.low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return _config.dispatch_config(num_ranks, Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return _config.combine_config(num_ranks, Buffer.num_sms)
+
+    def get_comm_stream(self):
+        """None: there are no streams; every call completes before it returns."""
+        return None
+
+    def get_num_rdma_ranks(self) -> int:
+        return self.num_rdma_ranks
+
+    def get_rdma_rank(self) -> int:
+        return self.rdma_rank
+
+    def get_root_rdma_rank(self, global_rank: bool) -> int:
+        return self.nvl_rank if global_rank else 0
+
+    # --- normal mode -------------------------------------------------------------------------------------------
+
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None, async_finish: bool = False,
+                            allocate_on_comm_stream: bool = False):
+        """Where each token goes (local).
+
+        Args:
+            topk_idx: ``[T, K] int64``, -1 = no expert.
+            num_experts: E, a multiple of the ranks.
+
+        Returns:
+            ``(num_tokens_per_rank [P] int32, num_tokens_per_rdma_rank [N] int32 or None (one server),
+            num_tokens_per_expert [E] int32, is_token_in_rank [T, P] bool, event)``.
+        """
+        self._check_alive()
+        event = _event(previous_event, async_finish, allocate_on_comm_stream)
+        conv = Converter(topk_idx)
+        server = self.server_size if self.num_rdma_ranks > 1 else None
+        lay = moe.get_dispatch_layout(to_numpy(topk_idx, "topk_idx"), num_experts, self.group_size,
+                                      server_size=server)
+        return (*conv.out(tuple(lay)), event)
+
+    def _normal_engine(self):
+        if self._normal is None:
+            if self.num_rdma_ranks > 1 and self._low_latency is not None:  # both live in num_rdma_bytes
+                self._low_latency.close()
+                self._low_latency = None
+            if self.num_rdma_ranks > 1:
+                from .internode import Internode  # internode machinery only for jobs that span servers
+
+                self._normal = Internode(self.rank, self.group_size, self.server_size, self.num_nvl_bytes,
+                                         self.num_rdma_bytes, self.num_channels)
+            else:
+                self._normal = Intranode(self.num_nvl_bytes, self.num_channels)
+        return self._normal
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Config | None = None,
+                 previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Send each token to the ranks of its experts (collective), intranode or internode.
+
+        Args:
+            x: ``[T, H] bfloat16``, or ``(float8_e4m3fn [T, H], float32 scales [T, H/128])`` (the scales may be
+                strided, e.g. column-major).
+            handle: the handle of an earlier dispatch: a cached dispatch (same routing, no notify; top-k must
+                be None).
+            num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert: the layout
+                (``get_dispatch_layout``).
+            topk_idx: ``[T, K] int64``; topk_weights: ``[T, K] float32``; both or neither.
+            expert_alignment: round each local expert's count up to a multiple of this.
+            num_worst_tokens: > 0: outputs of exactly this many rows (tail: top-k -1), an empty list.
+            config, previous_event, async_finish, allocate_on_comm_stream: accepted (see the module docstring).
+
+        Returns:
+            ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx, recv_topk_weights,
+            num_recv_tokens_per_expert_list, handle, event)``; rows grouped by source rank, token order within a
+            source; cached: ``(recv_x, None, None, None, None, event)``.
+        """
+        self._check_alive()
+        event = _event(previous_event, async_finish, allocate_on_comm_stream)
+        if config is not None and not isinstance(config, Config):
+            raise TypeError(f"dispatch: config must be a deep_ep.Config, got {type(config).__name__}")
+        conv = Converter(x, topk_idx, topk_weights, is_token_in_rank)
+        payload = tuple(to_numpy(v, "x") for v in x) if isinstance(x, (tuple, list)) else to_numpy(x, "x")
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("dispatch: a cached dispatch (handle given) takes no topk_idx / topk_weights")
+            handle = self._numpy_handle(handle)
+        engine = self._normal_engine()
+        args = [to_numpy(a) for a in (num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
+                                      topk_weights)]
+        if self.num_rdma_ranks > 1:
+            args.insert(1, to_numpy(num_tokens_per_rdma_rank))
+        recv_x, recv_idx, recv_w, counts, new_handle = engine.dispatch(payload, handle, *args, int(expert_alignment),
+                                                                        int(num_worst_tokens))
+        if handle is not None:
+            return conv.out(recv_x), None, None, None, None, event
+        return (conv.out(recv_x), conv.out(recv_idx), conv.out(recv_w), counts,
+                type(new_handle)(*conv.out(tuple(new_handle))), event)
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config: Config | None = None, previous_event=None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Send every received row back to its token and sum there, without weights (collective).
+
+        Args:
+            x: ``[n, H] bfloat16``, aligned with the dispatch's recv_x.
+            handle: the dispatch's handle.
+            topk_weights: ``[n, K] float32`` summed back the same way, or None.
+            bias: None, one ``[T, H] bfloat16`` or a pair, added to every token's sum (first, in float32).
+
+        Returns:
+            ``(combined_x [T, H] bfloat16, combined_topk_weights [T, K] float32 or None, event)``.
+        """
+        self._check_alive()
+        event = _event(previous_event, async_finish, allocate_on_comm_stream)
+        conv = Converter(x, topk_weights)
+        bias_np = None
+        if bias is not None:
+            bias_np = tuple(to_numpy(b, "bias") for b in bias) if isinstance(bias, (tuple, list)) \
+                else to_numpy(bias, "bias")
+        combined, weights = self._normal_engine().combine(to_numpy(x, "x"), self._numpy_handle(handle),
+                                                          to_numpy(topk_weights, "topk_weights"), bias_np)
+        return conv.out(combined), conv.out(weights), event
+
+    def internode_dispatch(self, *args, **kwargs):
+        """DeepEP's internode entry point (``dispatch`` picks it when the job spans servers)."""
+        if self.num_rdma_ranks == 1:
+            raise ValueError(f"pe {self.rank}: internode_dispatch: this job is one server of {self.server_size}")
+        return self.dispatch(*args, **kwargs)
+
+    def internode_combine(self, *args, **kwargs):
+        if self.num_rdma_ranks == 1:
+            raise ValueError(f"pe {self.rank}: internode_combine: this job is one server of {self.server_size}")
+        return self.combine(*args, **kwargs)
+
+    def _numpy_handle(self, handle):
+        kind = InternodeHandle if self.num_rdma_ranks > 1 else IntranodeHandle
+        if not isinstance(handle, tuple) or len(handle) != len(kind._fields):
+            raise TypeError(f"pe {self.rank}: expected the {len(kind._fields)}-field handle of a "
+                            f"{'internode' if kind is InternodeHandle else 'intranode'} dispatch, got "
+                            f"{type(handle).__name__}")
+        return kind(*(to_numpy(f, "handle") for f in handle))
+
+    # --- low-latency mode --------------------------------------------------------------------------------------
+
+    def _ll_engine(self):
+        if self._low_latency is None:
+            from .low_latency import LowLatency
+
+            if self.num_rdma_ranks > 1 and self._normal is not None:  # both live in num_rdma_bytes: one at a time
+                self._normal.close()
+                self._normal = None
+
+            self._low_latency = LowLatency(self.rank, self.group_size, self.num_rdma_bytes)
+        return self._low_latency
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Reset the low-latency signals (collective; DeepEP needs it after normal-mode use)."""
+        self._check_alive()
+        self._ll_engine().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """DeepEP's low-latency dispatch (collective); see ``low_latency.LowLatency.dispatch``.
+
+        Returns:
+            ``(recv_x, recv_count [E_loc] int32, handle, event, hook)``: recv_x is
+            ``[E_loc, P * N_max, H] bfloat16``, or with ``use_fp8`` ``(float8_e4m3fn [E_loc, P * N_max, H],
+            scales [E_loc, P * N_max, H/128] float32 (column-major))`` (UE8M0: int32 ``[.., H/512]``); only the first
+            ``recv_count[e]`` rows of expert e are valid; hook: call it to receive (``return_recv_hook``).
+        """
+        self._check_alive()
+        if async_finish and return_recv_hook:
+            raise ValueError("low_latency_dispatch: async_finish and return_recv_hook exclude each other")
+        conv = Converter(x, topk_idx, cumulative_local_expert_recv_stats)
+        out = self._ll_engine().dispatch(
+            to_numpy(x, "x"), to_numpy(topk_idx, "topk_idx"), int(num_max_dispatch_tokens_per_rank), int(num_experts),
+            stats=to_numpy(cumulative_local_expert_recv_stats), wait_stats=to_numpy(dispatch_wait_recv_cost_stats),
+            use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=return_recv_hook)
+        recv_x, recv_count, handle, hook = out
+        handle = LowLatencyHandle(*conv.out(tuple(handle[:2])), *handle[2:])
+        return conv.out(recv_x), conv.out(recv_count), handle, EventOverlap(EventHandle()), hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """DeepEP's low-latency combine (collective, weighted); see ``low_latency.LowLatency.combine``.
+
+        Returns:
+            ``(combined_x [T, H] bfloat16, event, hook)``.
+        """
+        self._check_alive()
+        if async_finish and return_recv_hook:
+            raise ValueError("low_latency_combine: async_finish and return_recv_hook exclude each other")
+        conv = Converter(x, topk_idx, topk_weights, out)
+        h = LowLatencyHandle(*(to_numpy(f) if i < 2 else f for i, f in enumerate(handle)))
+        combined, hook = self._ll_engine().combine(
+            to_numpy(x, "x"), to_numpy(topk_idx, "topk_idx"), to_numpy(topk_weights, "topk_weights"), h,
+            use_logfmt=use_logfmt, zero_copy=zero_copy, return_recv_hook=return_recv_hook, out=to_numpy(out, "out"),
+            wait_stats=to_numpy(combine_wait_recv_cost_stats))
+        result = out if out is not None else conv.out(combined)
+        return result, EventOverlap(EventHandle()), hook
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """The send buffer of the next ``low_latency_combine`` (``[E_loc, P * N_max, H] bfloat16``, a view of the
+        symmetric heap): fill it and pass ``zero_copy=True`` to skip the copy."""
+        self._check_alive()
+        h = LowLatencyHandle(*(to_numpy(f) if i < 2 else f for i, f in enumerate(handle)))
+        view = self._ll_engine().next_combine_buffer(h)
+        return Converter(handle[0]).out(view)
+
+    def __repr__(self) -> str:
+        mode = "internode" if self.num_rdma_ranks > 1 else "intranode"
+        return (f"deep_ep.Buffer(rank {self.rank}/{self.group_size}, {mode}, server_size={self.server_size}, "
+                f"num_nvl_bytes={self.num_nvl_bytes}, num_rdma_bytes={self.num_rdma_bytes}, "
+                f"low_latency_mode={self.low_latency_mode})")

@@ -1,0 +1,407 @@
+"""Low-latency mode: DeepEP's ``low_latency_dispatch`` / ``low_latency_combine`` over UDMA, double buffered.
+
+Every rank sends to every (rank, local expert) pair, always, so that the receiver knows when it has everything:
+
+* **dispatch** (call k, half h = k % 2): each token is packed once into the half's send buffer as a message
+  (16-byte header: int32 source token index, 3 reserved; then FP8 data and float32 per-128-column scales, or
+  BF16 data). For each destination expert g = (rank d, local expert e), the tokens that chose g are put, one
+  WRITE per message as DeepEP's IBGDA puts, into d's receive buffer ``[e][me][slot]`` on QP ``e % qp_num`` (one
+  QP per local expert when there are enough), then one fenced WRITE_WITH_NOTIFY: an 8-byte count record and the
+  signal ``d.signal[h][e, me]`` SET to k (the put + signal). The receiver waits for its E signals and packs the
+  rows of each local expert, sources in ascending order (DeepEP's order is the atomic's arrival order):
+  ``recv_x [E_loc, P * N_max, H]``, ``recv_count``, ``src_info``, ``layout_range = begin << 32 | count``.
+* **combine** (call k): the owner of expert g = (me, e) puts each row back, one WRITE per row, into source s's
+  receive buffer ``[g][source token]``, then the signal ``s.signal[h][g]`` = k the same way; the source waits
+  for all E and sums ``w[t, k] * row`` in float32 over k (DeepEP's weighted combine), rounded once.
+* **double buffering with credits**: DeepEP's two halves alternate per call, and a sender may write half h of
+  call k only after every peer consumed half h of call k - 2; DeepEP trusts the call pattern for it, here each
+  receiver SETs a credit word on every peer once it has consumed a half (what makes a hooked overlap of two
+  calls safe), and the sender waits for them (asleep) before posting.
+
+The own rank is served by direct copies and stores (no QP), as DeepEP's NVLink path serves local peers.
+``return_recv_hook=True`` posts and returns a hook that receives (the outputs are filled when it is called).
+"""
+
+from __future__ import annotations
+
+import time
+
+import ml_dtypes
+import numpy as np
+
+import shmemx
+from shmemx.kernels.moe.lanes import Lanes
+from shmemx.kernels.moe.workspace import WorkspaceLayout
+
+from .handles import LowLatencyHandle
+
+__all__ = ["LowLatency", "ll_layout", "cast_fp8_per_128", "LL_ALIGN_SLACK"]
+
+bf16 = ml_dtypes.bfloat16
+FP8 = ml_dtypes.float8_e4m3fn
+GE = shmemx.ACLSHMEM_CMP_GE
+SET = shmemx.ACLSHMEM_SIGNAL_SET
+HEADER = 16  # bytes before a dispatch message's payload
+FP8_MARGIN = 1e-4
+FP8_MAX = 448.0
+_REDUCE_CHUNK = 64
+LL_ALIGN_SLACK = 9 * 512  # the workspace's regions are 512-byte aligned: tiny shapes may pass the hint by this
+
+
+def _message_bytes(hidden: int) -> int:
+    return HEADER + max(2 * hidden, hidden + 4 * (hidden // 128))
+
+
+def ll_layout(n_pes: int, max_tokens: int, hidden: int, num_experts: int) -> WorkspaceLayout:
+    """The low-latency workspace: per half ``send{h}`` (dispatch: N_max messages; combine: ``[E_loc, P*N_max, H]``
+    bf16 rows), ``recv{h}`` (dispatch: ``[E_loc, P, N_max]`` messages; combine: ``[E, N_max, H]`` bf16 rows),
+    ``signal{h}`` (``[E, 2]`` uint64: the signal, then the count record), ``records{h}`` (``[P, E_loc]`` int64:
+    the counts sent); ``credits [2, P]`` int64."""
+    local, slots, msg = num_experts // n_pes, n_pes * max_tokens, _message_bytes(hidden)
+    ws = WorkspaceLayout()
+    for h in (0, 1):
+        ws.append(f"send{h}", (max(max_tokens * msg, local * slots * 2 * hidden),), np.uint8)
+        ws.append(f"recv{h}", (max(local * slots * msg, num_experts * max_tokens * 2 * hidden),), np.uint8)
+        ws.append(f"signal{h}", (num_experts, 2), np.uint64)
+        ws.append(f"records{h}", (n_pes, local), np.int64)
+    ws.append("credits", (2, n_pes), np.int64)
+    return ws
+
+
+def cast_fp8_per_128(x: np.ndarray, round_scale: bool) -> tuple[np.ndarray, np.ndarray]:
+    """DeepEP's low-latency cast of ``[T, H]``: per 128-column block, amax (at least 1e-4) maps to 448, or with
+    ``round_scale`` the scale is rounded up to a power of two. Returns ``(float8_e4m3fn [T, H], scale_inv
+    [T, H/128] float32)`` with x ~= data * scale_inv."""
+    t, h = x.shape
+    blocks = x.astype(np.float32).reshape(t, h // 128, 128)
+    amax = np.maximum(np.abs(blocks).max(2), FP8_MARGIN)
+    if round_scale:
+        scale_inv = np.exp2(np.ceil(np.log2(amax / FP8_MAX))).astype(np.float32)
+        scale = (1.0 / scale_inv).astype(np.float32)
+    else:
+        scale = (FP8_MAX / amax).astype(np.float32)
+        scale_inv = (amax / FP8_MAX).astype(np.float32)
+    data = np.clip(blocks * scale[:, :, None], -FP8_MAX, FP8_MAX).astype(FP8).reshape(t, h)
+    return data, scale_inv
+
+
+class _Pending:
+    """One call's receive side, run now or by the hook."""
+
+    def __init__(self, run):
+        self._run, self.done = run, False
+
+    def __call__(self) -> None:
+        if self.done:
+            raise RuntimeError("low-latency hook called twice")
+        self.done = True
+        self._run()
+
+
+class LowLatency:
+    """The low-latency engine of a ``deep_ep.Buffer``.
+
+    Args:
+        me, n_pes: this rank and P.
+        budget: ``num_rdma_bytes``: the most heap bytes the workspace may take.
+    """
+
+    def __init__(self, me: int, n_pes: int, budget: int):
+        self.me, self.n_pes, self.budget = me, n_pes, budget
+        self.shape: tuple[int, int, int] | None = None
+        self.block = None
+        self.views: dict = {}
+        self.offsets: dict = {}
+        self.lanes: Lanes | None = None
+        self.seq = 0
+        self.pending: dict[int, _Pending] = {}  # half -> the receive side of the last call on it
+
+    # --- the workspace -----------------------------------------------------------------------------------------
+
+    def _ensure(self, max_tokens: int, hidden: int, num_experts: int) -> None:
+        shape = (max_tokens, hidden, num_experts)
+        if shape == self.shape:
+            return
+        if num_experts % self.n_pes:
+            raise ValueError(f"pe {self.me}: low-latency: num_experts {num_experts} is not a multiple of the "
+                             f"{self.n_pes} ranks")
+        if hidden % 128:
+            raise ValueError(f"pe {self.me}: low-latency: hidden {hidden} must be a multiple of 128")
+        self.close()
+        layout = ll_layout(self.n_pes, max_tokens, hidden, num_experts)
+        if layout.total > self.budget + LL_ALIGN_SLACK:
+            raise ValueError(f"pe {self.me}: low-latency mode with num_max_dispatch_tokens_per_rank={max_tokens}, "
+                             f"hidden={hidden}, num_experts={num_experts} needs {layout.total} B, more than "
+                             f"num_rdma_bytes={self.budget}: size it with Buffer.get_low_latency_rdma_size_hint("
+                             f"{max_tokens}, {hidden}, {self.n_pes}, {num_experts})")
+        self.block = shmemx.aclshmem_malloc(layout.total, name="deep_ep.low_latency", prefault=False)
+        self.views = layout.views(self.block)
+        self.offsets = {name: r.offset for name, r in layout.regions.items()}
+        for name in ("signal0", "signal1", "credits"):
+            self.views[name][...] = 0
+        local = num_experts // self.n_pes
+        self.lanes = Lanes(self.block, self.me, self.n_pes, max(1, min(local, shmemx.qp_num())))
+        self.shape, self.seq, self.pending = shape, 0, {}
+        shmemx.aclshmem_barrier_all()  # every rank zeroed its signals before anyone posts
+
+    def close(self) -> None:
+        """Free the workspace (collective)."""
+        if self.block is not None:
+            shmemx.aclshmem_free(self.block)
+            self.block, self.shape, self.lanes = None, None, None
+
+    def clean(self, max_tokens: int, hidden: int, num_experts: int) -> None:
+        """DeepEP's ``clean_low_latency_buffer``: zero the signals of both halves (collective)."""
+        self._ensure(max_tokens, hidden, num_experts)
+        shmemx.aclshmem_barrier_all()
+        for h in (0, 1):
+            self.views[f"signal{h}"][...] = 0
+        shmemx.aclshmem_barrier_all()
+
+    def _begin(self) -> tuple[int, int]:
+        """The next call's sequence number and half, after every peer consumed that half two calls ago."""
+        half = (self.seq + 1) % 2
+        waiting = self.pending.get(half)
+        if waiting is not None and not waiting.done:
+            raise RuntimeError(f"pe {self.me}: low-latency call #{self.seq + 1} reuses the buffer half of call "
+                               f"#{self.seq - 1}, whose receive hook was not called: at most two calls may be in "
+                               f"flight (call the older hook first)")
+        self.seq += 1
+        if self.seq > 2 and self.n_pes > 1:
+            shmemx.aclshmem_wait_until_all(self.views["credits"][half], GE, self.seq - 2,
+                                           status=(np.arange(self.n_pes) == self.me).astype(np.int32))
+        return self.seq, half
+
+    def _credit(self, seq: int, half: int) -> None:
+        word = self.views["credits"][half, self.me:self.me + 1]
+        for pe in range(self.n_pes):
+            if pe != self.me:
+                shmemx.aclshmemx_signal_op(word, seq, SET, pe)
+
+    def _va(self, region: str, offset: int = 0) -> int:
+        return self.offsets[region] + offset
+
+    def _post(self, peer: int, qp: int, rmt: np.ndarray, sge: np.ndarray, nbytes: int, signal_index: int,
+              record_index: tuple[int, int], half: int, seq: int) -> None:
+        """WRITEs of ``nbytes`` each (remote / local offsets in the workspace), then the count record and the
+        signal ``peer.signal{half}[signal_index]`` = seq, fenced, in one doorbell on lane (peer, qp)."""
+        lanes = self.lanes
+        base = np.uint64(lanes.remote_base[peer])
+        sig = int(base) + self._va(f"signal{half}", signal_index * 16)
+        src = lanes.local_base + self._va(f"records{half}", (record_index[0] * self.views[f"records{half}"].shape[1]
+                                                            + record_index[1]) * 8)
+        lanes.post(peer, qp, base + rmt.astype(np.uint64), np.uint64(lanes.local_base) + sge.astype(np.uint64),
+                   np.full(len(rmt), nbytes, np.uint64), close=(sig + 8, src, 8, sig, seq))
+
+    # --- dispatch ----------------------------------------------------------------------------------------------
+
+    def dispatch(self, x: np.ndarray, topk_idx: np.ndarray, max_tokens: int, num_experts: int, *, stats=None,
+                 wait_stats=None, use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                 return_recv_hook: bool = False):
+        """Returns ``(recv_x, recv_count, LowLatencyHandle, hook or None)`` (see ``Buffer.low_latency_dispatch``)."""
+        me, n = self.me, self.n_pes
+        if x.ndim != 2 or x.dtype != np.dtype(bf16):
+            raise ValueError(f"pe {me}: low_latency_dispatch: x must be [num_tokens, hidden] bfloat16, got {x.shape} "
+                             f"{x.dtype}")
+        n_tok, hidden = x.shape
+        if n_tok > max_tokens:
+            raise ValueError(f"pe {me}: low_latency_dispatch: {n_tok} tokens, more than "
+                             f"num_max_dispatch_tokens_per_rank={max_tokens}")
+        if use_ue8m0 and not round_scale:
+            raise ValueError("low_latency_dispatch: use_ue8m0 needs round_scale=True (as in DeepEP)")
+        if topk_idx.shape[0] != n_tok or topk_idx.ndim != 2:
+            raise ValueError(f"pe {me}: low_latency_dispatch: topk_idx must be [{n_tok}, num_topk], got "
+                             f"{topk_idx.shape}")
+        self._ensure(max_tokens, hidden, num_experts)
+        local, slots, msg = num_experts // n, n * max_tokens, _message_bytes(hidden)
+        seq, half = self._begin()
+        send = self.views[f"send{half}"][:max_tokens * msg].reshape(max_tokens, msg)
+        self._pack(send, x, use_fp8, round_scale)
+        idx = topk_idx.astype(np.int64)
+        records = self.views[f"records{half}"]
+        recv_view = self.views[f"recv{half}"][:local * slots * msg].reshape(local, n, max_tokens, msg)
+        targets = []
+        for d in [(me + i) % n for i in range(n)]:  # every (rank, local expert) pair gets its put + signal
+            for e in range(local):
+                toks = np.flatnonzero((idx == d * local + e).any(1))
+                records[d, e] = len(toks)
+                targets.append((d, e, toks))
+        posted = set()
+        for d, e, toks in targets:
+            if d == me:
+                recv_view[e, me, :len(toks)] = send[toks]
+                sig = self.views[f"signal{half}"][e * n + me]
+                sig[1], sig[0] = len(toks), seq
+                continue
+            rmt = self._va(f"recv{half}", ((e * n + me) * max_tokens) * msg) + np.arange(len(toks)) * msg
+            sge = self._va(f"send{half}") + toks * msg
+            qp = e % self.lanes.qp_num
+            self._post(d, qp, rmt, sge, msg, e * n + me, (d, e), half, seq)
+            posted.add((d, qp))
+        for d, qp in sorted(posted):
+            self.lanes.quiet(d, qp)
+        out = self._dispatch_outputs(local, slots, hidden, use_fp8, use_ue8m0)
+        recv = self.pending[half] = _Pending(
+            lambda: self._dispatch_recv(out, seq, half, max_tokens, hidden, use_fp8, use_ue8m0, stats, wait_stats))
+        if not return_recv_hook:
+            recv()
+        recv_x = (out["x"], out["scales"]) if use_fp8 else out["x"]
+        handle = LowLatencyHandle(out["src_info"], out["layout_range"], max_tokens, hidden, num_experts)
+        return recv_x, out["count"], handle, (recv if return_recv_hook else None)
+
+    @staticmethod
+    def _pack(send: np.ndarray, x: np.ndarray, use_fp8: bool, round_scale: bool) -> None:
+        """The messages of this rank's tokens: header (source token index), then the payload."""
+        n_tok, hidden = x.shape
+        rows = send[:n_tok]
+        rows[:, :HEADER] = 0
+        rows[:, :4].view(np.int32)[:, 0] = np.arange(n_tok, dtype=np.int32)
+        if use_fp8:
+            data, scale_inv = cast_fp8_per_128(x, round_scale)
+            rows[:, HEADER:HEADER + hidden] = data.view(np.uint8)
+            rows[:, HEADER + hidden:HEADER + hidden + 4 * (hidden // 128)] = scale_inv.view(np.uint8)
+        else:
+            rows[:, HEADER:HEADER + 2 * hidden] = np.ascontiguousarray(x).view(np.uint8)
+
+    def _dispatch_outputs(self, local: int, slots: int, hidden: int, use_fp8: bool, use_ue8m0: bool) -> dict:
+        """DeepEP's packed outputs (fresh; untouched rows stay unmapped zero pages)."""
+        out = {"x": np.empty((local, slots, hidden), FP8 if use_fp8 else bf16),
+               "count": np.zeros(local, np.int32), "src_info": np.zeros((local, slots), np.int32),
+               "layout_range": np.zeros((local, self.n_pes), np.int64), "scales": None}
+        if use_fp8:  # column-major in the last two dimensions, as DeepEP's TMA-friendly layout
+            cols = hidden // 512 if use_ue8m0 else hidden // 128
+            out["scales"] = np.zeros((local, cols, slots), np.int32 if use_ue8m0 else np.float32).transpose(0, 2, 1)
+        return out
+
+    def _dispatch_recv(self, out: dict, seq: int, half: int, max_tokens: int, hidden: int, use_fp8: bool,
+                       use_ue8m0: bool, stats, wait_stats) -> None:
+        n, me = self.n_pes, self.me
+        local, slots, msg = out["x"].shape[0], out["x"].shape[1], _message_bytes(hidden)
+        sig = self.views[f"signal{half}"].reshape(local, n, 2)
+        for s in [(me + i) % n for i in range(n)]:
+            t = time.perf_counter()
+            if s != me:
+                shmemx.aclshmem_wait_until_all(sig[:, s, 0], GE, seq)
+            if wait_stats is not None:
+                wait_stats.reshape(-1)[s] += int((time.perf_counter() - t) * 1e9)
+        counts = sig[:, :, 1].astype(np.int64)  # [E_loc, P]
+        recv = self.views[f"recv{half}"][:local * slots * msg].reshape(local, n * max_tokens, msg)
+        begins = np.cumsum(counts, axis=1) - counts
+        out["layout_range"][...] = (begins << 32) | counts
+        out["count"][...] = counts.sum(1)
+        for e in range(local):
+            take = np.concatenate([s * max_tokens + np.arange(counts[e, s]) for s in range(n)]).astype(np.int64)
+            if not len(take):
+                continue
+            msgs = recv[e][take]
+            rows = len(take)
+            out["src_info"][e, :rows] = msgs[:, :4].copy().view(np.int32)[:, 0]
+            if use_fp8:
+                out["x"][e, :rows].view(np.uint8)[...] = msgs[:, HEADER:HEADER + hidden]
+                scale_inv = msgs[:, HEADER + hidden:HEADER + hidden + 4 * (hidden // 128)].copy().view(np.float32)
+                if use_ue8m0:  # the exponent byte of each (power-of-two) scale, four to an int32
+                    exps = ((scale_inv.view(np.uint32) >> 23) & 0xFF).astype(np.uint8)
+                    out["scales"][e, :rows] = exps.reshape(rows, -1, 4).copy().view(np.int32)[:, :, 0]
+                else:
+                    out["scales"][e, :rows] = scale_inv
+            else:
+                out["x"][e, :rows].view(np.uint8).reshape(rows, -1)[...] = msgs[:, HEADER:HEADER + 2 * hidden]
+        if stats is not None:
+            stats += out["count"].astype(stats.dtype)
+        self._credit(seq, half)
+
+    # --- combine -----------------------------------------------------------------------------------------------
+
+    def next_combine_buffer(self, handle: LowLatencyHandle) -> np.ndarray:
+        """``[E_loc, P * N_max, H] bfloat16`` view of the next call's send half (``zero_copy`` combine)."""
+        self._ensure(handle.num_max_dispatch_tokens_per_rank, handle.hidden, handle.num_experts)
+        return self._combine_send((self.seq + 1) % 2)
+
+    def _combine_send(self, half: int) -> np.ndarray:
+        max_tokens, hidden, num_experts = self.shape
+        local, slots = num_experts // self.n_pes, self.n_pes * max_tokens
+        return self.views[f"send{half}"][:local * slots * 2 * hidden].view(bf16).reshape(local, slots, hidden)
+
+    def combine(self, x: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, handle: LowLatencyHandle, *,
+                use_logfmt: bool = False, zero_copy: bool = False, return_recv_hook: bool = False, out=None,
+                wait_stats=None):
+        """Returns ``(combined_x [T, H] bfloat16, hook or None)``; ``use_logfmt`` is accepted and sends BF16
+        (exact: LogFMT's 10-bit encoding is not emulated)."""
+        me, n = self.me, self.n_pes
+        max_tokens, hidden, num_experts = handle.num_max_dispatch_tokens_per_rank, handle.hidden, handle.num_experts
+        self._ensure(max_tokens, hidden, num_experts)
+        local, slots = num_experts // n, n * max_tokens
+        if x.shape != (local, slots, hidden) or x.dtype != np.dtype(bf16):
+            raise ValueError(f"pe {me}: low_latency_combine: x must be [{local}, {slots}, {hidden}] bfloat16, got "
+                             f"{x.shape} {x.dtype}")
+        n_tok = topk_idx.shape[0]
+        if topk_weights.shape != topk_idx.shape:
+            raise ValueError(f"pe {me}: low_latency_combine: topk_weights {topk_weights.shape} must match topk_idx "
+                             f"{topk_idx.shape}")
+        seq, half = self._begin()
+        send = self._combine_send(half)
+        ranges = np.asarray(handle.layout_range, np.int64)
+        begins, counts = ranges >> 32, ranges & 0xFFFF_FFFF
+        src_info = np.asarray(handle.src_info)
+        records = self.views[f"records{half}"]
+        recv_rows = self.views[f"recv{half}"][:num_experts * max_tokens * 2 * hidden].view(bf16) \
+            .reshape(num_experts, max_tokens, hidden)
+        posted = set()
+        row_bytes = 2 * hidden
+        for i in range(n):
+            s = (me + i) % n
+            for e in range(local):
+                b, c = int(begins[e, s]), int(counts[e, s])
+                if c and not zero_copy:
+                    send[e, b:b + c] = x[e, b:b + c]
+                g = me * local + e
+                toks = src_info[e, b:b + c].astype(np.int64)
+                records[s, e] = c
+                if s == me:
+                    recv_rows[g, toks] = send[e, b:b + c]
+                    sig = self.views[f"signal{half}"][g]
+                    sig[1], sig[0] = c, seq
+                    continue
+                rmt = self._va(f"recv{half}", g * max_tokens * row_bytes) + toks * row_bytes
+                sge = self._va(f"send{half}", (e * slots + b) * row_bytes) + np.arange(c) * row_bytes
+                qp = e % self.lanes.qp_num
+                self._post(s, qp, rmt, sge, row_bytes, g, (s, e), half, seq)
+                posted.add((s, qp))
+        for s, qp in sorted(posted):
+            self.lanes.quiet(s, qp)
+        result = out if out is not None else np.empty((n_tok, hidden), bf16)
+        recv = self.pending[half] = _Pending(
+            lambda: self._combine_recv(result, topk_idx, topk_weights, seq, half, wait_stats))
+        if not return_recv_hook:
+            recv()
+        return result, (recv if return_recv_hook else None)
+
+    def _combine_recv(self, result: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, seq: int, half: int,
+                      wait_stats) -> None:
+        n, me = self.n_pes, self.me
+        max_tokens, hidden, num_experts = self.shape
+        local = num_experts // n
+        sig = self.views[f"signal{half}"]
+        for s in [(me + i) % n for i in range(n)]:
+            t = time.perf_counter()
+            if s != me:
+                shmemx.aclshmem_wait_until_all(sig[s * local:(s + 1) * local, 0], GE, seq)
+            if wait_stats is not None:
+                wait_stats.reshape(-1)[s] += int((time.perf_counter() - t) * 1e9)
+        rows = self.views[f"recv{half}"][:num_experts * max_tokens * 2 * hidden].view(bf16) \
+            .reshape(num_experts, max_tokens, hidden)
+        idx = np.asarray(topk_idx, np.int64)
+        w = np.where(idx >= 0, np.asarray(topk_weights, np.float32), 0).astype(np.float32)
+        acc = np.empty((_REDUCE_CHUNK, hidden), np.float32)
+        for t0 in range(0, idx.shape[0], _REDUCE_CHUNK):
+            t1 = min(t0 + _REDUCE_CHUNK, idx.shape[0])
+            part = acc[:t1 - t0]
+            part.fill(0)
+            toks = np.arange(t0, t1)
+            for k in range(idx.shape[1]):  # in top-k order, as DeepEP's reduction
+                g = idx[t0:t1, k]
+                ok = g >= 0
+                if ok.any():
+                    part[ok] += w[t0:t1, k][ok, None] * rows[g[ok], toks[ok]].astype(np.float32)
+            result[t0:t1] = part
+        self._credit(seq, half)

@@ -1,0 +1,19 @@
+"""The native parts of shmemx (the DMA engine, the waits), built with the system C compiler by ``pip install``.
+
+Everything else is in pyproject.toml. A machine without a C compiler and the Python headers cannot install
+shmemx: the engine has one execution path, the native one (see the README, Performance).
+"""
+
+from setuptools import Extension, setup
+
+_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
+
+setup(
+    ext_modules=[
+        Extension("shmemx.udma._engine", ["shmemx/udma/_engine.c", "shmemx/udma/_post.c"],
+                  depends=["shmemx/shm/wake.h", "shmemx/udma/_engine.h"],
+                  extra_compile_args=_FLAGS, libraries=["pthread"]),
+        Extension("shmemx.shm._native", ["shmemx/shm/_native.c"], depends=["shmemx/shm/wake.h"],
+                  extra_compile_args=_FLAGS),
+    ],
+)

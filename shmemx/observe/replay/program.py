@@ -1,0 +1,209 @@
+"""A recording as programs: per PE its WQEs (decoded from the recorded bytes) and per thread its operations.
+
+The recorded BBs are the exact WQEs the engine executed; what the timing model needs of each is decoded here
+once, vectorised, into ``Wqes`` columns: opcode, flag (fence, CQE), payload bytes, the target word range at
+the peer (its heap offset), and for WRITE_WITH_NOTIFY / FAA / CAS the value they write. A thread's program is its
+recorded rows in order, each a tuple ``(kind, f1, ..., f9)``; a POST row is rewritten to ``(POST, queue,
+first WQE, end WQE, ...)`` indices into its PE's ``Wqes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..record import Ev, Recording
+from ...udma.layout import Opcode, TWO_BB_OPCODES
+
+__all__ = ["Program", "Wqes", "Words", "load_program", "REDUCE"]
+
+REDUCE = 0x80
+_TWO_BB = sorted(int(op) for op in TWO_BB_OPCODES)
+
+
+@dataclass
+class Wqes:
+    """One PE's posted WQEs in posting order (all ``[n] int64`` but ``value``/``compare`` ``[n] uint64``).
+
+    ``peer``: the queue's peer; ``qp``: its QP; ``offset``: heap offset of the remote range (a READ's source)
+    at the peer, -1 outside its heap; ``local``: a READ's destination offset in this PE's heap (-1 elsewhere);
+    ``value``: a notify's signal value, an FAA's operand, a CAS's swap; ``sig_offset``: a notify's signal word.
+    """
+
+    queue: np.ndarray
+    peer: np.ndarray
+    qp: np.ndarray
+    opcode: np.ndarray
+    flag: np.ndarray
+    nbytes: np.ndarray
+    offset: np.ndarray
+    local: np.ndarray
+    sig_offset: np.ndarray
+    value: np.ndarray
+    compare: np.ndarray
+    pos: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.opcode)
+
+
+@dataclass
+class Words:
+    """The words a wait or test watches: ``pe``, ``offsets`` (list), ``size``, ``signed``, and per word the value
+    to compare with and whether it is active (the status mask)."""
+
+    pe: int
+    offsets: list
+    size: int
+    signed: bool
+    values: list
+    active: list
+    cmp: int
+    call: int
+    result: int
+    test: bool
+
+
+@dataclass
+class Program:
+    """Every PE's WQEs and threads (``threads[pe][slot]`` = list of op tuples), from one recording."""
+
+    n_pes: int
+    qp_num: int
+    wqes: list[Wqes]
+    threads: list[dict[int, list[tuple]]]
+    names: list[list[str]]
+    words: list[Words] = field(default_factory=list)  # WAIT/TEST ops refer to these by index (field 1)
+    payloads: list[dict] = field(default_factory=list)  # per PE: {WQE index: bytes} of the small payloads
+    watched: dict = field(default_factory=dict)  # pe -> sorted [k] int64 offsets of words some wait watches
+
+
+def load_program(recording: "Recording | str") -> Program:
+    rec = Recording.load(recording) if isinstance(recording, str) else recording
+    parts = rec.parts
+    qp_num = parts[0].meta["qp_num"]
+    prog = Program(rec.n_pes, qp_num, [], [], [p.meta["names"] for p in parts])
+    for part in parts:
+        base, stride = part.meta["heap_va_base"], part.meta["heap_va_stride"]
+        wq, post_ranges, row_base = _decode_wqes(part, qp_num, base, stride)
+        prog.wqes.append(wq)
+        payloads: dict = {}
+        prog.payloads.append(payloads)
+        prog.threads.append({slot: _ops(prog, part, rows, post_ranges, row_base[slot], wq, payloads)
+                             for slot, rows in sorted(part.slots.items())})
+    watched: dict[int, set] = {}
+    for w in prog.words:
+        watched.setdefault(w.pe, set()).update(w.offsets)
+    prog.watched = {pe: np.array(sorted(s), np.int64) for pe, s in watched.items()}
+    return prog
+
+
+def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int, wq: Wqes,
+         payloads: dict) -> list[tuple]:
+    ops = []
+    for row in rows.tolist():
+        kind = row[0]
+        if kind == Ev.VALUE:  # the bytes of a small payload of the POST (or MTE) before it
+            data = np.array(row[3:7], "<i8").tobytes()[:row[2]]
+            last = ops[-1]
+            if last[0] == Ev.MTE:
+                ops[-1] = last + (data,)
+            else:
+                first, end = last[2], last[3]
+                i = first + int(np.searchsorted(wq.pos[first:end], row[1]))
+                if i < end and wq.pos[i] == row[1]:
+                    payloads[i] = data
+        elif kind == Ev.POST:
+            first, end = post_ranges[row_base + row[4]]
+            ops.append((Ev.POST, row[1], first, end))
+        elif kind == Ev.WAIT or kind == Ev.TEST:
+            ops.append((kind, len(prog.words)))
+            prog.words.append(_words(part, row, kind == Ev.TEST))
+        else:
+            ops.append(tuple(row[:_WIDTH.get(kind, 10)]))
+    return ops
+
+
+_WIDTH = {Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 3, Ev.REGION: 3, Ev.COMPUTE: 3, Ev.LAUNCH: 3,
+          Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2}
+
+
+def _words(part, row: list, test: bool) -> Words:
+    _, call, pe, offset, stride, code, count, cmp, value, result = row
+    size, signed = code & 0xFF, bool(code >> 8 & 1)
+    extra = code >> 16
+    offsets = [offset + i * stride for i in range(count)]
+    values, active = [value] * count, [True] * count
+    if extra:
+        ex = part.meta["extras"][extra - 1]
+        if ex["values"] is not None:
+            values = list(ex["values"])
+        if ex["active"] is not None:
+            active = list(ex["active"])
+    if not signed:  # recorded as int64 bits: back to the word's unsigned value
+        values = [v & ((1 << 8 * size) - 1) for v in values]
+    return Words(pe, offsets, size, signed, values, active, cmp, call, result, test)
+
+
+def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[Wqes, dict]:
+    """Decode every WQE of one PE's recorded BBs (the threads' blobs one after the other); returns the columns,
+    ``{first BB row of a POST in the joined blobs: (first WQE, end WQE)}`` and each thread's first row there."""
+    posts = []  # (bb row, bbs, queue, pos)
+    row_base, blobs, n_rows = {}, [], 0
+    for slot, rows in sorted(part.slots.items()):
+        row_base[slot] = n_rows
+        blob = part.bbs.get(slot, np.zeros((0, 64), np.uint8))
+        blobs.append(blob)
+        p = rows[rows[:, 0] == Ev.POST]
+        posts.extend(zip((p[:, 4] + n_rows).tolist(), p[:, 3].tolist(), p[:, 1].tolist(), p[:, 2].tolist()))
+        n_rows += len(blob)
+    posts.sort()
+    bbs = np.ascontiguousarray(np.concatenate(blobs)) if blobs else np.zeros((0, 64), np.uint8)
+    m = len(bbs)
+    w32 = bbs.view("<u4").reshape(m, 16)
+    w64 = bbs.view("<u8").reshape(m, 8)
+    op_all = (w32[:, 1] >> 8) & 0xFF
+    two = np.isin(op_all, _TWO_BB)
+    is_start = np.ones(m, bool)
+    queue_of = np.zeros(m, np.int64)
+    pos_of = np.zeros(m, np.int64)
+    for row, n, queue, pos in posts:
+        queue_of[row:row + n] = queue
+        pos_of[row:row + n] = pos + np.arange(n)
+        if two[row:row + n].any():  # a two-BB WQE's second BB is no WQE of its own
+            i = row
+            while i < row + n:
+                if two[i]:
+                    is_start[i + 1] = False
+                    i += 2
+                else:
+                    i += 1
+    st = np.flatnonzero(is_start)
+    nxt = np.minimum(st + 1, max(m - 1, 0))
+    op = op_all[st].astype(np.int64)
+    notify = op == Opcode.WRITE_WITH_NOTIFY
+    atomic = (op == Opcode.FAA) | (op == Opcode.CAS)
+    nbytes = np.where(notify, w32[nxt, 4], w32[st, 12]).astype(np.int64)
+    queue = queue_of[st]
+    peer = queue // qp_num
+    rmt = w64[st, 5].astype(np.int64)
+    offset = rmt - (heap_base + peer * heap_stride)
+    offset[(offset < 0) | (offset >= heap_stride)] = -1
+    local = w64[st, 6].astype(np.int64) - (heap_base + part.pe * heap_stride)
+    local[(local < 0) | (local >= heap_stride) | (op != Opcode.READ)] = -1
+    sig = np.where(notify, w64[st, 7].astype(np.int64) - (heap_base + peer * heap_stride), -1)
+    value = np.where(notify | atomic, w64[nxt, 0], 0).astype(np.uint64)
+    size4 = nbytes == 4
+    swap4, cmp4 = w32[nxt, 0].astype(np.uint64), w32[nxt, 1].astype(np.uint64)
+    cas = op == Opcode.CAS
+    value = np.where(cas & size4, swap4, value)
+    compare = np.where(cas, np.where(size4, cmp4, w64[nxt, 1]), 0).astype(np.uint64)
+    wq = Wqes(queue=queue, peer=peer, qp=queue % qp_num, opcode=op, flag=((w32[st, 0] >> 16) & 0xFF).astype(np.int64),
+              nbytes=nbytes, offset=offset, local=local, sig_offset=sig, value=value, compare=compare, pos=pos_of[st])
+    index_of_row = np.cumsum(is_start) - 1  # WQE index of each start row
+    ranges = {}
+    for row, n, _, _ in posts:
+        first = int(index_of_row[row]) if n else 0
+        ranges[row] = (first, int(index_of_row[row + n - 1]) + 1 if n else first)
+    return wq, ranges, row_base

@@ -1,0 +1,189 @@
+"""What a replay says: the JSON document, its text rendering, and a Perfetto trace in virtual time.
+
+The document (``--json``), schema ``shmemx-replay/1``; times in microseconds of virtual time::
+
+    {"schema", "recording": {"script", "n_pes"}, "topology": {as the TOML}, "makespan_us",
+     "max_pe": the slowest PE, "mean_end_us",
+     "pes": [{"pe", "end_us", "regions": {name: us}, "wqes", "bytes"}],
+     "regions": {name: {"max_us", "mean_us", "max_pe", "calls"}},  # a PE's time in a region: the union of its
+                                                                   # blocks' intervals; calls: most entries per PE
+     "links": {"egress intra": {"bytes", "max_util", "mean_util", "max_pe"}, "ingress intra": ..., ...},
+     "critical_path": {"pe", "end_us", "bound", "breakdown": {category: us}, "n_steps",
+                       "steps": [{"t0", "t1", "us", "what", "where", "detail", "count"}] (the longest 40)},
+     "warnings": [{"kind", "count", "example"}], "events", "wqes"}
+
+``utilisation`` of a port = its bytes / (bandwidth x makespan).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ...udma.layout import opcode_name
+from .critical import critical_path
+from .sim import W_MTE, W_SIGNAL, Sim
+
+__all__ = ["summary", "render", "write_perfetto", "SCHEMA"]
+
+SCHEMA = "shmemx-replay/1"
+_TIER = ("intra", "inter")
+
+
+def _union(intervals: list) -> float:
+    total, end = 0.0, None
+    start = None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            if end is not None:
+                total += end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    if end is not None:
+        total += end - start
+    return total
+
+
+def summary(sim: Sim, job: dict | None = None) -> dict:
+    """The replay's document (see the module docstring)."""
+    n = sim.n_pes
+    names = sim.prog.names
+    pes = []
+    for pe in range(n):
+        regions = {names[pe][k]: _union(iv) for k, iv in sorted(sim.region_iv[pe].items())}
+        wq = sim.prog.wqes[pe]
+        pes.append({"pe": pe, "end_us": sim.end[pe], "regions": regions, "wqes": len(wq),
+                    "bytes": int(wq.nbytes.sum())})
+    makespan = max(sim.end) if n else 0.0
+    max_pe = max(range(n), key=lambda p: (sim.end[p], -p))
+    region_names = sorted({r for p in pes for r in p["regions"]})
+    regions = {}
+    calls = {}
+    for pe in range(n):
+        for k, iv in sim.region_iv[pe].items():
+            calls[names[pe][k]] = max(calls.get(names[pe][k], 0), len(iv))
+    for r in region_names:
+        vals = [p["regions"].get(r, 0.0) for p in pes]
+        top = max(range(n), key=lambda p: (vals[p], -p))
+        regions[r] = {"max_us": vals[top], "mean_us": sum(vals) / n, "max_pe": top, "calls": calls[r]}
+    doc = {"schema": SCHEMA, "recording": {k: v for k, v in (job or {}).items() if k in ("script", "n_pes")},
+           "topology": sim.topo.as_dict(), "makespan_us": makespan, "max_pe": max_pe,
+           "mean_end_us": sum(sim.end) / n, "pes": pes, "regions": regions, "links": _links(sim, makespan),
+           "critical_path": critical_path(sim, max_pe),
+           "warnings": [{"kind": k, "count": c, "example": text} for k, (c, text) in sorted(sim.warnings.items())],
+           "events": sim.n_events, "wqes": sim.base[-1]}
+    return doc
+
+
+def _links(sim: Sim, makespan: float) -> dict:
+    out = {}
+    for direction, table in (("egress", sim.net.egress_bytes), ("ingress", sim.net.ingress_bytes)):
+        for tier in (0, 1):
+            per_pe = [row[tier] for row in table]
+            total = sum(per_pe)
+            if not total:
+                continue
+            cap = sim.bw[tier] * makespan if makespan > 0 else 1.0
+            top = max(range(len(per_pe)), key=lambda p: (per_pe[p], -p))
+            out[f"{direction} {_TIER[tier]}"] = {"bytes": total, "max_util": per_pe[top] / cap,
+                                                 "mean_util": total / len(per_pe) / cap, "max_pe": top}
+    return out
+
+
+def render(doc: dict, *, top: int = 8) -> str:
+    """The document as text: the headline, per-PE end times (the slowest ``top``), regions, links, the critical
+    path and the warnings."""
+    topo = doc["topology"]
+    lines = [f"replay of {doc['recording'].get('script', '?')} ({len(doc['pes'])} PEs) on {topo['name']}: "
+             f"{topo['ranks_per_server']} ranks/server, intra {topo['intra']['bandwidth_GBps']:g} GB/s "
+             f"{topo['intra']['latency_us']:g} us, inter {topo['inter']['bandwidth_GBps']:g} GB/s "
+             f"{topo['inter']['latency_us']:g} us, wqe {topo['engine']['wqe_us']:g} us, post "
+             f"{topo['host']['post_us']:g} us, doorbell {topo['host']['doorbell_us']:g} us, {topo['network']['sharing']}",
+             f"makespan {doc['makespan_us']:.3f} us (pe {doc['max_pe']}), mean PE end {doc['mean_end_us']:.3f} us; "
+             f"{doc['wqes']:,} WQEs, {doc['events']:,} events"]
+    if doc["regions"]:
+        lines.append("regions (a PE's time in it; max over PEs, mean):")
+        for name, r in doc["regions"].items():
+            lines.append(f"  {name:<24} max {r['max_us']:12.3f} us (pe {r['max_pe']})   mean {r['mean_us']:12.3f} us")
+    slow = sorted(doc["pes"], key=lambda p: (-p["end_us"], p["pe"]))[:top]
+    lines.append(f"slowest PEs: " + ", ".join(f"pe {p['pe']} {p['end_us']:.3f} us" for p in slow))
+    if doc["links"]:
+        lines.append("ports (utilisation = bytes / (bandwidth x makespan)):")
+        for name, link in doc["links"].items():
+            lines.append(f"  {name:<14} {link['bytes'] / 1e6:10.3f} MB   max {link['max_util']:6.1%} (pe "
+                         f"{link['max_pe']})   mean {link['mean_util']:6.1%}")
+    cp = doc["critical_path"]
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(cp["breakdown"].items(), key=lambda kv: -kv[1]))
+    lines.append(f"critical path to pe {cp['pe']}'s end ({cp['end_us']:.3f} us): bound by {cp['bound']}; {parts} us")
+    shown = sorted(sorted(cp["steps"], key=lambda s: -s["us"])[:12], key=lambda s: s["t0"])
+    for s in shown:
+        count = f" x{s['count']}" if s["count"] > 1 else ""
+        detail = f" ({s['detail']})" if s["detail"] else ""
+        lines.append(f"  {s['t0']:12.3f} .. {s['t1']:12.3f}  {s['us']:10.3f} us  {s['what']:<13} {s['where']}"
+                     f"{count}{detail}")
+    if cp["n_steps"] > len(shown):
+        lines.append(f"  (the {len(shown)} longest of {cp['n_steps']} stretches; --json lists {len(cp['steps'])})")
+    for w in doc["warnings"]:
+        lines.append(f"warning: {w['kind']} x{w['count']}: {w['example']}")
+    if not doc["warnings"]:
+        lines.append("no warnings: no recorded control flow depended on host timing")
+    return "\n".join(lines) + "\n"
+
+
+def write_perfetto(sim: Sim, path: str) -> None:
+    """A Chrome trace-event JSON of the replay in virtual time: per PE a process with a track per block (waits,
+    quiets, barriers, regions, compute), the engine (one slice per WQE) and one per queue (from engine to
+    acknowledgement)."""
+    names = sim.prog.names
+    with open(path, "w") as f:
+        f.write('{"traceEvents":[\n')
+        first = [True]
+
+        def emit(ev: dict) -> None:
+            f.write(("" if first[0] else ",\n") + json.dumps(ev, separators=(",", ":")))
+            first[0] = False
+
+        for pe in range(sim.n_pes):
+            pid = pe + 1
+            emit({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"pe {pe}"}})
+            emit({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pe}})
+            for slot, th in sim.threads[pe].items():
+                tid = pid * 100000 + slot
+                emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"block {slot}"}})
+                for release, since, cause in th.releases:
+                    if release > since:
+                        emit({"ph": "X", "pid": pid, "tid": tid, "ts": since, "dur": release - since,
+                              "name": (cause or ("never",))[0], "cat": "wait"})
+                for a, b in th.computes:
+                    emit({"ph": "X", "pid": pid, "tid": tid, "ts": a, "dur": b - a, "name": "compute",
+                          "cat": "compute"})
+            for name, ivs in sim.region_iv[pe].items():
+                for a, b in ivs:
+                    emit({"ph": "X", "pid": pid, "tid": pid * 100000 + 99998, "ts": a, "dur": b - a,
+                          "name": names[pe][name], "cat": "region"})
+            emit({"ph": "M", "pid": pid, "tid": pid * 100000 + 99998, "name": "thread_name",
+                  "args": {"name": "regions"}})
+            emit({"ph": "M", "pid": pid, "tid": pid * 100000 + 99999, "name": "thread_name",
+                  "args": {"name": "engine"}})
+        queues = set()
+        for gid in range(len(sim.w_kind)):
+            kind, pe = sim.w_kind[gid], sim.w_pe[gid]
+            if kind in (W_SIGNAL, W_MTE) or sim.w_queue[gid] is None:
+                continue
+            pid = pe + 1
+            i = gid - sim.base[pe]
+            wq = sim.prog.wqes[pe]
+            op = opcode_name(int(wq.opcode[i]))
+            args = {"peer": int(wq.peer[i]), "qp": int(wq.qp[i]), "pos": int(wq.pos[i]), "bytes": sim.w_bytes[gid],
+                    "ready": sim.w_ready[gid], "done": sim.w_done[gid]}
+            emit({"ph": "X", "pid": pid, "tid": pid * 100000 + 99999, "ts": sim.w_s[gid],
+                  "dur": sim.w_T[gid] - sim.w_s[gid], "name": op, "cat": "engine", "args": args})
+            q = sim.w_queue[gid]
+            tid = pid * 100000 + 1000 + q.index
+            if (pe, q.index) not in queues:
+                queues.add((pe, q.index))
+                emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                      "args": {"name": f"-> pe {q.peer} qp {q.qp}"}})
+            emit({"ph": "X", "pid": pid, "tid": tid, "ts": sim.w_s[gid], "dur": sim.w_ack[gid] - sim.w_s[gid],
+                  "name": op, "cat": "wqe", "args": args})
+        f.write('\n],"displayTimeUnit":"ns","otherData":{"clock":"virtual time (us) of shmemx replay"}}\n')

@@ -1,0 +1,214 @@
+/* Waiting on words of shared memory without the interpreter lock, and waking their sleepers.
+ *
+ * shmemx/shm/waits.py decides what a wait records and raises; this module does the part that must not hold
+ * the interpreter lock: spinning on a word, sleeping on a futex until the word meets a comparison (with the
+ * deadline, the job-abort check and the backstop of waits.py), the wake protocol of wake.h, and the atomic adds
+ * of the sleeper counts. While a thread waits here the PE's other threads (kernel blocks, whose posts its
+ * engine executes without the lock anyway) run.
+ *
+ * Words: kind 0 int32, 1 uint32, 2 int64, 3 uint64; comparisons 0..5 are ACLSHMEM_CMP_EQ..LE and 6 is
+ * "(word & mask) == value" (a CQE's owner bit). Addresses are plain integers; callers bound-check them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wake.h"
+
+#define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    void *addr;
+    int kind, cmp;
+    uint64_t target, mask;
+} Cond;
+
+static inline uint64_t load_word(const Cond *c) {
+    if (c->kind < 2) return __atomic_load_n((uint32_t *)c->addr, __ATOMIC_ACQUIRE);
+    return __atomic_load_n((uint64_t *)c->addr, __ATOMIC_ACQUIRE);
+}
+
+static inline int met(const Cond *c, uint64_t raw) {
+    if (c->cmp == 6) return (raw & c->mask) == c->target;
+    int r;
+    if (c->kind == 0 || c->kind == 2) {
+        int64_t v = c->kind == 0 ? (int64_t)(int32_t)raw : (int64_t)raw, t = (int64_t)c->target;
+        r = c->cmp == 0 ? v == t : c->cmp == 1 ? v != t : c->cmp == 2 ? v > t : c->cmp == 3 ? v >= t
+            : c->cmp == 4 ? v < t : v <= t;
+    } else {
+        uint64_t v = raw, t = c->target;
+        r = c->cmp == 0 ? v == t : c->cmp == 1 ? v != t : c->cmp == 2 ? v > t : c->cmp == 3 ? v >= t
+            : c->cmp == 4 ? v < t : v <= t;
+    }
+    return r;
+}
+
+static PyObject *value_of(const Cond *c, uint64_t raw) {
+    switch (c->kind) {
+    case 0: return PyLong_FromLong((int32_t)raw);
+    case 1: return PyLong_FromUnsignedLong((uint32_t)raw);
+    case 2: return PyLong_FromLongLong((int64_t)raw);
+    default: return PyLong_FromUnsignedLongLong(raw);
+    }
+}
+
+static int parse_cond(PyObject *addr, int kind, int cmp, PyObject *target, PyObject *mask, Cond *c) {
+    c->addr = PyLong_AsVoidPtr(addr);
+    if (PyErr_Occurred()) return -1;
+    if (kind < 0 || kind > 3 || cmp < 0 || cmp > 6) {
+        PyErr_SetString(PyExc_ValueError, "wait: bad word kind or comparison");
+        return -1;
+    }
+    c->kind = kind;
+    c->cmp = cmp;
+    c->target = PyLong_AsUnsignedLongLongMask(target);
+    if (PyErr_Occurred()) return -1;
+    c->mask = PyLong_AsUnsignedLongLongMask(mask);
+    if (PyErr_Occurred()) return -1;
+    if (kind < 2) { /* compare 32-bit words in their own domain */
+        if (kind == 0) c->target = (uint64_t)(int64_t)(int32_t)c->target;
+        else c->target &= 0xFFFFFFFFu;
+    }
+    return 0;
+}
+
+/* spin(addr, kind, cmp, target, mask, spin_ns) -> value or None: poll the word for up to spin_ns: the first
+ * PURE_SPIN_NS without a pause in between, then yielding the core every 64 polls (the thread that will write
+ * the word, this PE's engine for instance, may be waiting for a core). */
+static PyObject *spin(PyObject *self, PyObject *args) {
+    PyObject *addr, *target, *mask;
+    int kind, cmp;
+    long long spin_ns;
+    Cond c;
+    if (!PyArg_ParseTuple(args, "OiiOOL", &addr, &kind, &cmp, &target, &mask, &spin_ns)) return NULL;
+    if (parse_cond(addr, kind, cmp, target, mask, &c)) return NULL;
+    uint64_t raw = load_word(&c);
+    int ok = met(&c, raw);
+    if (!ok && spin_ns > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        int64_t start = now_ns(), end = start + spin_ns, pure = start + PURE_SPIN_NS;
+        for (unsigned k = 1;; k++) {
+            raw = load_word(&c);
+            if ((ok = met(&c, raw))) break;
+            if ((k & 63) == 0) {
+                int64_t now = now_ns();
+                if (now >= end) break;
+                if (now >= pure) sched_yield();
+            } else {
+                __builtin_ia32_pause();
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (ok) return value_of(&c, raw);
+    Py_RETURN_NONE;
+}
+
+/* sleep(addr, kind, cmp, target, mask, wake_addr, count_addr, atomic, timeout_s, state_addr, aborting,
+ *       backstop_s) -> (code, value): code 0 met (value: the word), 1 deadline passed, 2 the job is aborting.
+ * Announces itself in the sleeper count at count_addr, then loops {read the wake word, read the word, compare,
+ * check deadline and job state, futex-sleep on the wake word}, then withdraws the count. ``atomic``: count with
+ * atomic adds (another PE's count), else with plain stores made while holding the interpreter lock (this PE's
+ * own count, which its threads change only under that lock; see waits.py). */
+static PyObject *sleep_on(PyObject *self, PyObject *args) {
+    PyObject *addr, *target, *mask, *wake_o, *count_o, *state_o;
+    int kind, cmp, atomic;
+    unsigned int aborting;
+    double timeout_s, backstop_s;
+    Cond c;
+    if (!PyArg_ParseTuple(args, "OiiOOOOpdOId", &addr, &kind, &cmp, &target, &mask, &wake_o, &count_o, &atomic,
+                          &timeout_s, &state_o, &aborting, &backstop_s))
+        return NULL;
+    if (parse_cond(addr, kind, cmp, target, mask, &c)) return NULL;
+    uint32_t *wake = PyLong_AsVoidPtr(wake_o), *count = PyLong_AsVoidPtr(count_o), *state = PyLong_AsVoidPtr(state_o);
+    if (PyErr_Occurred()) return NULL;
+    int code = 1;
+    uint64_t raw = 0;
+    if (!atomic) *(volatile uint32_t *)count += 1;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t start = now_ns(), deadline = start + (int64_t)(timeout_s * 1e9), backstop = (int64_t)(backstop_s * 1e9);
+    if (atomic) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        uint32_t seen = __atomic_load_n(wake, __ATOMIC_SEQ_CST);
+        raw = load_word(&c);
+        if (met(&c, raw)) { code = 0; break; }
+        int64_t now = now_ns();
+        if (now >= deadline) { code = 1; break; }
+        if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) { code = 2; break; }
+        int64_t ns = deadline - now < backstop ? deadline - now : backstop;
+        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+        syscall(SYS_futex, wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
+    Py_END_ALLOW_THREADS
+    if (!atomic) *(volatile uint32_t *)count -= 1;
+    PyObject *value = code == 0 ? value_of(&c, raw) : (Py_INCREF(Py_None), Py_None);
+    if (!value) return NULL;
+    return Py_BuildValue("(iN)", code, value);
+}
+
+/* futex_wait(addr, expected, timeout_s) -> bool: sleep while the u32 at addr equals expected (shared futex);
+ * False on timeout. */
+static PyObject *futex_wait(PyObject *self, PyObject *args) {
+    PyObject *addr_o;
+    unsigned int expected;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "OId", &addr_o, &expected, &timeout)) return NULL;
+    uint32_t *addr = PyLong_AsVoidPtr(addr_o);
+    if (PyErr_Occurred()) return NULL;
+    if (timeout < 0) timeout = 0;
+    long rc;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec ts = {(time_t)timeout, (long)((timeout - (double)(time_t)timeout) * 1e9)};
+    rc = syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    if (rc == 0 || err == EAGAIN || err == EINTR) Py_RETURN_TRUE;
+    if (err == ETIMEDOUT) Py_RETURN_FALSE;
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* wake(wake_addr, sleepers_addr): the writer's side of the protocol (wake.h). */
+static PyObject *wake(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "wake(wake_addr, sleepers_addr)"); return NULL; }
+    uint32_t *w = PyLong_AsVoidPtr(args[0]), *s = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    shmemx_wake(w, s);
+    Py_RETURN_NONE;
+}
+
+/* add_u32(addr, delta) -> old: an atomic add (the sleeper counts). */
+static PyObject *add_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "add_u32(addr, delta)"); return NULL; }
+    uint32_t *a = PyLong_AsVoidPtr(args[0]);
+    long d = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLong(__atomic_fetch_add(a, (uint32_t)d, __ATOMIC_SEQ_CST));
+}
+
+static PyMethodDef methods[] = {
+    {"spin", spin, METH_VARARGS, "Poll a word without the interpreter lock; its value once met, else None."},
+    {"sleep", sleep_on, METH_VARARGS, "Sleep on a wake word until a word meets a comparison: (code, value)."},
+    {"futex_wait", futex_wait, METH_VARARGS, "FUTEX_WAIT without the interpreter lock."},
+    {"wake", (PyCFunction)(void (*)(void))wake, METH_FASTCALL, "Bump a wake word and wake its sleepers."},
+    {"add_u32", (PyCFunction)(void (*)(void))add_u32, METH_FASTCALL, "Atomic add to a u32."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native waits and wake-ups.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,132 @@
+/* What the native engine (_engine.c) and the native posting path (_post.c) share: the layout they take from
+ * layout.py / segment.py, the engine's state, and the few inline helpers both use. */
+#ifndef SHMEMX_UDMA_ENGINE_H
+#define SHMEMX_UDMA_ENGINE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../shm/wake.h"
+
+#define BATCH_BBS 4096
+#define WAKE_EVERY 8
+#define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
+
+/* Why a WQE failed, beside its status (hw err_where): lets the Python layer rebuild the detail message from
+ * the WQE and the tables. Mirrored by engine.py's Where enum. */
+enum where {
+    W_NONE = 0, W_OPCODE = 1, W_MALFORMED = 2, W_EID = 3, W_TP = 4, W_LENGTH = 5, W_REMOTE = 6, W_LOCAL = 7,
+    W_SIGNAL = 8, W_SIGNAL_ALIGN = 9, W_ATOMIC_SIZE = 10, W_REDUCE = 11, W_DOORBELL = 12, W_INJECTED = 13,
+};
+
+typedef struct {
+    /* WQE: u32 / u64 word positions of the first BB, byte offsets of second-BB fields */
+    int w_dw0, w_dw1, w_tp, w_seg, w_token, w_reduce, w_sge_len, q_eid_lo, q_eid_hi, q_rmt_va, q_sge_va;
+    int notify_ctx, notify_sge, amo_operand;
+    /* CQE word positions */
+    int c_status, c_entry_idx, c_tpn, c_byte_cnt, c_user_data, c_eid, c_data, owner_shift;
+    /* engine record (hw) u32 word positions; executed and bytes are u64 words */
+    int hw_sq_db, hw_ci, hw_cq_pi, hw_state, hw_err_status, hw_err_substatus, hw_err_pos, hw_err_where,
+        hw_err_arg, hw_executed, hw_bytes;
+    int op_write, op_notify, op_read, op_cas, op_faa, op_nop;
+    int st_bad_opcode, st_bad_eid, st_bad_tp, st_bad_token_id, st_token_mismatch, st_out_of_bounds,
+        st_local_access, st_length, st_bad_atomic, st_flushed, st_engine_fault;
+    int reduce_flag, cqe_flag, jetty_type, fp32, reduce_add;
+    uint64_t max_msg;
+} Layout;
+
+typedef struct { uint64_t va, len; uint8_t *addr; } Local;
+
+struct engine;
+/* A scheduling policy: the one place that decides what the engine executes next (DESIGN section 5, 9).
+ *
+ * pick() runs on the engine thread, holding the turn lock, never touching Python. It sees the engine: for each
+ * queue q (0..n_slots-1) its engine record hw_of(e, q) (the doorbell word L.hw_sq_db, stored last by the poster
+ * with release order; the consumer index L.hw_ci; L.hw_state, nonzero while the queue is in error) and its SQ
+ * ring sq_of(e, q), whose BBs from ci up to the doorbell are rung and may be read (never written). It chooses the
+ * next turn: *queue and *bbs (>= 1), and the engine then executes that queue's WQEs in order from its consumer
+ * index, at most *bbs BBs and never a WQE past the doorbell (each WQE's checks, effects and CQE are one atomic
+ * step of the engine thread; the consumer index and the CQ producer index advance only over executed WQEs; the
+ * CQEs go to the CQ in execution order). Returning 0 chooses nothing now: the engine flushes its wake-ups and
+ * idles until the next kick or the backstop (a policy that delays a queue returns 0 or picks another one). The
+ * normal policy is pick_round_robin: the next queue with rung BBs after the last one served, up to BATCH_BBS.
+ *
+ * A seeded policy (chaos) plugs in as another pick function with its state in ``state`` (an RNG seeded by
+ * Engine.set_policy), installed by Engine.set_policy under the turn lock. What it may choose: which queue runs
+ * next (the SQs are unordered with respect to each other), how many of its WQEs (a turn of 1 interleaves the
+ * queues WQE by WQE), and when (delays). Executing a WQE out of order within one SQ (allowed by the rules for
+ * NO-ordered WQEs not behind a fence or an SO) needs more than a pick: turn() would take a position inside the
+ * rung window and keep the executed set, advancing ci over its executed prefix only; see notes/11.md. */
+struct policy {
+    const char *name;
+    int (*pick)(struct engine *e, uint32_t *queue, uint32_t *bbs);
+    void *state;
+};
+
+typedef struct engine {
+    PyObject_HEAD
+    Layout L;
+    uint8_t *seg;
+    uint64_t sq_off, sq_bytes, cq_off, cq_bytes, hw_off, amo_off, amo_len, amo_va;
+    uint32_t sq_depth, cq_depth, n_slots, tp_base;
+    int my_pe, n_pes, qp_num;
+    uint64_t heap_size, heap_va_base, heap_va_stride;
+    uint8_t **heap;
+    uint64_t *eid_lo, *eid_hi;
+    uint32_t *tid, *token;
+    uint32_t **wake, **sleepers;
+    pthread_mutex_t reg_lock;
+    Local *locals;
+    Py_ssize_t n_locals;
+    pthread_t thread;
+    int started;
+    uint32_t seq;      /* futex word: bumped by every kick */
+    int sleeping;      /* the engine announced it sleeps on seq */
+    int stopping;
+    pthread_mutex_t turn_lock;
+    pthread_cond_t turn_cond;
+    int paused;
+    int inject;        /* WQEs still to fail with an injected ENGINE_FAULT (a test hook) */
+    uint8_t *touched;
+    int *touched_list;
+    int n_touched;
+    int tracing;
+    pthread_mutex_t trace_lock;
+    int64_t *trace;
+    size_t trace_len, trace_cap;
+    uint32_t rr;
+    int64_t spin_ns;
+    struct policy policy;
+} Engine;
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline uint32_t *hw_of(Engine *e, uint32_t q) { return (uint32_t *)(e->seg + e->hw_off + 64 * (uint64_t)q); }
+static inline uint8_t *sq_of(Engine *e, uint32_t q) { return e->seg + e->sq_off + q * e->sq_bytes; }
+static inline uint32_t *cq_of(Engine *e, uint32_t q) { return (uint32_t *)(e->seg + e->cq_off + q * e->cq_bytes); }
+static inline uint32_t ld32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void st32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static inline void kick(Engine *e) {
+    __atomic_fetch_add(&e->seq, 1, __ATOMIC_SEQ_CST); /* a locked add: the doorbell store is visible first */
+    if (__atomic_load_n(&e->sleeping, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &e->seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+extern PyTypeObject EngineType;
+int shmemx_post_init(PyObject *module);
+
+#endif

@@ -1,0 +1,546 @@
+/* The native posting path: one WRITE or READ from a put/get call, checked and posted without Python code.
+ *
+ * ``Poster.rw(remote, local, nelems, pe, qp_idx, opcode, flag, api)`` does what api/rma.py's checked path and
+ * QueuePair.post_rw do for the plain case, and only for it (``Poster.notify``, the same for a put_signal and
+ * QueuePair.post_bytes): exact ndarrays, C-contiguous, of one dtype, a count
+ * in range, a remote view inside a live allocation of this PE's own heap copy, a local view that is this PE's
+ * heap or lies in a live registration the Python path used lately, the calling thread the queue's submitter
+ * (or the queue free: then it claims it, as QueuePair.claim does), room in the ring. Then it writes the same 64 bytes QueuePair.post_rw writes (a test pins them
+ * equal), the sidecar word, head, cqe_cnt and the doorbell (last), kicks the engine, counts the WQE and records
+ * the registration's use. Any other case returns -1 before touching anything, and the caller takes the Python
+ * path, which raises the errors and handles claims, credit waits and registrations.
+ *
+ * Concurrency: everything here runs holding the interpreter lock (like the Python path it replaces), so no other
+ * posting thread of this PE runs meanwhile; the registry's lock is only checked (if a collect holds it, the
+ * Python path waits for it). The queue's posting state lives in a private int64 block (QueuePair reads and
+ * writes the same words): head, tail, cqe_cnt, cq_tail, owner thread, owner block, WQEs and bytes posted.
+ *
+ * numpy arrays are read through the stable prefix of numpy's PyArrayObject (data, nd, dimensions, strides,
+ * base, descr, flags), checked against numpy's own answers when the Poster is made (``probe``).
+ */
+#include "_engine.h"
+
+enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_WORDS };
+#define NPY_C_CONTIGUOUS 0x0001
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} NpArray;
+
+#define N_REGS 8
+typedef struct {
+    PyObject *reg, *uses;
+    uint64_t addr, len, va;
+    int writable;
+} Reg;
+
+typedef struct {
+    PyObject_HEAD
+    Engine *engine;
+    PyObject *ndarray;                /* numpy.ndarray */
+    PyObject *state_obj;              /* keeps the state block alive */
+    int64_t *st;                      /* [n_slots][ST_WORDS] */
+    uint32_t *tpn, *tid, *token;      /* per queue: what QueuePair.post_rw packs */
+    uint64_t *eid_lo, *eid_hi;
+    PyObject **qidx;                  /* per queue: its index as an int (the key of a registration's uses) */
+    uint64_t heap_va;                 /* this PE's heap VA */
+    int64_t *alloc_lo, *alloc_hi;     /* this PE's live allocations, sorted */
+    Py_ssize_t n_alloc;
+    PyObject *reg_lock;               /* the registry's lock */
+    Reg regs[N_REGS];
+    int n_regs, next_reg;
+    PyObject *descr[8];
+    Py_ssize_t itemsize[8];
+    PyObject *sig_descr[2];           /* int64, uint64: the dtypes of a put_signal's signal word */
+    uint64_t wq_off, sidecar_off, cq_ctx_off;
+    uint32_t credit_guard, dw0_base;
+    int wq_head, wq_cqe_cnt, wq_tail_word, cq_tail_word, hw_cq_db;
+} Poster;
+
+static PyObject *s_last, *s_locked, *s_address, *s_nbytes, *s_va, *s_writable, *s_uses, *s_itemsize, *s_live;
+
+static Py_ssize_t itemsize_of(Poster *p, PyObject *descr) {
+    for (int k = 0; k < 8; k++)
+        if (p->descr[k] == descr) return p->itemsize[k];
+    PyObject *v = PyObject_GetAttr(descr, s_itemsize);
+    if (!v) { PyErr_Clear(); return -1; }
+    Py_ssize_t size = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (size <= 0) { PyErr_Clear(); return -1; }
+    for (int k = 0; k < 8; k++)
+        if (!p->descr[k]) {
+            Py_INCREF(descr);
+            p->descr[k] = descr;
+            p->itemsize[k] = size;
+            break;
+        }
+    return size;
+}
+
+static inline Py_ssize_t size_of(const NpArray *a) {
+    Py_ssize_t n = 1;
+    for (int k = 0; k < a->nd; k++) n *= a->dimensions[k];
+    return n;
+}
+
+static inline int allocated(const Poster *p, int64_t off, int64_t nbytes) {
+    Py_ssize_t lo = 0, hi = p->n_alloc;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (p->alloc_lo[mid] <= off) lo = mid + 1; else hi = mid;
+    }
+    return lo > 0 && off + nbytes <= p->alloc_hi[lo - 1];
+}
+
+/* Registrations the Python path used lately (LocalRegistry.seen), each valid while its ``live`` flag is set
+ * (a collection clears it). */
+static void forget(Poster *p) {
+    for (int k = 0; k < N_REGS; k++) {
+        Py_CLEAR(p->regs[k].reg);
+        Py_CLEAR(p->regs[k].uses);
+    }
+    p->n_regs = 0;
+}
+
+static int remember(Poster *p, PyObject *reg) {
+    PyObject *a = PyObject_GetAttr(reg, s_address), *n = PyObject_GetAttr(reg, s_nbytes),
+             *v = PyObject_GetAttr(reg, s_va), *w = PyObject_GetAttr(reg, s_writable), *u = PyObject_GetAttr(reg, s_uses);
+    int ok = a && n && v && w && u && PyDict_CheckExact(u);
+    Reg r = {0};
+    if (ok) {
+        r.addr = PyLong_AsUnsignedLongLongMask(a);
+        r.len = PyLong_AsUnsignedLongLongMask(n);
+        r.va = PyLong_AsUnsignedLongLongMask(v);
+        r.writable = PyObject_IsTrue(w);
+        ok = !PyErr_Occurred();
+    }
+    Py_XDECREF(a); Py_XDECREF(n); Py_XDECREF(v); Py_XDECREF(w);
+    if (!ok) { Py_XDECREF(u); if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "seen: not a Registration"); return -1; }
+    int k = p->n_regs < N_REGS ? p->n_regs++ : (p->next_reg++ % N_REGS);
+    Py_XDECREF(p->regs[k].reg);
+    Py_XDECREF(p->regs[k].uses);
+    Py_INCREF(reg);
+    r.reg = reg;
+    r.uses = u;
+    p->regs[k] = r;
+    return k;
+}
+
+/* The live registration holding local [addr, addr + nbytes), or NULL (the Python path registers). */
+static Reg *registration(Poster *p, uint64_t addr, uint64_t nbytes) {
+    int found = -1;
+    for (int k = 0; k < p->n_regs && found < 0; k++)
+        if (addr >= p->regs[k].addr && nbytes <= p->regs[k].len && addr - p->regs[k].addr <= p->regs[k].len - nbytes)
+            found = k;
+    if (found < 0) return NULL;
+    Reg *r = &p->regs[found];
+    PyObject *live = PyObject_GetAttr(r->reg, s_live); /* collected meanwhile: forget it */
+    if (!live) { PyErr_Clear(); return NULL; }
+    int ok = live == Py_True;
+    Py_DECREF(live);
+    if (!ok) {
+        Py_CLEAR(r->reg);
+        Py_CLEAR(r->uses);
+        r->len = 0;
+        return NULL;
+    }
+    PyObject *locked = PyObject_CallMethodNoArgs(p->reg_lock, s_locked); /* a collect in progress: Python waits */
+    if (!locked) { PyErr_Clear(); return NULL; }
+    int busy = locked == Py_True;
+    Py_DECREF(locked);
+    return busy ? NULL : r;
+}
+
+/* seen(registration): the Python path used it; remember it. */
+static PyObject *Poster_seen(Poster *p, PyObject *reg) {
+    for (int k = 0; k < p->n_regs; k++)
+        if (p->regs[k].reg == reg) Py_RETURN_NONE;
+    if (remember(p, reg) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* A checked transfer: the queue, the remote heap offset, the bytes, the local VA and its registration. */
+typedef struct {
+    uint32_t q;
+    int pe;
+    int64_t roff;
+    uint64_t nbytes, local_va;
+    Reg *reg;
+} Transfer;
+
+/* The checks of the plain case (see the top); 0 when they pass, -1 when the Python path must take the call. */
+static int transfer(Poster *p, PyObject *ro, PyObject *lo, PyObject *nel, PyObject *pe_o, PyObject *qp_o,
+                    int writable, long slot, Transfer *t) {
+    Engine *e = p->engine;
+    if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(nel)
+        || !PyLong_CheckExact(pe_o) || !PyLong_CheckExact(qp_o))
+        return -1;
+    NpArray *r = (NpArray *)ro, *l = (NpArray *)lo;
+    long long nelems = PyLong_AsLongLong(nel);
+    long pe = PyLong_AsLong(pe_o), qp_idx = PyLong_AsLong(qp_o);
+    if (PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return -1;
+    if (r->descr != l->descr || !(r->flags & NPY_C_CONTIGUOUS) || !(l->flags & NPY_C_CONTIGUOUS) || nelems <= 0
+        || nelems > size_of(r) || nelems > size_of(l))
+        return -1;
+    Py_ssize_t item = itemsize_of(p, r->descr);
+    if (item <= 0) return -1;
+    t->nbytes = (uint64_t)nelems * (uint64_t)item;
+    if (t->nbytes > e->L.max_msg) return -1;
+    uint8_t *my_heap = e->heap[e->my_pe];
+    t->roff = (int64_t)((uint8_t *)r->data - my_heap);
+    if (t->roff < 0 || (uint64_t)t->roff >= e->heap_size || !allocated(p, t->roff, (int64_t)t->nbytes)) return -1;
+    t->reg = NULL;
+    int64_t loff = (int64_t)((uint8_t *)l->data - my_heap);
+    if (loff >= 0 && (uint64_t)loff < e->heap_size && allocated(p, loff, (int64_t)t->nbytes)) {
+        t->local_va = p->heap_va + (uint64_t)loff;
+    } else {
+        uint64_t addr = (uint64_t)(uintptr_t)l->data;
+        t->reg = registration(p, addr, t->nbytes);
+        if (!t->reg || (writable && !t->reg->writable)) return -1;
+        t->local_va = t->reg->va + (addr - t->reg->addr);
+    }
+    t->pe = (int)pe;
+    t->q = (uint32_t)(pe * e->qp_num + qp_idx);
+    int64_t *st = p->st + (uint64_t)t->q * ST_WORDS;
+    int64_t me = (int64_t)PyThread_get_thread_ident();
+    if (st[ST_OWNER] == 0 && st[ST_N_POSTED] == 0) { /* a free queue: claim it (QueuePair.claim) */
+        st[ST_OWNER] = me;
+        st[ST_OWNER_BLOCK] = slot;
+    }
+    return st[ST_OWNER] == me ? 0 : -1;
+}
+
+/* Whether ``bbs`` more BBs leave the credit guard free. */
+static inline int room(Poster *p, uint32_t q, uint32_t bbs) {
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    return ((uint32_t)(st[ST_HEAD] + bbs - st[ST_TAIL])) + p->credit_guard < p->engine->sq_depth;
+}
+
+/* Words 0-11 of a WQE of this queue (the SQE base: what every opcode shares). */
+static void sqe_base(Poster *p, const Transfer *t, uint32_t *w, long opcode, long flag) {
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    uint32_t q = t->q;
+    w[L->w_dw0] = p->dw0_base | ((uint32_t)flag & 0xFF) << 16;
+    w[L->w_dw1] = ((uint32_t)opcode & 0xFF) << 8;
+    w[L->w_tp] = (p->tpn[q] & 0xFFFFFF) | 1u << 24;
+    w[L->w_seg] = p->tid[q];
+    memcpy(w + 2 * L->q_eid_lo, &p->eid_lo[q], 8);
+    memcpy(w + 2 * L->q_eid_hi, &p->eid_hi[q], 8);
+    w[L->w_token] = p->token[q];
+    uint64_t rva = e->heap_va_base + (uint64_t)t->pe * e->heap_va_stride + (uint64_t)t->roff;
+    memcpy(w + 2 * L->q_rmt_va, &rva, 8);
+}
+
+/* Store ``bbs`` BBs at the head (a two-BB WQE at the last slot wraps), the sidecar word, head, cqe_cnt, the
+ * doorbell (last); kick the engine; count; record the registration's use. Returns the BB position. */
+static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32_t bbs, long flag, long api) {
+    Engine *e = p->engine;
+    uint32_t q = t->q;
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
+    PyObject *pos = PyLong_FromUnsignedLong(head);
+    if (!pos) return NULL;
+    if (t->reg) {
+        PyObject *use = PyLong_FromUnsignedLong(head + bbs);
+        if (!use || PyDict_SetItem(t->reg->uses, p->qidx[q], use) < 0) { Py_XDECREF(use); Py_DECREF(pos); return NULL; }
+        Py_DECREF(use);
+    }
+    uint8_t *ring = sq_of(e, q);
+    for (uint32_t k = 0; k < bbs; k++)
+        memcpy(ring + 64 * (uint64_t)((head + k) & mask), w + 16 * k, 64);
+    uint32_t *sidecar = (uint32_t *)(e->seg + p->sidecar_off) + (uint64_t)q * e->sq_depth;
+    sidecar[head & mask] = (uint32_t)api | (uint32_t)st[ST_OWNER_BLOCK] << 8;
+    uint32_t *wq = (uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q);
+    uint32_t next = head + bbs;
+    st[ST_HEAD] = next;
+    wq[p->wq_head] = next;
+    if (flag & e->L.cqe_flag) {
+        st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + 1);
+        wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
+    }
+    st32(hw_of(e, q) + e->L.hw_sq_db, next); /* the doorbell, last */
+    kick(e);
+    st[ST_N_POSTED] += 1;
+    st[ST_B_POSTED] += (int64_t)t->nbytes;
+    return pos;
+}
+
+/* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api, slot) -> BB position, or -1: take the Python path.
+ * ``slot``: the calling thread's AIV block (waits.thread_slot), which becomes the submitter of a free queue. */
+static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "rw takes 9 arguments"); return NULL; }
+    long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
+    long slot = PyLong_AsLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    Transfer t;
+    if (transfer(p, args[0], args[1], args[2], args[3], args[4], opcode == p->engine->L.op_read, slot, &t) < 0
+        || !room(p, t.q, 1))
+        return PyLong_FromLong(-1);
+    const Layout *L = &p->engine->L;
+    uint32_t w[16] = {0};
+    sqe_base(p, &t, w, opcode, flag);
+    w[L->w_sge_len] = (uint32_t)t.nbytes;
+    memcpy(w + 2 * L->q_sge_va, &t.local_va, 8);
+    return publish(p, &t, w, 1, flag, api);
+}
+
+/* notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, flag, api, slot) -> BB position, or -1: one
+ * WRITE_WITH_NOTIFY whose signal word (a 64-bit integer word in a live allocation of this heap, 8-aligned) is SET
+ * to ``signal``. */
+static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "notify takes 10 arguments"); return NULL; }
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    long flag = PyLong_AsLong(args[7]), api = PyLong_AsLong(args[8]), slot = PyLong_AsLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *so = args[3], *sv = args[4];
+    if ((PyObject *)Py_TYPE(so) != p->ndarray || !PyLong_CheckExact(sv)) return PyLong_FromLong(-1);
+    PyObject *sd = ((NpArray *)so)->descr;
+    if (sd != p->sig_descr[0] && sd != p->sig_descr[1]) return PyLong_FromLong(-1);
+    int overflow = 0;
+    uint64_t value;
+    long long as_signed = PyLong_AsLongLongAndOverflow(sv, &overflow);
+    if (overflow > 0) {
+        value = PyLong_AsUnsignedLongLong(sv);
+        if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    } else if (overflow < 0 || (as_signed == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    } else {
+        value = (uint64_t)as_signed;
+    }
+    int64_t soff = (int64_t)((uint8_t *)((NpArray *)so)->data - e->heap[e->my_pe]);
+    if (soff < 0 || (uint64_t)soff >= e->heap_size || soff % 8 || !allocated(p, soff, 8)) return PyLong_FromLong(-1);
+    Transfer t;
+    if (transfer(p, args[0], args[1], args[2], args[5], args[6], 0, slot, &t) < 0 || !room(p, t.q, 2))
+        return PyLong_FromLong(-1);
+    uint32_t w[32] = {0};
+    sqe_base(p, &t, w, L->op_notify, flag);
+    uint8_t *b = (uint8_t *)w;
+    uint64_t ctx0 = (uint64_t)p->tid[t.q] | (uint64_t)p->token[t.q] << 32;
+    uint64_t sva = e->heap_va_base + (uint64_t)t.pe * e->heap_va_stride + (uint64_t)soff;
+    memcpy(b + L->notify_ctx, &ctx0, 8);
+    memcpy(b + L->notify_ctx + 8, &sva, 8);
+    memcpy(b + L->notify_ctx + 16, &value, 8);
+    uint32_t len = (uint32_t)t.nbytes;
+    memcpy(b + L->notify_sge, &len, 4);
+    memcpy(b + L->notify_sge + 8, &t.local_va, 8);
+    return publish(p, &t, w, 2, flag, api);
+}
+
+static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
+    uint32_t word = ld32(cq_of(e, q) + 16 * (uint64_t)(pos % e->cq_depth) + e->L.c_status);
+    return ((word >> e->L.owner_shift) & 1) == (((pos / e->cq_depth) & 1) ^ 1);
+}
+
+/* quiet(pe, qp_idx, spin_ns) -> -1 (take the Python path: QueuePair.poll) or bits: 1 the CQ tail advanced
+ * (run the retire hook), 2 the caller's queue is retired to its head (release it). Consumes the CQEs up to
+ * cqe_cnt when the engine has written them all, none is an error and the queue is not in error, spinning for
+ * them up to spin_ns without the interpreter lock first; anything else is the Python path's (which sleeps,
+ * records the wait, raises). */
+static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
+    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
+    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    uint32_t *hw = hw_of(e, q);
+    uint32_t t = (uint32_t)st[ST_CQ_TAIL], target = (uint32_t)st[ST_CQE_CNT];
+    uint32_t n = target - t;
+    if (n > e->cq_depth || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+    int bits = 0;
+    if (n) {
+        uint32_t last = target - 1;
+        if (!cqe_written(e, q, last) && spin_ns > 0) {
+            Py_BEGIN_ALLOW_THREADS
+            int64_t end = now_ns() + spin_ns;
+            for (unsigned k = 1; !cqe_written(e, q, last); k++) {
+                if ((k & 63) == 0) {
+                    if (now_ns() >= end) break;
+                    sched_yield();
+                } else {
+                    __builtin_ia32_pause();
+                }
+            }
+            Py_END_ALLOW_THREADS
+            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return PyLong_FromLong(-1);
+        }
+        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+        uint32_t *cq = cq_of(e, q);
+        for (uint32_t pos = t; pos != target; pos++)
+            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return PyLong_FromLong(-1);
+        uint32_t entry_idx = cq[16 * (uint64_t)(last % e->cq_depth) + L->c_entry_idx] & 0xFFFF;
+        uint32_t tail = (uint32_t)st[ST_TAIL];
+        tail = tail + ((entry_idx - tail) & 0xFFFF);
+        st[ST_TAIL] = tail;
+        st[ST_CQ_TAIL] = target;
+        ((uint32_t *)(e->seg + p->cq_ctx_off + 64 * (uint64_t)q))[p->cq_tail_word] = target;
+        hw[p->hw_cq_db] = target & 0xFFFFFF;
+        ((uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q))[p->wq_tail_word] = tail;
+        bits |= 1;
+    }
+    if (st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() && (uint32_t)st[ST_TAIL] == (uint32_t)st[ST_HEAD])
+        bits |= 2;
+    return PyLong_FromLong(bits);
+}
+
+/* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
+static PyObject *Poster_set_allocations(Poster *p, PyObject *args) {
+    Py_buffer lo, hi;
+    if (!PyArg_ParseTuple(args, "y*y*", &lo, &hi)) return NULL;
+    Py_ssize_t n = lo.len / 8;
+    int64_t *a = n ? PyMem_Malloc(n * 8) : NULL, *b = n ? PyMem_Malloc(n * 8) : NULL;
+    if (hi.len != lo.len || (n && (!a || !b))) {
+        PyMem_Free(a); PyMem_Free(b);
+        PyBuffer_Release(&lo); PyBuffer_Release(&hi);
+        return hi.len != lo.len ? (PyErr_SetString(PyExc_ValueError, "set_allocations: lengths differ"), NULL)
+                                : PyErr_NoMemory();
+    }
+    if (n) { memcpy(a, lo.buf, n * 8); memcpy(b, hi.buf, n * 8); }
+    PyMem_Free(p->alloc_lo); PyMem_Free(p->alloc_hi);
+    p->alloc_lo = a; p->alloc_hi = b; p->n_alloc = n;
+    PyBuffer_Release(&lo); PyBuffer_Release(&hi);
+    Py_RETURN_NONE;
+}
+
+/* probe(arr) -> (data address, nd, shape, C-contiguous, id(descr)): what this file reads of an ndarray. */
+static PyObject *Poster_probe(Poster *p, PyObject *arr) {
+    if ((PyObject *)Py_TYPE(arr) != p->ndarray) { PyErr_SetString(PyExc_TypeError, "probe: not an ndarray"); return NULL; }
+    NpArray *a = (NpArray *)arr;
+    if (a->nd < 0 || a->nd > 32) { PyErr_SetString(PyExc_ValueError, "probe: implausible nd"); return NULL; }
+    PyObject *shape = PyTuple_New(a->nd);
+    if (!shape) return NULL;
+    for (int k = 0; k < a->nd; k++) PyTuple_SET_ITEM(shape, k, PyLong_FromSsize_t(a->dimensions[k]));
+    return Py_BuildValue("(KiNiK)", (unsigned long long)(uintptr_t)a->data, a->nd, shape,
+                         (a->flags & NPY_C_CONTIGUOUS) != 0, (unsigned long long)(uintptr_t)a->descr);
+}
+
+static int get(PyObject *d, const char *name, uint64_t *out) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v) { PyErr_Format(PyExc_KeyError, "poster config: %s missing", name); return -1; }
+    *out = PyLong_AsUnsignedLongLongMask(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_array(PyObject *d, const char *name, Py_ssize_t n, uint64_t *out) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v || !PyList_Check(v) || PyList_GET_SIZE(v) != n) {
+        PyErr_Format(PyExc_ValueError, "poster config: %s must be a list of %zd ints", name, n);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        out[k] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(v, k));
+        if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* Poster(engine, ndarray, registry, state, signal_dtypes, config): config holds the layout words this file needs (wq_head,
+ * wq_cqe_cnt, dw0_base, credit_guard), where the tables are (wq_off, sidecar_off, state_addr,
+ * heap_va) and per queue (lists of n_slots) tpn, tid, token, eid_lo, eid_hi. */
+static int Poster_init(Poster *p, PyObject *args, PyObject *kw) {
+    PyObject *engine, *ndarray, *registry, *state, *cfg, *sig0, *sig1;
+    if (!PyArg_ParseTuple(args, "O!OOO(OO)O!", &EngineType, &engine, &ndarray, &registry, &state, &sig0, &sig1,
+                          &PyDict_Type, &cfg))
+        return -1;
+    Engine *e = (Engine *)engine;
+    uint64_t v, state_addr;
+    if (get(cfg, "wq_off", &p->wq_off) || get(cfg, "sidecar_off", &p->sidecar_off) || get(cfg, "heap_va", &p->heap_va)
+        || get(cfg, "cq_ctx_off", &p->cq_ctx_off)
+        || get(cfg, "state_addr", &state_addr))
+        return -1;
+#define G(name) if (get(cfg, #name, &v)) return -1; p->name = v;
+    G(credit_guard) G(dw0_base) G(wq_head) G(wq_cqe_cnt) G(wq_tail_word) G(cq_tail_word) G(hw_cq_db)
+#undef G
+    Py_ssize_t n = e->n_slots;
+    uint64_t *tmp = PyMem_Calloc(n, 8);
+    p->tpn = calloc(n, 4); p->tid = calloc(n, 4); p->token = calloc(n, 4);
+    p->eid_lo = calloc(n, 8); p->eid_hi = calloc(n, 8); p->qidx = calloc(n, sizeof(PyObject *));
+    if (!tmp || !p->tpn || !p->tid || !p->token || !p->eid_lo || !p->eid_hi || !p->qidx) {
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+#define A(name, body) if (!rc && !(rc = get_array(cfg, name, n, tmp))) for (Py_ssize_t k = 0; k < n; k++) { body; }
+    A("tpn", p->tpn[k] = (uint32_t)tmp[k]) A("tid", p->tid[k] = (uint32_t)tmp[k]) A("token", p->token[k] = (uint32_t)tmp[k])
+    A("eid_lo", p->eid_lo[k] = tmp[k]) A("eid_hi", p->eid_hi[k] = tmp[k])
+#undef A
+    PyMem_Free(tmp);
+    if (rc) return -1;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (!(p->qidx[k] = PyLong_FromSsize_t(k))) return -1;
+    p->reg_lock = PyObject_GetAttrString(registry, "_lock");
+    if (!p->reg_lock) return -1;
+    Py_INCREF(engine); p->engine = e;
+    Py_INCREF(ndarray); p->ndarray = ndarray;
+    Py_INCREF(state); p->state_obj = state;
+    Py_INCREF(sig0); p->sig_descr[0] = sig0;
+    Py_INCREF(sig1); p->sig_descr[1] = sig1;
+    p->st = (int64_t *)(uintptr_t)state_addr;
+    return 0;
+}
+
+static void Poster_dealloc(Poster *p) {
+    if (p->qidx && p->engine)
+        for (uint32_t k = 0; k < p->engine->n_slots; k++) Py_XDECREF(p->qidx[k]);
+    for (int k = 0; k < 8; k++) Py_XDECREF(p->descr[k]);
+    Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
+    forget(p);
+    Py_XDECREF(p->state_obj); Py_XDECREF(p->sig_descr[0]); Py_XDECREF(p->sig_descr[1]);
+    free(p->tpn); free(p->tid); free(p->token); free(p->eid_lo); free(p->eid_hi); free(p->qidx);
+    PyMem_Free(p->alloc_lo); PyMem_Free(p->alloc_hi);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef Poster_methods[] = {
+    {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
+    {"notify", (PyCFunction)(void (*)(void))Poster_notify, METH_FASTCALL, "Post one plain put_signal, or -1."},
+    {"quiet", (PyCFunction)(void (*)(void))Poster_quiet, METH_FASTCALL, "Quiet a queue whose CQEs are all in."},
+    {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
+    {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
+    {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PosterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmemx.udma._engine.Poster",
+    .tp_basicsize = sizeof(Poster),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native posting path of one PE's plain put/get calls.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Poster_init,
+    .tp_dealloc = (destructor)Poster_dealloc,
+    .tp_methods = Poster_methods,
+};
+
+int shmemx_post_init(PyObject *m) {
+    if (!(s_last = PyUnicode_InternFromString("_last")) || !(s_locked = PyUnicode_InternFromString("locked"))
+        || !(s_address = PyUnicode_InternFromString("address")) || !(s_nbytes = PyUnicode_InternFromString("nbytes"))
+        || !(s_va = PyUnicode_InternFromString("va")) || !(s_writable = PyUnicode_InternFromString("writable"))
+        || !(s_uses = PyUnicode_InternFromString("uses")) || !(s_itemsize = PyUnicode_InternFromString("itemsize"))
+        || !(s_live = PyUnicode_InternFromString("live")))
+        return -1;
+    if (PyType_Ready(&PosterType) < 0) return -1;
+    Py_INCREF(&PosterType);
+    if (PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0) { Py_DECREF(&PosterType); return -1; }
+    const char *names[] = {"ST_HEAD", "ST_TAIL", "ST_CQE_CNT", "ST_CQ_TAIL", "ST_OWNER", "ST_OWNER_BLOCK",
+                           "ST_N_POSTED", "ST_B_POSTED", "ST_WORDS"};
+    for (int k = 0; k <= ST_WORDS; k++) PyModule_AddIntConstant(m, names[k], k);
+    return 0;
+}

@@ -1,0 +1,409 @@
+"""Virtual time: recordings (``--record``) replayed on a modelled topology (``shmemx replay``).
+
+The closed forms hold exactly (1e-9 relative) on small kernels here; ``scripts/replay/closed_forms.py`` checks
+them on others (1 MiB puts, a 7-to-1 incast, the 128-PE all-to-all). Replays are deterministic functions of the
+recording, and recordings do not depend on the host's timing (``test_host_independence``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import shmemx
+from shmemx.observe.record import Ev, Recording
+from shmemx.observe.replay import load_topology, modelled_columns, replay
+from shmemx.observe.replay.program import load_program
+from shmemx.observe.replay.topology import builtin_topologies
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A2A = os.path.join(ROOT, "scripts", "replay", "alltoall_kernel.py")
+HOST = os.path.join(ROOT, "scripts", "replay", "host_independence.py")
+TOPO = load_topology("ascend950")
+POST, DB, WQE = TOPO.post_us, TOPO.doorbell_us, TOPO.wqe_us
+B = {"intra": TOPO.intra.bytes_per_us, "inter": TOPO.inter.bytes_per_us}
+L = {"intra": TOPO.intra.latency_us, "inter": TOPO.inter.latency_us}
+ACROSS = {"ranks_per_server": 1}  # every pair of PEs on different servers
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-12)
+
+
+@pytest.fixture
+def record(run_ok, tmp_path):
+    """``record(n, fn, *args) -> path`` of the recording of a job."""
+    counter = [0]
+
+    def rec(n, fn, *args, **kw):
+        counter[0] += 1
+        path = str(tmp_path / f"job{counter[0]}.rec")
+        run_ok(n, fn, *args, record=path, **kw)
+        return path
+
+    return rec
+
+
+# --- kernels ---------------------------------------------------------------------------------------------------
+
+def put_quiet_body(nbytes: int, get: bool = False) -> None:
+    shmemx.init()
+    me = shmemx.my_pe()
+    buf = shmemx.zeros(nbytes, np.uint8, name="buf")
+    local = np.full(nbytes, 7, np.uint8)
+    if me == 0:
+        with shmemx.region("rma"):
+            if get:
+                shmemx.aclshmemx_udma_get_nbi(local, buf, nbytes, 1)
+            else:
+                shmemx.aclshmemx_udma_put_nbi(buf, local, nbytes, 1)
+            shmemx.aclshmemx_udma_quiet(1)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def incast_body(nbytes: int) -> None:
+    """Every PE but 0 put_signals ``nbytes`` into its row of PE 0's inbox; PE 0 waits for all (region)."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    inbox = shmemx.zeros((n, nbytes), np.uint8, name="inbox")
+    sig = shmemx.zeros((n, 1), np.uint64, name="sig")
+    src = np.full(nbytes, me, np.uint8)
+    if me == 0:
+        with shmemx.region("incast"):
+            shmemx.aclshmem_wait_until_all(sig[1:, 0], shmemx.ACLSHMEM_CMP_GE, 1)
+        assert all((inbox[p] == p).all() for p in range(1, n))
+    else:
+        shmemx.aclshmemx_udma_put_signal_nbi(inbox[me], src, nbytes, sig[me], 1, 0)
+        shmemx.aclshmemx_udma_quiet(0)
+    shmemx.finalize()
+
+
+def fence_body(nbytes: int) -> None:
+    """PE 0: a put, then a fenced put_signal to PE 1 on the same QP; PE 1 waits for the signal (region)."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    data = shmemx.zeros(2 * nbytes, np.uint8, name="data")
+    sig = shmemx.zeros(1, np.uint64, name="sig")
+    src = np.ones(2 * nbytes, np.uint8)
+    fenced = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
+    with shmemx.region("k"):
+        if me == 0:
+            shmemx.aclshmemx_udma_put_nbi(data[:nbytes], src, nbytes, 1)
+            shmemx.aclshmemx_udma_put_signal_nbi(data[nbytes:], src, nbytes, sig, 5, 1, config=fenced)
+            shmemx.aclshmemx_udma_quiet(1)
+        else:
+            shmemx.aclshmem_signal_wait_until(sig, shmemx.ACLSHMEM_CMP_EQ, 5)
+    shmemx.finalize()
+
+
+def signal_compute_body() -> None:
+    """PE 0 computes 5 us (annotation) then signal_op's PE 1, which waits; a barrier at the end (regions)."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    flag = shmemx.zeros(1, np.int32, name="flag")
+    with shmemx.region("k"):
+        if me == 0:
+            shmemx.compute(us=5.0, name="ffn")
+            shmemx.aclshmemx_signal_op(flag, 3, shmemx.ACLSHMEM_SIGNAL_SET, 1)
+        elif me == 1:
+            assert shmemx.aclshmem_signal_wait_until(flag, shmemx.ACLSHMEM_CMP_GE, 3) == 3
+    with shmemx.region("barrier"):
+        shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def _block_work() -> None:
+    b = shmemx.get_block_idx()
+    shmemx.compute(us=1.0 + 2.0 * b)
+    shmemx.sync_all()
+    shmemx.compute(us=4.0 if b == 0 else 0.5)
+
+
+def blocks_body() -> None:
+    """A launch of 3 blocks: 1, 3, 5 us, sync_all, then 4, 0.5, 0.5 us; the join is at 5 + 4 = 9 us."""
+    shmemx.init()
+    with shmemx.region("launch"):
+        shmemx.launch(_block_work, 3)
+    shmemx.finalize()
+
+
+def poll_body() -> None:
+    """PE 1 polls with test() until PE 0's signal_op (after 2 us of compute) arrives: a poll whose iteration
+    count is host timing; then a wait_until_any whose recorded answer differs from virtual time's."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    flag = shmemx.zeros(1, np.int64, name="flag")
+    two = shmemx.zeros(2, np.int64, name="two")
+    if me == 0:
+        shmemx.compute(us=2.0)
+        shmemx.aclshmemx_signal_op(flag, 1, shmemx.ACLSHMEM_SIGNAL_SET, 1)
+        time.sleep(0.2)  # host time: in the run, PE 2's word comes first; in virtual time, this one
+        shmemx.aclshmemx_signal_op(two[1:2], 1, shmemx.ACLSHMEM_SIGNAL_SET, 1)
+    elif me == 1:
+        while not shmemx.aclshmem_test(flag, shmemx.ACLSHMEM_CMP_EQ, 1):
+            time.sleep(0.001)
+        assert shmemx.aclshmem_wait_until_any(two, shmemx.ACLSHMEM_CMP_EQ, 1) == 0
+    else:
+        shmemx.compute(us=50.0)
+        shmemx.aclshmemx_signal_op(two[0:1], 1, shmemx.ACLSHMEM_SIGNAL_SET, 1)
+    shmemx.finalize()
+
+
+def generation_body() -> None:
+    """PE 0 writes generation numbers 1 then 2 into PE 1's flag as 8-byte data (WRITEs, not signals), 10 us of
+    compute apart; PE 1 waits for each (regions "g1", "g2")."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    flag = shmemx.zeros(1, np.int64, name="flag")
+    if me == 0:
+        for g in (1, 2):
+            shmemx.aclshmemx_udma_put_nbi(flag, np.array([g], np.int64), 1, 1)
+            shmemx.aclshmemx_udma_quiet(1)
+            shmemx.compute(us=10.0)
+    else:
+        for g in (1, 2):
+            with shmemx.region(f"g{g}"):
+                shmemx.aclshmem_wait_until(flag, shmemx.ACLSHMEM_CMP_GE, g)
+    shmemx.finalize()
+
+
+def plain_store_body() -> None:
+    """PE 0 sets PE 1's flag with a plain numpy store (invisible to a recording); PE 1 waits on it."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    flag = shmemx.zeros(1, np.int64, name="flag")
+    if me == 0:
+        shmemx.aclshmem_ptr(flag, 1)[0] = 9
+        shmemx.aclshmemx_signal_op(flag, 0, shmemx.ACLSHMEM_SIGNAL_ADD, 1)  # (only to wake PE 1)
+    else:
+        shmemx.aclshmem_wait_until(flag, shmemx.ACLSHMEM_CMP_EQ, 9)
+    shmemx.finalize()
+
+
+# --- topology ----------------------------------------------------------------------------------------------------
+
+def test_builtin_topologies_name_a_source_for_every_value():
+    assert set(builtin_topologies()) >= {"ascend950", "h800_cx7"}
+    folder = os.path.join(ROOT, "shmemx", "observe", "replay", "topologies")
+    for name in builtin_topologies():
+        topo = load_topology(name)
+        assert topo.name == name and topo.sharing == "fcfs"
+        for line in open(os.path.join(folder, f"{name}.toml")):
+            if "=" in line.split("#")[0] and not line.startswith("name"):
+                assert "#" in line and len(line.split("#", 1)[1].strip()) > 10, f"{name}: no source in {line!r}"
+
+
+def test_topology_overrides_and_errors(tmp_path):
+    topo = load_topology("ascend950", {"intra.bandwidth_GBps": "100", "network.sharing": "maxmin",
+                                       "ranks_per_server": 8})
+    assert topo.intra.bandwidth_GBps == 100.0 and topo.sharing == "maxmin" and topo.ranks_per_server == 8
+    assert topo.tier(7, 8) == 1 and topo.tier(8, 15) == 0
+    with pytest.raises(ValueError, match="unknown key.*intra.bandwith_GBps"):
+        load_topology(None, {"intra.bandwith_GBps": 1})
+    with pytest.raises(ValueError, match="must be > 0"):
+        load_topology(None, {"inter.bandwidth_GBps": 0})
+    with pytest.raises(ValueError, match="not a built-in"):
+        load_topology("no-such-machine")
+    own = tmp_path / "mine.toml"
+    own.write_text(open(os.path.join(ROOT, "shmemx/observe/replay/topologies/h800_cx7.toml")).read()
+                   .replace("ranks_per_server = 8", "ranks_per_server = 4"))
+    assert load_topology(str(own)).ranks_per_server == 4
+
+
+# --- recordings ----------------------------------------------------------------------------------------------------
+
+def test_recording_holds_the_exact_wqes(record):
+    path = record(2, fence_body, 4096)
+    prog = load_program(path)
+    wq = prog.wqes[0]
+    assert wq.opcode.tolist() == [shmemx.Opcode.WRITE, shmemx.Opcode.WRITE_WITH_NOTIFY]
+    assert wq.nbytes.tolist() == [4096, 4096] and wq.peer.tolist() == [1, 1] and wq.pos.tolist() == [0, 1]
+    assert wq.flag.tolist() == [0x20, 0x2E] and wq.value.tolist()[1] == 5
+    assert wq.offset[1] == wq.offset[0] + 4096 and wq.sig_offset[1] >= 0
+    ops = [op[0] for op in prog.threads[0][0]]
+    assert ops.count(Ev.POST) == 2 and ops.count(Ev.QUIET) == 1 and ops.count(Ev.REGION) == 2
+    w = prog.words[[op for op in prog.threads[1][0] if op[0] == Ev.WAIT][0][1]]
+    assert (w.pe, w.offsets, w.size, w.cmp, w.values, w.result) == (1, [int(wq.sig_offset[1])], 8, 0, [5], 5)
+
+
+def test_replay_is_deterministic_and_cli_matches_the_api(record, tmp_path):
+    path = record(3, incast_body, 8192)
+    doc = replay(path)
+    assert json.dumps(doc) == json.dumps(replay(path))
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-m", "shmemx", "replay", path, "--json", "--perfetto",
+                          str(tmp_path / "v.json")], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == json.loads(json.dumps(doc))
+    trace = json.load(open(tmp_path / "v.json"))
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"WRITE_WITH_NOTIFY", "process_name"} <= names
+    text = subprocess.run([sys.executable, "-m", "shmemx", "replay", path, "--topology", "h800_cx7", "--set",
+                           "inter.latency_us=3"], capture_output=True, text=True, timeout=60).stdout
+    assert "makespan" in text and "critical path" in text and "inter 50 GB/s 3 us" in text
+
+
+def test_run_record_through_the_command(tmp_path, python):
+    script = tmp_path / "k.py"
+    script.write_text("import numpy as np, shmemx\nshmemx.init()\nx = shmemx.zeros(64, np.uint8, name='x')\n"
+                      "if shmemx.my_pe() == 0:\n    shmemx.aclshmemx_udma_put_nbi(x, np.ones(64, np.uint8), 64, 1)\n"
+                      "    shmemx.aclshmemx_udma_quiet(1)\nshmemx.finalize()\n")
+    rec = tmp_path / "k.rec"
+    out = subprocess.run([python, "-m", "shmemx", "run", "-n", "2", "--record", str(rec), str(script)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "recording written to" in out.stderr, out.stderr
+    r = Recording.load(str(rec))
+    assert r.n_pes == 2 and r.job["script"].endswith("k.py")
+    doc = replay(str(rec))
+    assert doc["pes"][0]["wqes"] == 1 and doc["pes"][0]["bytes"] == 64
+
+
+# --- closed forms ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", ["intra", "inter"])
+def test_put_and_quiet_closed_form(record, tier):
+    nbytes = 256 << 10
+    path = record(2, put_quiet_body, nbytes)
+    doc = replay(path, overrides=ACROSS if tier == "inter" else None)
+    want = POST + DB + WQE + L[tier] + nbytes / B[tier] + L[tier]
+    assert close(doc["regions"]["rma"]["max_us"], want), (doc["regions"], want)
+    cp = doc["critical_path"]
+    assert close(sum(cp["breakdown"].values()), doc["makespan_us"])
+
+
+def test_get_and_quiet_closed_form(record):
+    nbytes = 100_000
+    doc = replay(record(2, put_quiet_body, nbytes, True))
+    want = POST + DB + WQE + L["intra"] + L["intra"] + nbytes / B["intra"]  # request, data back; CQE on arrival
+    assert close(doc["regions"]["rma"]["max_us"], want)
+
+
+@pytest.mark.parametrize("sharing", ["fcfs", "maxmin"])
+def test_incast_closed_form(record, sharing):
+    n, nbytes = 4, 128 << 10
+    doc = replay(record(n, incast_body, nbytes), overrides={"network.sharing": sharing})
+    want = POST + DB + WQE + L["intra"] + (n - 1) * nbytes / B["intra"]
+    assert close(doc["regions"]["incast"]["max_us"], want), (doc["regions"], want)
+    assert doc["links"]["ingress intra"]["max_pe"] == 0 and doc["warnings"] == []
+
+
+def test_fence_waits_for_the_acknowledgement(record):
+    nbytes = 32 << 10
+    doc = replay(record(2, fence_body, nbytes))
+    ready1 = POST + DB
+    ack1 = ready1 + WQE + L["intra"] + nbytes / B["intra"] + L["intra"]
+    done2 = max(ready1 + POST + DB, ack1) + WQE + L["intra"] + nbytes / B["intra"]
+    assert close(doc["pes"][1]["regions"]["k"], done2)
+    assert close(doc["pes"][0]["regions"]["k"], done2 + L["intra"])
+
+
+def test_signal_compute_and_dissemination_barrier(record):
+    n = 4
+    doc = replay(record(n, signal_compute_body))
+    assert close(doc["pes"][0]["regions"]["k"], 5.0 + POST + DB)
+    assert close(doc["pes"][1]["regions"]["k"], 5.0 + POST + DB + WQE + L["intra"])
+    # everybody enters the barrier at a different time; the dissemination pattern decides who leaves when
+    a = [doc["pes"][p]["regions"]["k"] for p in range(n)]
+    t = list(a)
+    for d in (1, 2):
+        t = [max(t[i] + POST + DB, t[(i - d) % n] + POST + DB + WQE + L["intra"]) for i in range(n)]
+    for p in range(n):
+        assert close(doc["pes"][p]["regions"]["barrier"], t[p] - a[p]), (p, doc["pes"][p], t)
+    assert doc["warnings"] == []
+
+
+def test_blocks_launch_sync_and_join(record):
+    doc = replay(record(1, blocks_body))
+    assert close(doc["regions"]["launch"]["max_us"], 9.0)
+    assert doc["critical_path"]["breakdown"] == {"compute": 9.0}
+
+
+@pytest.mark.parametrize("order, overrides, bound", [
+    ("inter", {}, "inter"),
+    ("intra", {"inter.bandwidth_GBps": 1e6, "inter.latency_us": 0.1}, "intra"),
+    ("intra", {"engine.wqe_us": 1.0}, "engine"),
+])
+def test_alltoall_closed_form(record, order, overrides, bound):
+    """P = 6, 3 per server: the all-to-all of the reference notes, in its three regimes."""
+    n, per, nbytes = 6, 3, 256 << 10
+    small = 64 if bound == "engine" else nbytes
+    if bound == "engine":  # one server: the peers in cyclic order, which is also the engine's round-robin order
+        per = n
+    path = record(n, A2A, "--bytes", str(small), "--ranks-per-server", str(per), "--order", order)
+    topo = load_topology("ascend950", dict(overrides, ranks_per_server=per))
+    doc = replay(path, topo)
+    tiers = {"intra": (topo.intra, per - 1), "inter": (topo.inter, n - per)}
+    if bound == "engine":  # the engine is the slowest: the last WQE starts (P - 2) wqe after the first
+        last = POST + DB + (n - 1) * topo.wqe_us + topo.intra.latency_us + small / topo.intra.bytes_per_us
+        want = last + topo.intra.latency_us  # its acknowledgement ends the region
+    else:
+        tier, peers = tiers[bound]
+        t0 = POST + DB + WQE + tier.latency_us
+        want = t0 + peers * nbytes / tier.bytes_per_us + tier.latency_us
+    assert close(doc["regions"]["alltoall"]["max_us"], want), (doc["regions"], want)
+    assert close(doc["regions"]["alltoall"]["mean_us"], want)
+
+
+# --- timing-dependent control flow -----------------------------------------------------------------------------
+
+def test_polls_and_any_waits_that_depended_on_timing_are_reported(record):
+    doc = replay(record(3, poll_body))
+    kinds = {w["kind"]: w for w in doc["warnings"]}
+    assert "test" in kinds and "result" in kinds, doc["warnings"]
+    assert "wait_until_any returned 0 in the recorded run but 1" in kinds["result"]["example"]
+    # the poll is still a wait in virtual time: PE 1 goes on when the signal arrives
+    assert doc["pes"][1]["end_us"] >= 2.0 + POST + DB + WQE + L["intra"]
+
+
+def test_small_payloads_carry_their_value(record):
+    """A generation number written as data is recorded with its bytes: the second wait waits for the second
+    write (it does not take the first write's arrival as meeting it)."""
+    doc = replay(record(2, generation_body))
+    arrive = POST + DB + WQE + L["intra"] + 8 / B["intra"]
+    assert close(doc["pes"][1]["regions"]["g1"], arrive)
+    assert close(doc["pes"][1]["regions"]["g2"], L["intra"] + 10.0 + arrive)
+    assert doc["warnings"] == []
+
+
+def test_a_wait_met_by_an_unrecorded_store_is_released_with_a_warning(record):
+    doc = replay(record(2, plain_store_body))
+    assert [w["kind"] for w in doc["warnings"]] == ["never"]
+
+
+# --- host independence -------------------------------------------------------------------------------------------
+
+def test_host_independence(tmp_path):
+    """The same kernels recorded twice, the second time with the other core busy and random sleeps injected
+    into every rank, replay to the identical JSON document (scripts/replay/host_independence.py)."""
+    out = subprocess.run([sys.executable, HOST, "--pes", "4", "--dir", str(tmp_path)], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "identical" in out.stdout
+
+
+def test_modelled_columns(record):
+    cols = modelled_columns(record(2, put_quiet_body, 4096), regions=("rma", "absent"))
+    assert set(cols) == {"model_makespan_us", "model_mean_end_us", "model_rma_us", "model_absent_us",
+                         "model_rma_calls", "model_absent_calls", "model_bound", "model_warnings"}
+    assert cols["model_rma_calls"] == 1
+    assert cols["model_absent_us"] == 0.0 and cols["model_warnings"] == 0 and cols["model_rma_us"] > 0
+
+
+def test_experiment_rows_get_modelled_columns():
+    """``shmemx experiment --model TOPO``: each configuration's job is recorded and replayed (issue 12's table)."""
+    from shmemx.launcher.experiment import BASE, run_config
+
+    cfg = dict(BASE, n=4, tokens=16, hidden=256, reps=2, model="ascend950")
+    row, _ = run_config(cfg, timeout=120)
+    assert row["model_dispatch_us"] > 0 and row["model_combine_us"] > 0 and row["model_warnings"] == 0
+    assert row["model_makespan_us"] >= 2 * (row["model_dispatch_us"] + row["model_combine_us"])
+    assert row["model_bound"] in ("host", "engine", "bytes intra", "latency intra", "barrier")
+    plain, _ = run_config(dict(cfg, model=None), timeout=120)
+    assert not any(k.startswith("model_") for k in plain)
