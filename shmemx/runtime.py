@@ -241,7 +241,13 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         ctl.header["state"] = JobState.RUNNING
     else:
         ctl = Control.attach(job_id)
-    heap = Heap(job_id, my_pe, n_pes, size)
+    try:
+        heap = Heap(job_id, my_pe, n_pes, size)
+    except BaseException:
+        if owner:  # a standalone PE made the job's control segment just now: nothing else holds it
+            ctl.close()
+            remove_job_segments(job_id)
+        raise
     rt = Runtime(ctl, my_pe, heap, timeout=timeout, owner=owner, engine_type=engine)
     rt.qp_num = _pending_qp_num
     rt.sq_depth, rt.cq_depth = sq_depth, cq_depth

@@ -213,6 +213,7 @@ def test_heap_larger_than_dev_shm_is_a_clear_error():
     with pytest.raises(shmemx.HeapExhaustedError, match="cannot be backed by /dev/shm"):
         shmemx.init(heap_size=total + (1 << 30))
     assert not shmemx.is_initialized()
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"shmemx_{os.getpid():x}")]  # nothing left behind
 
 
 def test_prefault_that_tmpfs_cannot_back_raises(monkeypatch):
