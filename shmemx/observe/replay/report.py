@@ -4,7 +4,8 @@ The document (``--json``), schema ``shmemx-replay/1``; times in microseconds of 
 
     {"schema", "recording": {"script", "n_pes"}, "topology": {as the TOML}, "makespan_us",
      "max_pe": the slowest PE, "mean_end_us",
-     "pes": [{"pe", "end_us", "regions": {name: us}, "wqes", "bytes"}],
+     "pes": [{"pe", "end_us", "regions": {name: us}, "wqes", "bytes",
+              "links": {"egress intra": {"bytes", "util"}, ...}}],    # this PE's own ports (those used)
      "regions": {name: {"max_us", "mean_us", "max_pe", "calls"}},  # a PE's time in a region: the union of its
                                                                    # blocks' intervals; calls: most entries per PE
      "links": {"egress intra": {"bytes", "max_util", "mean_util", "max_pe"}, "ingress intra": ..., ...},
@@ -55,6 +56,8 @@ def summary(sim: Sim, job: dict | None = None) -> dict:
         pes.append({"pe": pe, "end_us": sim.end[pe], "regions": regions, "wqes": len(wq),
                     "bytes": int(wq.nbytes.sum())})
     makespan = max(sim.end) if n else 0.0
+    for pe, entry in enumerate(pes):
+        entry["links"] = _pe_links(sim, pe, makespan)
     max_pe = max(range(n), key=lambda p: (sim.end[p], -p))
     region_names = sorted({r for p in pes for r in p["regions"]})
     regions = {}
@@ -73,6 +76,18 @@ def summary(sim: Sim, job: dict | None = None) -> dict:
            "warnings": [{"kind": k, "count": c, "example": text} for k, (c, text) in sorted(sim.warnings.items())],
            "events": sim.n_events, "wqes": sim.base[-1]}
     return doc
+
+
+def _pe_links(sim: Sim, pe: int, makespan: float) -> dict:
+    """One PE's ports: bytes through each, and its utilisation (bytes / (bandwidth x makespan))."""
+    out = {}
+    for direction, table in (("egress", sim.net.egress_bytes), ("ingress", sim.net.ingress_bytes)):
+        for tier in (0, 1):
+            b = table[pe][tier]
+            if b:
+                out[f"{direction} {_TIER[tier]}"] = {"bytes": int(b), "util": b / (sim.bw[tier] * makespan)
+                                                     if makespan > 0 else 0.0}
+    return out
 
 
 def _links(sim: Sim, makespan: float) -> dict:
@@ -112,6 +127,10 @@ def render(doc: dict, *, top: int = 8) -> str:
         for name, link in doc["links"].items():
             lines.append(f"  {name:<14} {link['bytes'] / 1e6:10.3f} MB   max {link['max_util']:6.1%} (pe "
                          f"{link['max_pe']})   mean {link['mean_util']:6.1%}")
+        busiest = sorted(((u["util"], p["pe"], name) for p in doc["pes"] for name, u in p.get("links", {}).items()),
+                         key=lambda x: (-x[0], x[1], x[2]))[:min(top, 4)]
+        lines.append("  busiest ports: " + ", ".join(f"pe {pe} {name} {u:.1%}" for u, pe, name in busiest)
+                     + " (--json: every PE's under pes[].links)")
     cp = doc["critical_path"]
     parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(cp["breakdown"].items(), key=lambda kv: -kv[1]))
     lines.append(f"critical path to pe {cp['pe']}'s end ({cp['end_us']:.3f} us): bound by {cp['bound']}; {parts} us")
