@@ -214,6 +214,7 @@ class LowLatency:
                              f"{topk_idx.shape}")
         self._ensure(max_tokens, hidden, num_experts)
         local, slots, msg = num_experts // n, n * max_tokens, _message_bytes(hidden)
+        used = HEADER + (hidden + 4 * (hidden // 128) if use_fp8 else 2 * hidden)  # what a message carries
         seq, half = self._begin()
         send = self.views[f"send{half}"][:max_tokens * msg].reshape(max_tokens, msg)
         self._pack(send, x, use_fp8, round_scale)
@@ -236,7 +237,7 @@ class LowLatency:
             rmt = self._va(f"recv{half}", ((e * n + me) * max_tokens) * msg) + np.arange(len(toks)) * msg
             sge = self._va(f"send{half}") + toks * msg
             qp = e % self.lanes.qp_num
-            self._post(d, qp, rmt, sge, msg, e * n + me, (d, e), half, seq)
+            self._post(d, qp, rmt, sge, used, e * n + me, (d, e), half, seq)
             posted.add((d, qp))
         for d, qp in sorted(posted):
             self.lanes.quiet(d, qp)
