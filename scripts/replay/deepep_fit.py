@@ -1,28 +1,33 @@
-"""DeepEP's published normal-mode tables against the replay: fit two parameters on two points, report the rest.
+"""DeepEP's published tables against the replay: fit two parameters on two points, report every other point.
 
-    flock /tmp/shmemx-heavy.lock python scripts/replay/deepep_fit.py [--tokens 256] [--dir DIR]
+    flock /tmp/shmemx-heavy.lock python scripts/replay/deepep_fit.py --mode normal [--tokens 256] [--dir DIR]
+    flock /tmp/shmemx-heavy.lock python scripts/replay/deepep_fit.py --mode ll --eps 8,16,32,64 [--dir DIR]
 
-DeepEP's README (../shared/reference/deepep.md section 3): H800 + CX7, 4096 tokens, H = 7168, top-4 groups,
-top-8 of 256 experts, FP8 dispatch, BF16 combine; "bottleneck bandwidth" per rank = DeepEP's bytes / the
-kernel's time (intranode EP8: received rows x H x 2, x (1 + 4/128) / 2 for FP8; internode EP16/32/64: (token,
-destination node) pairs x H x 2, own node included, x the same factor for the FP8 dispatch):
+DeepEP's README (../shared/reference/deepep.md section 3), H800 + CX7 (the ``h800_cx7`` topology, 8 per node):
 
-    intranode EP8  dispatch 153 GB/s  combine 158        internode EP16 43 / 43, EP32 58 / 57, EP64 51 / 50
+* **normal** kernels, 4096 tokens, H = 7168, top-4 nodes, top-8 of 256 experts, FP8 dispatch / BF16 combine;
+  "bottleneck bandwidth" per rank = DeepEP's bytes / the kernel's time (intranode EP8: received rows x H x 2,
+  x (1 + 4/128) / 2 for FP8; internode EP16/32/64: (token, destination node) pairs x H x 2, own node included, x
+  the same factor for the FP8 dispatch)::
 
-The project's kernel of that shape is ``moe.Buffer`` (the DeepEP-style normal dispatch/combine) with its default
-full-mesh schedule: every rank sends each token straight to every rank that holds one of its experts. (DeepEP's
-internode kernel sends one RDMA copy per node and forwards it over NVLink; the hierarchy schedule of issue 12
-has that shape, and this script takes it with ``--schedule`` once it exists.) The low-latency kernels
-(77...194 us) have no counterpart in the project yet: not fitted.
+      intranode EP8  dispatch 153 GB/s  combine 158        internode EP16 43 / 43, EP32 58 / 57, EP64 51 / 50
 
-For each EP a job is recorded (``--tokens`` per rank, DeepEP's routing with seeds per rank, a fresh dispatch,
-then the timed cached dispatch and combine in regions), then replayed on ``h800_cx7``. Two parameters are fitted
-on two points, every other point predicted; ``--fit`` chooses which:
+  The project's kernels of that shape: ``shmemx.deep_ep.Buffer`` (``--kernel deep_ep``, the default), intranode
+  at EP8 and the internode mode above (one RDMA copy per (token, node) to the same-lane forwarder, forwarded
+  inside the node), or ``moe.Buffer`` (``--kernel moe`` with ``--schedule``; the full mesh by default).
+* **ll** (low latency), 128 tokens, H = 7168, top-8 of 256 experts, FP8 dispatch / BF16 combine: dispatch
+  77/118/155/173/192/194 us and combine 114/195/273/314/369/360 us at EP 8/16/32/64/128/256, with
+  ``deep_ep.Buffer.low_latency_dispatch`` / ``low_latency_combine`` (one WRITE per (token, expert) message,
+  one put + signal per (rank, local expert), one QP per local expert).
 
-* ``tiers`` (default): the effective NVLink bandwidth on the EP8 dispatch, the effective RDMA bandwidth on the
-  EP16 dispatch;
-* ``rdma``: the RDMA bandwidth on the EP16 dispatch and the engine's per-WQE cost (``engine.wqe_us``) on the EP64
-  dispatch (what grows with the number of destinations), NVLink as the file says.
+For each EP a job is recorded (DeepEP's test routing with a seed per rank; a first call, then the timed calls in
+regions "dispatch" and "combine"), then replayed on ``h800_cx7``. Two parameters are fitted on two points (the
+dispatch figures), every other point predicted; ``--fit`` chooses which:
+
+* ``tiers`` (normal): the NVLink bandwidth on the EP8 dispatch, the RDMA bandwidth on the EP16 dispatch;
+* ``rdma`` (normal, ll): the RDMA bandwidth on the first fitted EP and the engine's per-WQE cost
+  (``engine.wqe_us``) on the second (what grows with the number of destinations); ``--fit-eps`` names them
+  (default 16,64).
 
 Each bandwidth is solved by the secant method on 1/B (the modelled time is nearly linear in it), the WQE cost by
 bisection on its logarithm around that.
@@ -32,6 +37,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import ml_dtypes
 import numpy as np
@@ -39,11 +45,15 @@ import numpy as np
 HERE = os.path.abspath(__file__)
 H, K, E, GROUPS, PER_NODE = 7168, 8, 256, 4, 8
 FP8 = (1 + 4 / 128) / 2
-PUBLISHED = {8: (153.0, 158.0), 16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}
+LL_TOKENS, LL_MSG = 128, H + 4 * (H // 128) + 16  # DeepEP's FP8 message bytes per (token, expert) selection
+PUBLISHED = {8: (153.0, 158.0), 16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}  # GB/s
+PUBLISHED_LL = {8: (77.0, 114.0), 16: (118.0, 195.0), 32: (155.0, 273.0), 64: (173.0, 314.0),
+                128: (192.0, 369.0), 256: (194.0, 360.0)}  # us
 
 
 def routing(rank: int, tokens: int, n_pes: int) -> np.ndarray:
-    """DeepEP's test routing: |randn| + 1 scores, the top-4 nodes by their best expert, top-8 experts in them."""
+    """DeepEP's normal-mode test routing: |randn| + 1 scores, the top-4 nodes by their best expert, top-8 experts
+    in them."""
     rng = np.random.default_rng(1000 + rank)
     scores = np.abs(rng.standard_normal((tokens, E))) + 1
     nodes = max(n_pes // PER_NODE, 1)
@@ -53,6 +63,13 @@ def routing(rank: int, tokens: int, n_pes: int) -> np.ndarray:
     np.put_along_axis(keep, np.argsort(-best, axis=1)[:, :g], True, axis=1)
     masked = np.where(np.repeat(keep, E // nodes, axis=1), scores, 0.0)
     return np.argsort(-masked, axis=1, kind="stable")[:, :K].astype(np.int64)
+
+
+def ll_routing(rank: int) -> np.ndarray:
+    """DeepEP's low-latency test routing: top-8 of |randn| + 1 scores over all experts (no node groups)."""
+    rng = np.random.default_rng(2000 + rank)
+    scores = np.abs(rng.standard_normal((LL_TOKENS, E))) + 1
+    return np.argsort(-scores, axis=1, kind="stable")[:, :K].astype(np.int64)
 
 
 def deepep_bytes(n_pes: int, tokens: int) -> np.ndarray:
@@ -72,7 +89,13 @@ def deepep_bytes(n_pes: int, tokens: int) -> np.ndarray:
     return out
 
 
-def kernel(tokens: int, schedule: str | None) -> None:
+def _fp8(x: np.ndarray) -> tuple:
+    tokens = x.shape[0]
+    scales = (np.abs(x).reshape(tokens, H // 128, 128).max(-1) / 448.0).astype(np.float32)
+    return (x / np.repeat(scales, 128, axis=1)).astype(ml_dtypes.float8_e4m3fn), scales
+
+
+def kernel_moe(tokens: int, schedule: str | None) -> None:
     import shmemx
     from shmemx.kernels import moe
 
@@ -80,10 +103,7 @@ def kernel(tokens: int, schedule: str | None) -> None:
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     topk = routing(me, tokens, n)
-    rng = np.random.default_rng(me)
-    x = rng.standard_normal((tokens, H)).astype(np.float32)
-    scales = np.abs(x).reshape(tokens, H // 128, 128).max(-1) / 448.0
-    x8 = (x / np.repeat(scales, 128, axis=1)).astype(ml_dtypes.float8_e4m3fn)
+    x8, scales = _fp8(np.random.default_rng(me).standard_normal((tokens, H)).astype(np.float32))
     kwargs = {"schedule": schedule} if schedule else {}
     buf = moe.Buffer(tokens, H, K, E, server_size=PER_NODE, **kwargs)
     layout = buf.get_dispatch_layout(topk)
@@ -101,116 +121,239 @@ def kernel(tokens: int, schedule: str | None) -> None:
     shmemx.finalize()
 
 
-def record(n: int, tokens: int, folder: str, schedule: str | None) -> str:
+def kernel_deep_ep(tokens: int) -> None:
+    """deep_ep.Buffer's normal mode (intranode at 8 ranks, internode above): a fresh dispatch, then the timed
+    cached dispatch and combine."""
+    import shmemx
+    from shmemx import deep_ep
+
+    n = int(os.environ["SHMEMX_SIZE"])
+    buf = deep_ep.Buffer(None, int(2e9), int(1e9) if n > PER_NODE else 0, num_qps_per_rank=24, server_size=PER_NODE)
+    me = buf.rank
+    topk = routing(me, tokens, n)
+    x = _fp8(np.random.default_rng(me).standard_normal((tokens, H)).astype(np.float32))
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk, E)
+    weights = np.ones(topk.shape, np.float32)
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                                                   is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                                   topk_idx=topk, topk_weights=weights)
+    shmemx.aclshmem_barrier_all()
+    with shmemx.region("dispatch"):
+        recv_x, _, _, _, _, _ = buf.dispatch(x, handle=handle)
+    shmemx.aclshmem_barrier_all()
+    back = recv_x[0].astype(np.float32).astype(ml_dtypes.bfloat16)
+    with shmemx.region("combine"):
+        buf.combine(back, handle, topk_weights=recv_w)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def kernel_ll() -> None:
+    """deep_ep's low-latency dispatch and combine, DeepEP's benchmark shape: a first pair, then the timed pair."""
+    import shmemx
+    from shmemx import deep_ep
+
+    n = int(os.environ["SHMEMX_SIZE"])
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(LL_TOKENS, H, n, E)
+    buf = deep_ep.Buffer(None, num_rdma_bytes=hint, low_latency_mode=True, num_qps_per_rank=E // n,
+                         server_size=PER_NODE)
+    me = buf.rank
+    topk = ll_routing(me)
+    x = np.random.default_rng(me).standard_normal((LL_TOKENS, H)).astype(ml_dtypes.bfloat16)
+    weights = np.abs(np.random.default_rng(99 + me).standard_normal(topk.shape)).astype(np.float32)
+    local = E // n
+    back = np.zeros((local, n * LL_TOKENS, H), ml_dtypes.bfloat16)  # lazily zero: only received rows are touched
+    for timed in (False, True):
+        shmemx.aclshmem_barrier_all()
+        with shmemx.region("dispatch" if timed else "first dispatch"):
+            recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, topk, LL_TOKENS, E, use_fp8=True)
+        if not timed:
+            for e in range(local):  # the expert's output: its received rows, as BF16 (untouched rows stay zero)
+                c = int(count[e])
+                back[e, :c] = recv_x[0][e, :c].astype(np.float32) * np.repeat(recv_x[1][e, :c], 128, axis=1)
+        shmemx.aclshmem_barrier_all()
+        with shmemx.region("combine" if timed else "first combine"):
+            buf.low_latency_combine(back, topk, weights, handle)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def record(n: int, folder: str, args) -> str:
     from shmemx.launcher import launch
 
-    path = os.path.join(folder, f"ep{n}_t{tokens}{'_' + schedule if schedule else ''}.rec")
+    if args.mode == "ll":
+        name, extra = f"ll_ep{n}", ["--rank-main", "--kernel", "ll"]
+    else:
+        name = f"{args.kernel}_ep{n}_t{args.tokens}{'_' + args.schedule if args.schedule else ''}"
+        extra = ["--rank-main", "--kernel", args.kernel, "--tokens", str(args.tokens)] + \
+            (["--schedule", args.schedule] if args.schedule else [])
+    if args.shape:
+        extra += ["--shape", args.shape]
+        name += "_" + args.shape.replace(",", "_")
+    path = os.path.join(folder, name + ".rec")
     if not os.path.exists(path):
-        args = ["--kernel", "--tokens", str(tokens)] + (["--schedule", schedule] if schedule else [])
-        code = launch(n, HERE, args, record=path, heap_size="3G", timeout=3600, tag_output=True)
+        t = time.perf_counter()
+        heap = "3G" if args.kernel == "moe" and args.mode == "normal" else None  # deep_ep.Buffer sizes its heap
+        code = launch(n, HERE, extra, record=path, heap_size=heap, timeout=3600, tag_output=True)
         if code:
             raise SystemExit(f"recording EP{n} failed with exit status {code}")
+        print(f"(recorded EP{n} in {time.perf_counter() - t:.0f} s of wall time)", flush=True)
     return path
 
 
-def modelled(path: str, nbytes: np.ndarray, over: dict) -> tuple[float, float]:
-    """(dispatch, combine) GB/s per rank as DeepEP computes them, the mean over ranks."""
-    from shmemx.observe.replay import replay
+class Model:
+    """The modelled figures of one recording, replayed on h800_cx7 with overrides (cached)."""
 
-    doc = replay(path, "h800_cx7", over)
-    d = np.array([p["regions"]["dispatch"] for p in doc["pes"]])
-    c = np.array([p["regions"]["combine"] for p in doc["pes"]])
-    return float(np.mean(nbytes * FP8 / d / 1e3)), float(np.mean(nbytes / c / 1e3))
+    def __init__(self, path: str, mode: str, nbytes=None):
+        self.path, self.mode, self.nbytes = path, mode, nbytes
+        self.cache: dict = {}
+
+    def __call__(self, over: dict) -> tuple[float, float]:
+        """normal: (dispatch, combine) GB/s per rank as DeepEP computes them, the mean over ranks; ll: (dispatch,
+        combine) us, the mean over ranks (DeepEP's benchmark averages its ranks)."""
+        key = tuple(sorted(over.items()))
+        if key not in self.cache:
+            from shmemx.observe.replay import replay
+
+            doc = replay(self.path, "h800_cx7", dict({"ranks_per_server": PER_NODE}, **over))
+            d = np.array([p["regions"]["dispatch"] for p in doc["pes"]])
+            c = np.array([p["regions"]["combine"] for p in doc["pes"]])
+            if self.mode == "ll":
+                self.cache[key] = (float(d.mean()), float(c.mean()))
+            else:
+                self.cache[key] = (float(np.mean(self.nbytes * FP8 / d / 1e3)), float(np.mean(self.nbytes / c / 1e3)))
+        return self.cache[key]
 
 
 def solve_bandwidth(target: float, f, guess: float) -> float:
-    """The bandwidth b at which the modelled GB/s ``f(b)`` meets ``target``: secant on x = 1/b."""
+    """The bandwidth b at which the modelled figure ``f(b)`` meets ``target``: secant on x = 1/b."""
     x0, x1 = 1 / guess, 1 / (guess * 1.5)
     g0, g1 = f(1 / x0) - target, f(1 / x1) - target
     for _ in range(30):
-        if g1 == g0 or abs(g1) < 1e-6 * target:
+        if g1 == g0 or abs(g1) < 1e-6 * abs(target):
             break
         x0, x1, g0 = x1, max(x1 - g1 * (x1 - x0) / (g1 - g0), 1e-6), g1
         g1 = f(1 / x1) - target
     return 1 / x1
 
 
-def fit_tiers(recs: dict, nbytes: dict) -> dict:
+def fit_tiers(models: dict, published: dict, a: int = 8, b: int = 16) -> dict:
+    """The NVLink bandwidth on EP ``a`` (one node), then the RDMA bandwidth on EP ``b``."""
     over = {"intra.bandwidth_GBps": solve_bandwidth(
-        PUBLISHED[8][0], lambda b: modelled(recs[8], nbytes[8], {"intra.bandwidth_GBps": b})[0], 160.0)}
+        published[a][0], lambda bw: models[a]({"intra.bandwidth_GBps": bw})[0], 160.0)}
     over["inter.bandwidth_GBps"] = solve_bandwidth(
-        PUBLISHED[16][0], lambda b: modelled(recs[16], nbytes[16], dict(over, **{"inter.bandwidth_GBps": b}))[0],
-        50.0)
+        published[b][0], lambda bw: models[b](dict(over, **{"inter.bandwidth_GBps": bw}))[0], 50.0)
     return over
 
 
-def fit_rdma(recs: dict, nbytes: dict) -> dict:
+def fit_rdma(models: dict, published: dict, a: int, b: int, slower_with_w: bool) -> dict:
+    """The RDMA bandwidth on EP ``a`` for each per-WQE cost w, w by bisection on EP ``b``."""
     def at(w: float) -> dict:
         over = {"engine.wqe_us": w}
-        over["inter.bandwidth_GBps"] = solve_bandwidth(PUBLISHED[16][0], lambda b: modelled(
-            recs[16], nbytes[16], dict(over, **{"inter.bandwidth_GBps": b}))[0], 50.0)
+        over["inter.bandwidth_GBps"] = solve_bandwidth(published[a][0], lambda bw: models[a](
+            dict(over, **{"inter.bandwidth_GBps": bw}))[0], 50.0)
         return over
 
-    lo, hi = 1e-3, 10.0  # modelled EP64 GB/s falls as w grows
-    for _ in range(14):
+    lo, hi = 1e-3, 10.0
+    for _ in range(16):
         mid = (lo * hi) ** 0.5
-        if modelled(recs[64], nbytes[64], at(mid))[0] > PUBLISHED[64][0]:
+        got = models[b](at(mid))[0]
+        too_fast = got < published[b][0] if slower_with_w else got > published[b][0]
+        if too_fast:
             lo = mid
         else:
             hi = mid
     return at((lo * hi) ** 0.5)
 
 
-_WQES: dict = {}
-
-
 def _wqes_per_rank(path: str) -> float:
-    if path not in _WQES:
-        from shmemx.observe.replay.program import load_program
+    from shmemx.observe.record import Recording
 
-        prog = load_program(path)
-        _WQES[path] = sum(len(w) for w in prog.wqes) / prog.n_pes
-    return _WQES[path]
+    rec = Recording.load(path)
+    total = sum(sum(len(b) for b in p.bbs.values()) for p in rec.parts)  # BBs ~ WQEs (one BB each here)
+    return total / rec.n_pes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", action="store_true", help="(internal) run the kernel in a rank")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--schedule", default=None, help="moe.Buffer schedule (once issue 12's schedules exist)")
+    ap.add_argument("--kernel", default="deep_ep", choices=("deep_ep", "moe", "ll"),
+                    help="normal mode: deep_ep.Buffer (default) or moe.Buffer; (ll: internal)")
+    ap.add_argument("--mode", choices=("normal", "ll"), default="normal")
+    ap.add_argument("--rank-main", action="store_true", help="(internal) run the kernel in a rank")
+    ap.add_argument("--tokens", type=int, default=256, help="normal mode: tokens per rank (DeepEP: 4096)")
+    ap.add_argument("--schedule", default=None, help="moe.Buffer schedule (--kernel moe)")
     ap.add_argument("--dir", default=None, help="keep the recordings here (reused when present)")
-    ap.add_argument("--eps", default="8,16,32,64")
-    ap.add_argument("--fit", choices=("tiers", "rdma", "both"), default="both")
+    ap.add_argument("--eps", default=None, help="EP sizes to record (normal: 8,16,32,64; ll: 8,16,32,64)")
+    ap.add_argument("--fit", choices=("tiers", "rdma", "both"), default=None)
+    ap.add_argument("--fit-eps", default="16,64", help="the two EPs the 'rdma' fit uses")
+    ap.add_argument("--shape", default=None, metavar="H,E,T_LL,NODE",
+                    help="a smaller hidden size, expert count, low-latency token count and node size (to try the "
+                         "script out; the published figures are compared with it as if it were DeepEP's shape)")
     args = ap.parse_args()
-    if args.kernel:
-        kernel(args.tokens, args.schedule)
+    global H, E, LL_TOKENS, PER_NODE
+    if args.shape:
+        H, E, LL_TOKENS, PER_NODE = (int(v) for v in args.shape.split(","))
+    if args.rank_main:
+        if args.kernel == "ll":
+            kernel_ll()
+        elif args.kernel == "moe":
+            kernel_moe(args.tokens, args.schedule)
+        else:
+            kernel_deep_ep(args.tokens)
         return
     folder = args.dir or tempfile.mkdtemp(prefix="shmemx-deepep-")
     os.makedirs(folder, exist_ok=True)
-    eps = [int(e) for e in args.eps.split(",")]
-    recs = {n: record(n, args.tokens, folder, args.schedule) for n in eps}
-    nbytes = {n: deepep_bytes(n, args.tokens) for n in eps}
-    print(f"DeepEP normal mode vs the replay of moe.Buffer ({args.schedule or 'full mesh'}), {args.tokens} tokens "
-          f"per rank, H={H}, top-{GROUPS} nodes, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
-    for how in (("tiers", "rdma") if args.fit == "both" else (args.fit,)):
-        over = fit_tiers(recs, nbytes) if how == "tiers" else fit_rdma(recs, nbytes)
-        fitted_points = ((8, "dispatch"), (16, "dispatch")) if how == "tiers" else ((16, "dispatch"), (64, "dispatch"))
+    eps = [int(e) for e in (args.eps or "8,16,32,64").split(",")]
+    fit_eps = tuple(int(e) for e in args.fit_eps.split(","))
+    recs = {n: record(n, folder, args) for n in eps}
+    if args.mode == "ll":
+        published, unit = PUBLISHED_LL, "us"
+        models = {n: Model(recs[n], "ll") for n in eps}
+        print(f"DeepEP low-latency mode vs the replay of deep_ep.Buffer.low_latency_dispatch/combine, {LL_TOKENS} "
+              f"tokens per rank, H={H}, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
+        fits = ("rdma",) if args.fit in (None, "rdma", "both") else ("tiers",)
+    else:
+        published, unit = PUBLISHED, "GB/s"
+        models = {n: Model(recs[n], "normal", deepep_bytes(n, args.tokens)) for n in eps}
+        what = f"moe.Buffer ({args.schedule or 'full mesh'})" if args.kernel == "moe" else \
+            "deep_ep.Buffer (intranode at EP8, internode above)"
+        print(f"DeepEP normal mode vs the replay of {what}, {args.tokens} tokens per rank, H={H}, top-{GROUPS} "
+              f"nodes, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
+        fits = ("tiers", "rdma") if args.fit in (None, "both") else (args.fit,)
+    tier_eps = (8, 16)
+    if args.shape:  # a try-out: the published figures stand in for the EPs given, in order
+        published = dict(zip(eps, published.values()))
+        tier_eps = tuple(eps[:2])
+    for how in fits:
+        t = time.perf_counter()
+        if how == "tiers":
+            over = fit_tiers(models, published, *tier_eps)
+            fitted_points = {(tier_eps[0], "dispatch"), (tier_eps[1], "dispatch")}
+        else:
+            over = fit_rdma(models, published, *fit_eps, slower_with_w=args.mode == "ll")
+            fitted_points = {(fit_eps[0], "dispatch"), (fit_eps[1], "dispatch")}
         print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
-              + " (the file: intra 160, inter 50 GB/s, wqe 0.05 us)")
-        print(f"{'EP':>4} {'kind':>9} {'published GB/s':>15} {'modelled GB/s':>14} {'error':>8}  WQEs/rank (job)")
+              + f" (the file: intra 160, inter 50 GB/s, wqe 0.05 us; fitted in {time.perf_counter() - t:.0f} s)")
+        print(f"{'EP':>4} {'kind':>9} {'published ' + unit:>15} {'modelled ' + unit:>14} {'error':>8}  WQEs/rank (job)")
         errors = []
         for n in eps:
-            d, c = modelled(recs[n], nbytes[n], over)
+            d, c = models[n](over)
             wqes = _wqes_per_rank(recs[n])
-            for kind, got, want in (("dispatch", d, PUBLISHED[n][0]), ("combine", c, PUBLISHED[n][1])):
+            for kind, got, want in (("dispatch", d, published[n][0]), ("combine", c, published[n][1])):
                 fitted = (n, kind) in fitted_points
                 err = (got - want) / want
                 if not fitted:
-                    errors.append(abs(err))
+                    errors.append((abs(err), kind))
                 print(f"{n:>4} {kind:>9} {want:15.1f} {got:14.1f} {err:+8.1%}  {wqes:9,.0f}"
                       f"{'  (fitted)' if fitted else ''}")
-        print(f"largest error at a point not fitted: {max(errors):.1%} (target 10%)")
-    print("low-latency mode (77/118/155/173/192/194 us at EP8..256): no such kernel in the project yet; not fitted")
+        for kind in ("dispatch", "combine"):
+            errs = [e for e, k in errors if k == kind]
+            if errs:
+                print(f"largest {kind} error at a point not fitted: {max(errs):.1%} (target 10%)")
+    if args.mode == "ll":
+        missing = sorted(set(PUBLISHED_LL) - set(eps))
+        if missing:
+            print(f"not recorded: EP {', '.join(map(str, missing))} (see the README: what this machine can run)")
 
 
 if __name__ == "__main__":
