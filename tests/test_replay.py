@@ -292,6 +292,10 @@ def test_incast_closed_form(record, sharing):
     want = POST + DB + WQE + L["intra"] + (n - 1) * nbytes / B["intra"]
     assert close(doc["regions"]["incast"]["max_us"], want), (doc["regions"], want)
     assert doc["links"]["ingress intra"]["max_pe"] == 0 and doc["warnings"] == []
+    port = doc["pes"][0]["links"]["ingress intra"]  # PE 0's own ingress: every byte, busy for the region's tail
+    assert port["bytes"] == (n - 1) * nbytes and set(doc["pes"][0]["links"]) == {"ingress intra"}
+    assert close(port["util"], (n - 1) * nbytes / B["intra"] / doc["makespan_us"])
+    assert all(set(doc["pes"][p]["links"]) == {"egress intra"} for p in range(1, n))
 
 
 def test_fence_waits_for_the_acknowledgement(record):
@@ -375,6 +379,65 @@ def test_small_payloads_carry_their_value(record):
 def test_a_wait_met_by_an_unrecorded_store_is_released_with_a_warning(record):
     doc = replay(record(2, plain_store_body))
     assert [w["kind"] for w in doc["warnings"]] == ["never"]
+
+
+def test_perfetto_trace_is_chrome_trace_json_in_virtual_time(record, tmp_path):
+    """The trace loads as Chrome trace-event JSON (what Perfetto's importer reads): metadata and complete events
+    with integer pid/tid and non-negative ts/dur in microseconds of virtual time, ending at the makespan."""
+    path = record(2, fence_body, 32 << 10)
+    out = str(tmp_path / "virtual.json")
+    doc = replay(path, perfetto=out)
+    trace = json.load(open(out))
+    events = trace["traceEvents"]
+    assert trace["otherData"]["clock"].startswith("virtual time")
+    assert {e["ph"] for e in events} == {"M", "X"}
+    for e in events:
+        assert isinstance(e["pid"], int) and isinstance(e.get("tid", 0), int) and isinstance(e["name"], str)
+        if e["ph"] == "X":
+            assert e["ts"] >= 0 and e["dur"] >= 0
+    slices = [e for e in events if e["ph"] == "X"]
+    assert close(max(e["ts"] + e["dur"] for e in slices), doc["makespan_us"])
+    tracks = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"block 0", "engine", "regions", "-> pe 1 qp 0"} <= tracks
+    assert {"WRITE", "WRITE_WITH_NOTIFY", "k", "wait", "quiet"} <= {e["name"] for e in slices}
+    wait = [e for e in slices if e["name"] == "wait"][0]
+    assert wait["pid"] == 2 and wait["args"]["released by"].startswith("WRITE_WITH_NOTIFY pe 0 -> pe 1")
+
+
+def deep_ep_ll_body(hidden: int, experts: int, tokens: int) -> None:
+    """deep_ep's low-latency dispatch + combine, twice (both buffer halves, then the credits), in regions."""
+    import ml_dtypes
+    from shmemx import deep_ep
+
+    n = int(os.environ["SHMEMX_SIZE"])
+    buf = deep_ep.Buffer(None, num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, n,
+                                                                                          experts),
+                         low_latency_mode=True, num_qps_per_rank=experts // n, server_size=2)
+    rng = np.random.default_rng(buf.rank)
+    topk = np.argsort(-rng.random((tokens, experts)), axis=1)[:, :4].astype(np.int64)
+    x = rng.standard_normal((tokens, hidden)).astype(ml_dtypes.bfloat16)
+    w = np.ones(topk.shape, np.float32)
+    for call in range(3):
+        with shmemx.region("dispatch"):
+            recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, topk, tokens, experts)
+        with shmemx.region("combine"):
+            buf.low_latency_combine(recv_x[0].astype(ml_dtypes.bfloat16), topk, w, handle)
+    shmemx.finalize()
+
+
+def test_deep_ep_low_latency_replays_without_warnings(record):
+    """A real kernel (double buffered, credits, put + signal per (rank, expert)) replays with every wait met by
+    a modelled write; its dispatch WRITEs carry DeepEP's FP8 message (header + H + H/128 float32 scales)."""
+    hidden, experts, tokens, n = 256, 8, 8, 4
+    path = record(n, deep_ep_ll_body, hidden, experts, tokens)
+    doc = replay(path, "h800_cx7", {"ranks_per_server": 2})
+    assert doc["warnings"] == [], doc["warnings"]
+    assert doc["regions"]["dispatch"]["calls"] == 3 and doc["regions"]["combine"]["calls"] == 3
+    assert 0 < doc["regions"]["dispatch"]["max_us"] < doc["makespan_us"]
+    prog = load_program(path)
+    sizes = set(prog.wqes[0].nbytes[prog.wqes[0].opcode == shmemx.Opcode.WRITE].tolist())
+    assert 16 + hidden + 4 * (hidden // 128) in sizes and 2 * hidden in sizes  # dispatch messages, combine rows
+    assert doc["links"]["egress inter"]["bytes"] > 0 and doc["links"]["egress intra"]["bytes"] > 0
 
 
 # --- host independence -------------------------------------------------------------------------------------------

@@ -149,6 +149,26 @@ def render(doc: dict, *, top: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
+_BLOCKED = {"wqe": "wait", "mte": "mte copy", "ack": "quiet", "barrier": "barrier", "join": "join",
+            "sync": "sync_all", "launch": "launch", "never": "wait (never met)"}
+
+
+def _blocked_slice(sim: Sim, cause) -> tuple[str, dict]:
+    """A blocked stretch of a thread: its name (what it waited in) and what released it."""
+    kind = cause[0] if cause else "never"
+    args: dict = {}
+    if kind in ("wqe", "ack", "mte") and cause[1] is not None and cause[1] >= 0:
+        gid = cause[1]
+        what = {W_SIGNAL: "signal_op", W_MTE: "MTE copy"}.get(sim.w_kind[gid])
+        if what is None:
+            pe = sim.w_pe[gid]
+            what = opcode_name(int(sim.prog.wqes[pe].opcode[gid - sim.base[pe]]))
+        args["released by"] = f"{what} pe {sim.w_src[gid]} -> pe {sim.w_dst[gid]}, {sim.w_bytes[gid]} B"
+    elif kind in ("barrier", "join", "sync", "launch"):
+        args["last in"] = repr(cause[1])
+    return _BLOCKED.get(kind, kind), args
+
+
 def write_perfetto(sim: Sim, path: str) -> None:
     """A Chrome trace-event JSON of the replay in virtual time: per PE a process with a track per block (waits,
     quiets, barriers, regions, compute), the engine (one slice per WQE) and one per queue (from engine to
@@ -171,8 +191,9 @@ def write_perfetto(sim: Sim, path: str) -> None:
                 emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"block {slot}"}})
                 for release, since, cause in th.releases:
                     if release > since:
+                        name, args = _blocked_slice(sim, cause)
                         emit({"ph": "X", "pid": pid, "tid": tid, "ts": since, "dur": release - since,
-                              "name": (cause or ("never",))[0], "cat": "wait"})
+                              "name": name, "cat": "wait", "args": args})
                 for a, b in th.computes:
                     emit({"ph": "X", "pid": pid, "tid": tid, "ts": a, "dur": b - a, "name": "compute",
                           "cat": "compute"})
