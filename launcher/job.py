@@ -181,6 +181,7 @@ class Job:
         self.trace_dir: str | None = None
         self.record_path: str | None = None
         self.record_dir: str | None = None
+        self.record_failed = False  # --record: the recording could not be written (the run then fails)
         self.t0 = time.perf_counter_ns()
         self.stats = False
         self.dump_dir: str | None = None
@@ -198,6 +199,8 @@ class Job:
         code = self._run()
         if code == 0 and self.check_findings is not None and self.check_findings.errors:
             code = EXIT_FINDINGS
+        if code == 0 and self.record_failed:
+            code = 1
         return code
 
     def _run(self) -> int:
@@ -455,6 +458,7 @@ class Job:
             missing = record.merge_parts(self.record_path, self.record_dir, self.n, meta)
         except OSError as exc:
             self._message(f"could not write the recording to {self.record_path}: {exc}")
+            self.record_failed = True
         else:
             note = f" (no events from pe {', '.join(map(str, missing))}: stopped before finalize; a replay " \
                    f"needs every PE)" if missing else ""

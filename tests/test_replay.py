@@ -263,6 +263,9 @@ def test_run_record_through_the_command(tmp_path, python):
     assert r.n_pes == 2 and r.job["script"].endswith("k.py")
     doc = replay(str(rec))
     assert doc["pes"][0]["wqes"] == 1 and doc["pes"][0]["bytes"] == 64
+    bad = subprocess.run([python, "-m", "shmemx", "run", "-n", "2", "--record", str(tmp_path / "no" / "k.rec"),
+                          str(script)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "could not write the recording" in bad.stderr  # a job without its recording
 
 
 # --- closed forms ---------------------------------------------------------------------------------------------------

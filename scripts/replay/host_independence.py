@@ -139,6 +139,7 @@ def main() -> None:
     from shmemx.observe.replay import replay
 
     folder = args.dir or tempfile.mkdtemp(prefix="shmemx-hostind-")
+    os.makedirs(folder, exist_ok=True)
     quiet, loaded = os.path.join(folder, "quiet.rec"), os.path.join(folder, "loaded.rec")
     t_quiet = record(args.pes, quiet, args, loaded=False)
     t_loaded = record(args.pes, loaded, args, loaded=True)
