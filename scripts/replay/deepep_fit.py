@@ -178,7 +178,21 @@ def kernel_ll() -> None:
     shmemx.finalize()
 
 
-def record(n: int, folder: str, args) -> str:
+MB_PER_RANK = {"ll": 160, "normal": 150}  # memory per rank while recording (measured at EP64, rounded up)
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def record(n: int, folder: str, args) -> str | None:
     from shmemx.launcher import launch
 
     if args.mode == "ll":
@@ -192,6 +206,11 @@ def record(n: int, folder: str, args) -> str:
         name += "_" + args.shape.replace(",", "_")
     path = os.path.join(folder, name + ".rec")
     if not os.path.exists(path):
+        need, avail = n * MB_PER_RANK[args.mode] * 2**20, _mem_available()
+        if avail is not None and need > 0.8 * avail:
+            print(f"EP{n}: not recorded: {n} ranks need about {need / 2**30:.1f} GiB of memory ({MB_PER_RANK[args.mode]}"
+                  f" MiB each, measured at EP64), {avail / 2**30:.1f} GiB are available", flush=True)
+            return None
         t = time.perf_counter()
         heap = "3G" if args.kernel == "moe" and args.mode == "normal" else None  # deep_ep.Buffer sizes its heap
         code = launch(n, HERE, extra, record=path, heap_size=heap, timeout=3600, tag_output=True)
@@ -225,15 +244,24 @@ class Model:
         return self.cache[key]
 
 
+B_RANGE = (1.0, 1e4)  # GB/s: a fitted bandwidth outside this range means the point cannot be met by bandwidth
+
+
 def solve_bandwidth(target: float, f, guess: float) -> float:
-    """The bandwidth b at which the modelled figure ``f(b)`` meets ``target``: secant on x = 1/b."""
+    """The bandwidth b at which the modelled figure ``f(b)`` meets ``target``: secant on x = 1/b, kept within
+    ``B_RANGE`` (the bound when no bandwidth meets it)."""
+    lo_x, hi_x = 1 / B_RANGE[1], 1 / B_RANGE[0]
     x0, x1 = 1 / guess, 1 / (guess * 1.5)
     g0, g1 = f(1 / x0) - target, f(1 / x1) - target
     for _ in range(30):
         if g1 == g0 or abs(g1) < 1e-6 * abs(target):
             break
-        x0, x1, g0 = x1, max(x1 - g1 * (x1 - x0) / (g1 - g0), 1e-6), g1
+        x0, x1, g0 = x1, min(max(x1 - g1 * (x1 - x0) / (g1 - g0), lo_x), hi_x), g1
         g1 = f(1 / x1) - target
+        if x1 in (lo_x, hi_x) and x0 == x1:
+            break
+    if abs(g1) > 1e-3 * abs(target):  # not met: insensitive to the bandwidth, or beyond the range
+        return B_RANGE[1] if g1 == g0 or x1 == lo_x else B_RANGE[0]
     return 1 / x1
 
 
@@ -246,24 +274,44 @@ def fit_tiers(models: dict, published: dict, a: int = 8, b: int = 16) -> dict:
     return over
 
 
-def fit_rdma(models: dict, published: dict, a: int, b: int, slower_with_w: bool) -> dict:
-    """The RDMA bandwidth on EP ``a`` for each per-WQE cost w, w by bisection on EP ``b``."""
+W_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)  # us per WQE tried before bisecting
+
+
+def fit_rdma(models: dict, published: dict, a: int, b: int) -> tuple[dict, str]:
+    """For each per-WQE cost w the RDMA bandwidth that meets EP ``a``; w such that EP ``b`` is met too (a sign
+    change of the error at EP ``b`` on ``W_GRID``, then bisection on log w). Returns the overrides and a note
+    (empty, or why no pair meets both points: then the pair closest at EP ``b``)."""
     def at(w: float) -> dict:
         over = {"engine.wqe_us": w}
         over["inter.bandwidth_GBps"] = solve_bandwidth(published[a][0], lambda bw: models[a](
             dict(over, **{"inter.bandwidth_GBps": bw}))[0], 50.0)
         return over
 
-    lo, hi = 1e-3, 10.0
-    for _ in range(16):
-        mid = (lo * hi) ** 0.5
-        got = models[b](at(mid))[0]
-        too_fast = got < published[b][0] if slower_with_w else got > published[b][0]
-        if too_fast:
-            lo = mid
-        else:
-            hi = mid
-    return at((lo * hi) ** 0.5)
+    def err(over: dict) -> float:
+        return models[b](over)[0] - published[b][0]
+
+    def feasible(over: dict) -> bool:
+        return B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999
+
+    grid = [(w, at(w)) for w in W_GRID]
+    grid = [(w, o, err(o)) for w, o in grid if feasible(o)]
+    if not grid:
+        return at(W_GRID[0]), f"no RDMA bandwidth meets EP{a} at any w of {W_GRID}"
+    for (w0, o0, e0), (w1, o1, e1) in zip(grid, grid[1:]):
+        if e0 == 0 or (e0 < 0) != (e1 < 0):
+            lo, hi, elo = w0, w1, e0
+            for _ in range(6):
+                mid = (lo * hi) ** 0.5
+                om = at(mid)
+                em = err(om)
+                if (em < 0) == (elo < 0):
+                    lo, elo = mid, em
+                else:
+                    hi = mid
+            return at((lo * hi) ** 0.5), ""
+    w, over, e = min(grid, key=lambda g: abs(g[2]))
+    return over, (f"no (bandwidth, w) meets both EP{a} and EP{b}: EP{b} stays {'above' if e > 0 else 'below'} "
+                  f"the published figure for every w in {W_GRID} (the closest shown)")
 
 
 def _wqes_per_rank(path: str) -> float:
@@ -306,6 +354,11 @@ def main() -> None:
     eps = [int(e) for e in (args.eps or "8,16,32,64").split(",")]
     fit_eps = tuple(int(e) for e in args.fit_eps.split(","))
     recs = {n: record(n, folder, args) for n in eps}
+    skipped = [n for n in eps if recs[n] is None]
+    eps = [n for n in eps if recs[n] is not None]
+    if any(n in skipped for n in fit_eps):
+        fit_eps = (fit_eps[0], max(eps))
+        print(f"fitting on EP{fit_eps[0]} and EP{fit_eps[1]} instead (EP {', '.join(map(str, skipped))} not recorded)")
     if args.mode == "ll":
         published, unit = PUBLISHED_LL, "us"
         models = {n: Model(recs[n], "ll") for n in eps}
@@ -326,14 +379,28 @@ def main() -> None:
         tier_eps = tuple(eps[:2])
     for how in fits:
         t = time.perf_counter()
+        note = ""
         if how == "tiers":
             over = fit_tiers(models, published, *tier_eps)
             fitted_points = {(tier_eps[0], "dispatch"), (tier_eps[1], "dispatch")}
         else:
-            over = fit_rdma(models, published, *fit_eps, slower_with_w=args.mode == "ll")
-            fitted_points = {(fit_eps[0], "dispatch"), (fit_eps[1], "dispatch")}
+            over, note = fit_rdma(models, published, *fit_eps)
+            fitted_points = {(fit_eps[0], "dispatch")} | (set() if note else {(fit_eps[1], "dispatch")})
+            if not B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999:
+                fitted_points = set()
         print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
               + f" (the file: intra 160, inter 50 GB/s, wqe 0.05 us; fitted in {time.perf_counter() - t:.0f} s)")
+        bounded = [k for k, v in over.items() if k.endswith("GBps") and not B_RANGE[0] * 1.001 < v < B_RANGE[1] * 0.999]
+        if bounded:
+            note = (note + "; " if note else "") + f"{', '.join(bounded)} at the bound of {B_RANGE} GB/s: no " \
+                "bandwidth meets that point (something else bounds it)"
+        if how == "tiers":
+            if "intra.bandwidth_GBps" in bounded:
+                fitted_points.discard((tier_eps[0], "dispatch"))
+            if "inter.bandwidth_GBps" in bounded:
+                fitted_points.discard((tier_eps[1], "dispatch"))
+        if note:
+            print("note: " + note)
         print(f"{'EP':>4} {'kind':>9} {'published ' + unit:>15} {'modelled ' + unit:>14} {'error':>8}  WQEs/rank (job)")
         errors = []
         for n in eps:
