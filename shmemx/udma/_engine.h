@@ -106,6 +106,7 @@ typedef struct engine {
     uint32_t rr;
     int64_t spin_ns;
     struct policy policy;
+    int assist;        /* a quiet may execute its own queue's WQEs (shmemx_engine_assist); set_assist */
 } Engine;
 
 static inline int64_t now_ns(void) {
@@ -127,6 +128,7 @@ static inline void kick(Engine *e) {
 }
 
 extern PyTypeObject EngineType;
+int shmemx_engine_assist(Engine *e, uint32_t q, int wait);
 int shmemx_post_init(PyObject *module);
 
 #endif

@@ -344,8 +344,9 @@ static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
 
 /* quiet(pe, qp_idx, spin_ns) -> -1 (take the Python path: QueuePair.poll) or bits: 1 the CQ tail advanced
  * (run the retire hook), 2 the caller's queue is retired to its head (release it). Consumes the CQEs up to
- * cqe_cnt when the engine has written them all, none is an error and the queue is not in error, spinning for
- * them up to spin_ns without the interpreter lock first; anything else is the Python path's (which sleeps,
+ * cqe_cnt when the engine has written them all, none is an error and the queue is not in error, executing the
+ * queue's rung WQEs itself when the engine is not at them (shmemx_engine_assist) and spinning for them up to
+ * spin_ns, without the interpreter lock; anything else is the Python path's (which sleeps,
  * records the wait, raises). */
 static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
@@ -365,13 +366,17 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
     int bits = 0;
     if (n) {
         uint32_t last = target - 1;
-        if (!cqe_written(e, q, last) && spin_ns > 0) {
+        if (!cqe_written(e, q, last)) {
+            /* execute the queue's WQEs on this thread when the engine is not at it (shmemx_engine_assist); while
+             * it is, spin (up to spin_ns) retrying now and then; with no spin (PEs outnumber cores) wait for the
+             * engine's turn to end, then finish the queue's work here */
             Py_BEGIN_ALLOW_THREADS
-            int64_t end = now_ns() + spin_ns;
-            for (unsigned k = 1; !cqe_written(e, q, last); k++) {
+            int64_t end = spin_ns > 0 ? now_ns() + spin_ns : 0;
+            for (unsigned k = 0; !cqe_written(e, q, last); k++) {
                 if ((k & 63) == 0) {
-                    if (now_ns() >= end) break;
-                    sched_yield();
+                    if (shmemx_engine_assist(e, q, spin_ns <= 0)) continue;
+                    if (cqe_written(e, q, last) || spin_ns <= 0 || now_ns() >= end) break;
+                    if (k) sched_yield();
                 } else {
                     __builtin_ia32_pause();
                 }
