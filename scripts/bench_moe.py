@@ -3,6 +3,7 @@
     python scripts/bench_moe.py              # T=512 H=7168 K=8 E=256 P=8, bfloat16: every QP policy x aggregate
     python scripts/bench_moe.py --quick      # a small smoke run (seconds; numbers are rough)
     python scripts/bench_moe.py --check      # exit 1 when the bar is missed
+    python scripts/bench_moe.py --scale 8 128  # the default Buffer at 8 and 128 ranks (T=64 H=1024): per-rank time
 
 One P-rank job runs every configuration (QP policy x aggregate, rotation on, ``--channels``) on the same
 routing (DeepEP's test routing: top-K of |randn| + 1 scores per token): ``--warmup`` untimed and ``--iters``
@@ -168,6 +169,80 @@ def run_shmemx(cfg: dict) -> dict:
             raise RuntimeError(f"bench_moe: the {cfg['P']}-rank job exited with {code}")
         with open(path) as f:
             return json.load(f)
+
+
+# --- scaling: the default Buffer at several job sizes ---------------------------------------------------------
+
+
+def _scale_job(cfg: dict, out_path: str) -> None:
+    """The default ``moe.Buffer(T, H, K, E)`` after a plain init (small rings: 128 PEs of the default depth do
+    not fit this machine's memory): ``warmup`` + ``iters`` dispatch + combine pairs, each call entered after a
+    barrier and timed by its rank; rank 0 writes every rank's times."""
+    import shmemx
+    from shmemx.kernels import moe
+
+    shmemx.init(sq_depth=cfg["sq_depth"])
+    me, P = shmemx.my_pe(), shmemx.n_pes()
+    T, H, K, E = cfg["T"], cfg["H"], cfg["K"], cfg["E"]
+    topk, weights = routing(me, T, K, E)
+    x = payload(me, T, H)
+    times = shmemx.zeros((P, cfg["iters"], 2), np.float64, name="bench times")
+    buf = moe.Buffer(T, H, K, E)
+    for it in range(cfg["warmup"] + cfg["iters"]):
+        shmemx.aclshmem_barrier_all()
+        t0 = time.perf_counter()
+        d = buf.dispatch(x, topk_idx=topk, topk_weights=weights)
+        t1 = time.perf_counter()
+        shmemx.aclshmem_barrier_all()
+        t2 = time.perf_counter()
+        buf.combine(d.recv_x, d.handle)
+        t3 = time.perf_counter()
+        if it >= cfg["warmup"]:
+            times[me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
+    buf.close()
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        every = np.stack([shmemx.aclshmem_ptr(times, p)[p] for p in range(P)])  # [P, iters, 2]
+        with open(out_path, "w") as f:
+            json.dump({"times": every.tolist()}, f)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
+    """The default Buffer at each job size, one job after the other in this run: the slowest rank's dispatch +
+    combine per call, and per rank (divided by P: the work of a P-rank job grows with P and this machine's two
+    cores stay two, so a constant per-rank time is linear scaling). Bar (issue 11): the largest job's per-rank
+    time at most 3x the smallest's."""
+    from shmemx.launcher import launch
+
+    rows = []
+    for P in sizes:
+        e = max(E // P, 1) * P
+        cfg = dict(T=T, H=H, K=K, E=e, iters=iters, warmup=warmup, sq_depth=1024)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "scale.json")
+            t0 = time.perf_counter()
+            code = launch(P, _scale_job, (cfg, path), heap_size="256M", timeout=3600)
+            wall = time.perf_counter() - t0
+            if code != 0:
+                raise RuntimeError(f"bench_moe --scale: the {P}-rank job exited with {code}")
+            with open(path) as f:
+                t = np.array(json.load(f)["times"])  # [P, iters, 2]
+        d, c = (float(np.median(t[:, :, k].max(0))) for k in (0, 1))
+        rows.append(dict(P=P, E=e, dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall))
+    print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init "
+          f"(sq_depth 1024), {iters} timed pairs (median of the slowest rank)")
+    print(f"{'ranks':>5} {'E':>5} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} {'per rank ms':>12} "
+          f"{'vs first':>9} {'job s':>7}")
+    for r in rows:
+        print(f"{r['P']:>5} {r['E']:>5} {r['dispatch'] * 1e3:12.1f} {r['combine'] * 1e3:11.1f} {r['pair'] * 1e3:9.1f} "
+              f"{r['per_rank'] * 1e3:12.2f} {r['per_rank'] / rows[0]['per_rank']:8.2f}x {r['job']:7.1f}")
+    ratio = rows[-1]["per_rank"] / rows[0]["per_rank"]
+    ok = ratio <= 3.0
+    print(f"bar: per-rank time at {rows[-1]['P']} ranks = {ratio:.2f}x the {rows[0]['P']}-rank one (limit 3.0x): "
+          f"{'PASS' if ok else 'MISS'}")
+    return ok
 
 
 # --- MPI Alltoallv baseline (needs mpi4py and mpiexec; run as: mpiexec -n P python bench_moe.py --mpi-worker) --
@@ -371,11 +446,22 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cam", action="store_true", help="skip the CAM window-mode rows")
     ap.add_argument("--zero-copy", choices=("both", "on", "off"), default="both",
                     help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
+    ap.add_argument("--scale", type=int, nargs="+", metavar="P",
+                    help="instead: the default Buffer at these job sizes (e.g. 8 128), T=64 H=1024 K=8 E=128 "
+                         "unless given, per-rank time beside the first size's")
     ap.add_argument("--mpi-worker", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.mpi_worker:
         _mpi_worker(args)
         return 0
+    if args.scale:
+        given = {a.lstrip("-").split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
+        T = args.T if "T" in given else 64
+        H = args.H if "H" in given else 1024
+        E = args.E if "E" in given else 128
+        ok = run_scale(args.scale, T, H, args.K, E, args.iters if "iters" in given else 3,
+                       args.warmup if "warmup" in given else 1)
+        return 1 if args.check and not ok else 0
     from shmemx.kernels.moe import QP_POLICIES
 
     policies = args.policies or list(QP_POLICIES)
