@@ -1,7 +1,7 @@
 """Kernel launch: running a function on ``block_dim`` AIV blocks (threads) of this PE.
 
-``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread, and
-returns when all blocks returned. Inside, ``get_block_idx()`` / ``get_block_num()`` say which block runs,
+``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread (a
+single block on the calling thread, unless a recorder or the checker is on), and returns when all blocks returned. Inside, ``get_block_idx()`` / ``get_block_num()`` say which block runs,
 ``sync_all()`` meets all blocks of this PE (AscendC ``SyncAll``), ``get_ub()`` is the block's UB scratch, and
 ``aclshmemx_barrier_all_vec()`` / ``aclshmemx_sync_vec_all()`` meet all blocks of all PEs.
 
@@ -24,7 +24,7 @@ from ..errors import WaitTimeoutError
 from ..runtime import runtime
 from ..shm.barrier import barrier
 from ..shm.control import WaitCall
-from ..shm.waits import set_thread_slot
+from ..shm.waits import set_thread_slot, thread_slot
 
 __all__ = [
     "launch",
@@ -89,21 +89,39 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
             if rec is not None:
                 rec.block(state.launch_id, False)
 
-    threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
-               for b in range(block_dim)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if ck is not None:
-        ck.join(launch_id)
-    if rec is not None:
-        rec.join(state.launch_id)
-    idents = {t.ident for t in threads}
-    if rt.udma is not None:
-        for qp in rt.udma.qps.values():
-            if qp.owner in idents:
-                qp.release()
+    udma = rt.udma
+    if state.block_dim == 1 and ck is None and rec is None and (udma is None or not udma.observed):
+        # one block runs on the calling thread: starting and joining a thread costs a scheduling round trip
+        # each (milliseconds when PEs outnumber cores), more than many a kernel; observed runs keep the thread
+        me = threading.get_ident()
+        held = set() if udma is None else {i for i, qp in udma.qps.items() if qp.owner == me}
+        slot = thread_slot()
+        try:
+            body(0)
+        finally:
+            _tls.launch = None
+            _tls.block_idx = 0
+            set_thread_slot(slot)
+        if udma is not None:  # the block's claims end with the launch; the caller's own from before stay
+            for i, qp in udma.qps.items():
+                if qp.owner == me and i not in held:
+                    qp.release()
+    else:
+        threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
+                   for b in range(block_dim)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if ck is not None:
+            ck.join(launch_id)
+        if rec is not None:
+            rec.join(state.launch_id)
+        idents = {t.ident for t in threads}
+        if udma is not None:
+            for qp in udma.qps.values():
+                if qp.owner in idents:
+                    qp.release()
     if state.errors:
         real = [(b, e) for b, e in state.errors if not isinstance(e, threading.BrokenBarrierError)]
         block, exc = min(real or state.errors, key=lambda be: be[0])
