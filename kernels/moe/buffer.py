@@ -55,9 +55,12 @@ class Buffer:
         hidden: H.
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
-        num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 4, not DeepEP's
-            10: blocks are threads under one interpreter lock here, and with 4 channels every policy needs at most
-            4 rounds (``four_rr`` one); ``scripts/bench_moe.py`` compares 4 and 8.
+        num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
+            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py``
+            compares 4, 2 and 1; README "Performance"). An emulated PE's blocks are threads of one process on a
+            host with few cores, so more blocks add rounds (channels that share a QP take turns: with the
+            default ``one`` policy C channels need C rounds, each ending in a quiet and a ``sync_all``) and
+            thread hand-offs, not parallelism; the data itself is copied without the interpreter lock either way.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
@@ -82,7 +85,7 @@ class Buffer:
         HeapExhaustedError: the heap cannot hold the workspace; the message names the size needed.
     """
 
-    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 4,
+    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 1,
                  qp_num: int | None = None, qp_policy: str = "one", rotate: bool = True,
                  aggregate: bool = True, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
