@@ -121,9 +121,12 @@ static inline uint32_t *cq_of(Engine *e, uint32_t q) { return (uint32_t *)(e->se
 static inline uint32_t ld32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void st32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+/* The first kick after the engine announced its sleep takes the announcement and wakes it; the kicks after that
+ * (the engine not yet back on a core) skip the system call. None is lost: each bumps seq before, so an engine
+ * that has not reached its futex wait yet finds seq moved and does not sleep. */
 static inline void kick(Engine *e) {
     __atomic_fetch_add(&e->seq, 1, __ATOMIC_SEQ_CST); /* a locked add: the doorbell store is visible first */
-    if (__atomic_load_n(&e->sleeping, __ATOMIC_SEQ_CST))
+    if (__atomic_load_n(&e->sleeping, __ATOMIC_SEQ_CST) && __atomic_exchange_n(&e->sleeping, 0, __ATOMIC_SEQ_CST))
         syscall(SYS_futex, &e->seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
