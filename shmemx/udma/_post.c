@@ -22,6 +22,7 @@
 
 enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_WORDS };
 #define NPY_C_CONTIGUOUS 0x0001
+#define ASSIST_AFTER_NS 20000 /* a spinning quiet leaves a spinning engine this long to take its queue's work */
 
 typedef struct {
     PyObject_HEAD
@@ -367,15 +368,19 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
     if (n) {
         uint32_t last = target - 1;
         if (!cqe_written(e, q, last)) {
-            /* execute the queue's WQEs on this thread when the engine is not at it (shmemx_engine_assist); while
-             * it is, spin (up to spin_ns) retrying now and then; with no spin (PEs outnumber cores) wait for the
-             * engine's turn to end, then finish the queue's work here */
+            /* with no spin (PEs outnumber cores: the engine sleeps or waits for a core) execute the queue's WQEs on
+             * this thread (shmemx_engine_assist), after the engine's current turn if one runs: the rows were just
+             * written by this thread, so they are in this core's caches. With a spin the engine is awake and
+             * spinning too: let it work (taking the copy off its core would move the buffers' cache lines between
+             * cores on every put) and assist only when it has not taken the work after ASSIST_AFTER_NS (it
+             * yielded its core to another job of a loaded host) */
             Py_BEGIN_ALLOW_THREADS
-            int64_t end = spin_ns > 0 ? now_ns() + spin_ns : 0;
+            int64_t now = now_ns(), end = now + spin_ns, assist_at = spin_ns > 0 ? now + ASSIST_AFTER_NS : 0;
             for (unsigned k = 0; !cqe_written(e, q, last); k++) {
                 if ((k & 63) == 0) {
-                    if (shmemx_engine_assist(e, q, spin_ns <= 0)) continue;
-                    if (cqe_written(e, q, last) || spin_ns <= 0 || now_ns() >= end) break;
+                    now = k ? now_ns() : now;
+                    if (now >= assist_at && shmemx_engine_assist(e, q, spin_ns <= 0)) continue;
+                    if (cqe_written(e, q, last) || spin_ns <= 0 || now >= end) break;
                     if (k) sched_yield();
                 } else {
                     __builtin_ia32_pause();
