@@ -656,7 +656,6 @@ static PyObject *Engine_set_tracing(Engine *e, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* The turn records since the last call, as bytes of int64 (start ns, end ns, queue, first BB, BBs). */
 static PyObject *Engine_set_assist(Engine *e, PyObject *arg) {
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
@@ -664,6 +663,7 @@ static PyObject *Engine_set_assist(Engine *e, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* The turn records since the last call, as bytes of int64 (start ns, end ns, queue, first BB, BBs). */
 static PyObject *Engine_take_trace(Engine *e, PyObject *unused) {
     PyObject *out;
     pthread_mutex_lock(&e->trace_lock);
