@@ -14,11 +14,13 @@
  *   a drawn order, interleaved with other work; the signal and the completion come with the last piece. Every
  *   piece reads its source when it runs: a WRITE's source is read as late as the schedule puts it.
  * - Holds (delays): a queue, or every queue to one peer, is held back for a drawn number of steps of the other
- *   queues or a drawn time (log-uniform, HOLD_MIN_NS..HOLD_MAX_NS) while nothing else can run, whichever ends
- *   first. Drawn when a queue's work arrives (with a probability each PE draws once, its temperament; else
- *   the queue is held GATHER_MIN_NS..GATHER_MAX_NS so that a burst of posts is rung before any of it runs), after a piece that ran ahead of an earlier WQE of its queue, after
- *   a piece, and for a queue that a higher-priority one overtook. The time the engine sleeps because only held
- *   work is left is budgeted (BUDGET_BASE_NS, then BUDGET_SHARE of the elapsed time): past it, holds end early.
+ *   queues or a drawn time (log-uniform, up to HOLD_MAX_NS) while nothing else can run, whichever ends first.
+ *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament; otherwise the
+ *   queue is held GATHER_MIN_NS..GATHER_MAX_NS, so that a burst of posts is rung before any of it runs), after a
+ *   piece that ran ahead of an earlier WQE of its queue (likely, and long: HOLD_LONG_NS at least), after any
+ *   other piece (rarely), and for a queue that a higher-priority one overtook. The time the engine sleeps
+ *   because only held work is left is budgeted (BUDGET_BASE_NS, then BUDGET_SHARE of the elapsed time): past
+ *   it, the holds end early.
  *
  * Determinism: every draw is a hash of (seed, PE, what is decided, the queue, the WQE's BB position, ...), not
  * a generator advanced by the engine's steps, so a WQE gets the same priority context, split, piece order and

@@ -120,7 +120,8 @@ class Engine:
         self.native = _engine.Engine(native_layout(), config)
         self.kick = self.native.kick  # after a doorbell store: wake the engine if it sleeps (~60 ns)
         self._trace = None
-        self.decisions = None  # array('q') of the policy's decision records while tracing (see ``trace``)
+        tracer = getattr(rt, "tracer", None)  # array('q') of the policy's decision records while tracing:
+        self.decisions = tracer.decisions if tracer is not None else None  # (see ``trace``)
         self.running = False
         chaos = getattr(rt, "chaos", None)
         if chaos is not None:  # --chaos SEED drives the kernel threads' jitter and this scheduler alike
