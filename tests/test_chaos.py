@@ -25,7 +25,8 @@ def _schedule_body() -> None:
     shmemx.init()
     me = shmemx.my_pe()
     eng = runtime().udma.engine
-    eng.trace = array.array("q")  # the decision records come with the engine's trace
+    if eng.trace is None:  # the decision records come with the engine's trace (--trace gives one)
+        eng.trace = array.array("q")
     word = shmemx.zeros(1, np.int64, name="word")
     big = shmemx.zeros(BIG // 8, np.int64, name="big")
     if me == 0:
@@ -167,3 +168,16 @@ def test_cam_kernels_stay_correct_under_chaos(run_ok):
     from test_cam import HEAP, _pairs
 
     run_ok(4, _pairs, 4, 2, 2, ["", "one_expert"], heap_size=HEAP, chaos=1, timeout=240)
+
+
+def test_the_trace_shows_the_decisions(run_ok, tmp_path):
+    """--trace under --chaos: the scheduler's decisions on the engine track, one completion per WQE."""
+    path = tmp_path / "trace.json"
+    run_ok(2, _schedule_body, chaos=1, trace=str(path))
+    events = json.loads(path.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    chaos = [e for e in events if e.get("cat") == "chaos"]
+    assert any(e["name"] == "chaos piece" for e in chaos) and any(e["name"].startswith("chaos hold") for e in chaos)
+    done = [e for e in events if e.get("cat") == "wqe" and e["ph"] == "X" and e["pid"] == 1]
+    posted = [e for e in events if e.get("cat") == "wqe" and e["ph"] == "i" and e["pid"] == 1]
+    assert sorted(e["args"]["pos"] for e in done) == sorted(e["args"]["pos"] for e in posted)

@@ -58,7 +58,7 @@ _ENGINE_TID = 999
 _now = time.perf_counter_ns
 
 
-_DECISIONS = {1: ("piece", ("from", "to")), 2: ("hold queue", ("steps", "ns")),
+_DECISIONS = {1: ("piece", ("byte_lo", "byte_hi")), 2: ("hold queue", ("steps", "ns")),
               3: ("change point", ("priority", "_")), 4: ("hold peer", ("steps", "ns")),
               5: ("budget", ("idle_ns", "budget_ns"))}  # the chaos policy's decision kinds (udma/_chaos.c)
 
@@ -180,8 +180,8 @@ class _Export:
         out = {}
         for index in np.unique(turns[:, 2]).tolist():
             arr = turns[turns[:, 2] == index][:, [0, 1, 3, 4]].copy()
-            arr[:, 2] = _unwrap(arr[:, 2])
-            out[index] = arr[np.argsort(arr[:, 2], kind="stable")]  # (a chaos run completes WQEs out of order)
+            arr[:, 2] = _unwrap_near(arr[:, 2])  # a chaos run completes WQEs out of order (never a ring apart)
+            out[index] = arr[np.argsort(arr[:, 2], kind="stable")]
         return out
 
     def _queue(self, index: int, posts: array.array, batches: np.ndarray | None) -> None:
@@ -228,7 +228,7 @@ class _Export:
             name, args = _DECISIONS.get(kind, ("decision", ("a", "b")))
             target = f"pe {index} (every qp)" if kind == 4 else f"pe {index // self.qp_num} qp {index % self.qp_num}"
             self.lines.append(f'{{"ph":"i","s":"t","pid":{self.pid},"tid":{tid},"ts":{_us(ts - t0)},'
-                              f'"name":"chaos {name}","cat":"chaos","args":{{"to":"{target}","pos":{pos},'
+                              f'"name":"chaos {name}","cat":"chaos","args":{{"queue":"{target}","pos":{pos},'
                               f'"{args[0]}":{a},"{args[1]}":{b}}}}}')
         for start, end, index, ci, n in np.frombuffer(self.tr.engine, np.int64).reshape(-1, 5).tolist():
             if n:
@@ -260,6 +260,14 @@ def _unwrap(x: np.ndarray) -> np.ndarray:
     if len(x) < 2:
         return x
     return np.concatenate([x[:1], x[0] + np.cumsum(np.diff(x) & M32)])
+
+
+def _unwrap_near(x: np.ndarray) -> np.ndarray:
+    """32-bit BB positions that may step back by less than 2**31 (out-of-order completions), as int64."""
+    x = np.asarray(x, np.int64)
+    if len(x) < 2:
+        return x
+    return np.concatenate([x[:1], x[0] + np.cumsum(((np.diff(x) + (1 << 31)) & M32) - (1 << 31))])
 
 
 def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:
