@@ -14,8 +14,10 @@
  * The scheduler. Each step of the loop asks a policy (struct policy, _engine.h) for the next piece of work
  * among the rung WQEs: a queue and how many BBs of it to execute, in order, from its consumer index. The normal
  * policy serves the queues round robin, at most BATCH_BBS BBs per turn, each SQ strictly in order (DESIGN
- * section 5: stronger than the ordering rules need). A seeded chaos policy plugs in as another pick function
- * (Engine.set_policy); _engine.h says what a policy sees, may choose and must leave atomic.
+ * section 5: stronger than the ordering rules need). The seeded chaos policy (_chaos.c, Engine.set_policy) is
+ * an out-of-order one: it runs any WQE the rules allow, whole or a byte range of it, through engine_piece(), the
+ * turn core's second entry, which keeps the executed set beyond ci and writes the CQEs in SQ order; _engine.h
+ * says what a policy sees, may choose and must leave atomic.
  *
  * Ordering. A WQE's effects are stored before its CQE; a CQE's words 1-15 before its word 0 (owner bit,
  * status), which is stored with release order; the consumer index after the WQEs it covers. WRITE_WITH_NOTIFY
