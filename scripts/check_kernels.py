@@ -120,7 +120,8 @@ def schedules(directory: str):
 
     for n, server_size in ((8, 4), (16, 4)):
         code = launch(n, _schedules_job, (server_size, ("uniform", "zipf"), ALL_NAMES, 24, 2 * n),
-                      **MODE["launch"], dump_dir=directory, heap_size="32M", timeout=900, stdout=io.StringIO(), stderr=io.StringIO())
+                      **MODE["launch"], dump_dir=directory, heap_size="32M", timeout=900, stdout=io.StringIO(),
+                      stderr=io.StringIO())
         yield f"schedules at {n} PEs ({server_size} per server)", code, _findings(directory)
 
 
