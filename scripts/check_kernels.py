@@ -12,6 +12,11 @@
   ``--quick`` shapes, each ``launch`` of theirs run with ``check=True``.
 
 Exit status 1 when any run has a finding (warnings are listed, they do not fail).
+
+    flock /tmp/shmemx-heavy.lock python scripts/check_kernels.py --chaos 20   # every part under seeds 1..20
+
+With ``--chaos N`` every run goes under ``--chaos SEED`` (the engine's chaos scheduler and the threads' jitter)
+instead of ``--check``, for seeds 1..N: each must exit 0 with correct results (the kernels check themselves).
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ def _findings(directory: str) -> list[dict]:
     return found
 
 
+MODE = {"cli": ["--check"], "launch": {"check": True}}  # what each run is under (main sets it per seed)
+
+
 def _command(label: str, args: list[str], directory: str) -> tuple[str, int, list[dict]]:
     env = dict(os.environ, SHMEMX_DUMP_DIR=directory)
-    proc = subprocess.run([sys.executable, "-m", "shmemx", "run", "--check", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "shmemx", "run", *MODE["cli"], *args], capture_output=True,
                           text=True, env=env)
     return label, proc.returncode, _findings(directory)
 
@@ -53,6 +61,9 @@ def examples(directory: str):
         if name == "cam_moe_demo.py":
             continue
         extra = ["--timeout", "5"] if name == "hang_demo.py" else []
+        if name == "flag_demo.py" and "--check" not in MODE["cli"]:  # (its bug is the point: only the fix)
+            yield _command(f"{name} --fixed", ["-n", "2", script, "--fixed"], directory)
+            continue
         if name == "flag_demo.py":  # the README's worked example: its bug must be found, its fix clean
             label, code, found = _command(name, ["-n", "2", script], directory)
             kinds = sorted({f["kind"] for f in found})
@@ -81,7 +92,7 @@ def bench(directory: str):
     from shmemx.launcher import launch
 
     def checked(*args, **kwargs):
-        kwargs.update(check=True, dump_dir=directory)
+        kwargs.update(MODE["launch"], dump_dir=directory)
         return launch(*args, **kwargs)
 
     for name, argv in (("bench_rma", ["--quick"]), ("bench_sync", ["--quick"]), ("bench_moe", ["--quick"]),
@@ -97,7 +108,7 @@ def bench(directory: str):
         yield name, code, _findings(directory)
     from bench_trace import _put_loop
 
-    code = launch(2, _put_loop, (20_000, False), check=True, dump_dir=directory, tag_output=False,
+    code = launch(2, _put_loop, (20_000, False), **MODE["launch"], dump_dir=directory, tag_output=False,
                   stdout=io.StringIO(), stderr=io.StringIO())
     yield "bench_trace (put loop)", code, _findings(directory)
 
@@ -108,8 +119,9 @@ def schedules(directory: str):
     from test_schedules import ALL_NAMES, _schedules_job
 
     for n, server_size in ((8, 4), (16, 4)):
-        code = launch(n, _schedules_job, (server_size, ("uniform", "zipf"), ALL_NAMES, 24, 2 * n), check=True,
-                      dump_dir=directory, heap_size="32M", timeout=900, stdout=io.StringIO(), stderr=io.StringIO())
+        code = launch(n, _schedules_job, (server_size, ("uniform", "zipf"), ALL_NAMES, 24, 2 * n),
+                      **MODE["launch"], dump_dir=directory, heap_size="32M", timeout=900, stdout=io.StringIO(),
+                      stderr=io.StringIO())
         yield f"schedules at {n} PEs ({server_size} per server)", code, _findings(directory)
 
 
@@ -119,16 +131,21 @@ PARTS = {"examples": examples, "moe": moe, "cam": cam, "schedules": schedules, "
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=sorted(PARTS), action="append")
+    ap.add_argument("--chaos", type=int, default=0, metavar="N", help="run under --chaos 1..N instead of --check")
     args = ap.parse_args(argv)
     bad = 0
+    modes = [(f"--chaos {seed}", {"cli": ["--chaos", str(seed)], "launch": {"chaos": seed}})
+             for seed in range(1, args.chaos + 1)] or [("--check", dict(MODE))]
     with tempfile.TemporaryDirectory(prefix="shmemx_check_kernels_") as directory:
-        for part in args.only or list(PARTS):
+        for (mode, flags), part in ((m, p) for m in modes for p in args.only or list(PARTS)):
+            MODE.update(flags)
             for label, code, found in PARTS[part](directory):
+                label = f"{label} ({mode})" if args.chaos else label
                 errors = [f for f in found if f["severity"] == "error"]
                 bad += code not in (0, 124)
                 warnings = [f for f in found if f["severity"] != "error"]
                 status = "clean" if not errors else f"{len(errors)} FINDING(S)"
-                print(f"{part:<9}{label:<40} exit {code:<4} {status}"
+                print(f"{part:<9}{label:<52} exit {code:<4} {status}"
                       + (f", {len(warnings)} warning(s)" if warnings else ""), flush=True)
                 for f in errors + warnings:
                     print(f"    {f['text'][:400]}")

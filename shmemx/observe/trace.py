@@ -7,7 +7,9 @@ to 0.75 us per post):
 
 * every posting path (``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell``) appends three integers per WQE
   to its queue's array (time, BB position, bytes << 16 | opcode << 8 | block): one ``None`` check when off;
-* the DMA engine appends five per turn on a queue (start, end, queue, first BB position, BBs covered);
+* the DMA engine appends five per turn on a queue (start, end, queue, first BB position, BBs covered); under
+  ``--chaos`` one per completed WQE (and one with 0 BBs per earlier piece of a split one), and six per decision
+  of its chaos policy (``decisions``: time, kind, queue, BB position, two arguments; ``udma/_chaos.c``);
 * waits, quiets, barriers and user regions (``with shmemx.region("notify"):``, ``api.inspection``) append one
   tuple each (per call, not per WQE).
 
@@ -21,7 +23,9 @@ The document has one process per PE (``pid`` = pe + 1, named "pe N") with these 
 * "block B" (k = B): posts as instant events "post OPCODE" (category ``wqe``; args peer, qp, pos, bytes), and
   complete events for waits (``wait``; args pe, offset, where, cmp, value, dtype, count), quiets (``quiet``),
   barriers (``barrier``, including init/finalize/malloc/free) and regions (``region``);
-* "DMA engine" (k = 999): one complete event per engine turn (``engine``; the queue, first BB, BBs);
+* "DMA engine" (k = 999): one complete event per engine turn (``engine``; the queue, first BB, BBs); under
+  ``--chaos`` also an instant event per decision of the scheduler (``chaos``: "piece" with the byte range, "hold
+  queue" / "hold peer" with steps and ns, "change point" with the new priority, "budget");
 * "-> pe P qp Q" (k = 1000 + P * qp_num + Q): one complete event per executed WQE, named by opcode (``wqe``;
   args pos, bytes), ending when its turn completed it. A turn executes a run of WQEs in one vectorised copy,
   so times inside a turn are not observable: each WQE gets an equal share of its turn (the engine track shows
@@ -54,6 +58,11 @@ _ENGINE_TID = 999
 _now = time.perf_counter_ns
 
 
+_DECISIONS = {1: ("piece", ("byte_lo", "byte_hi")), 2: ("hold queue", ("steps", "ns")),
+              3: ("change point", ("priority", "_")), 4: ("hold peer", ("steps", "ns")),
+              5: ("budget", ("idle_ns", "budget_ns"))}  # the chaos policy's decision kinds (udma/_chaos.c)
+
+
 def _us(ns: int) -> str:
     """Nanoseconds as exact decimal microseconds (the unit of trace-event timestamps)."""
     ns = max(0, int(ns))
@@ -66,6 +75,7 @@ class Tracer:
     Attributes:
         queues: ``{queue index: list}``: post records of each queue, appended by its submitter.
         engine: the engine's turn records.
+        decisions: the engine's chaos decisions (under ``--chaos``).
         spans: waits, quiets, barriers and regions of every thread of this PE.
     """
 
@@ -74,6 +84,7 @@ class Tracer:
         self.t0 = t0
         self.queues: dict[int, array.array] = {}
         self.engine = array.array("q")
+        self.decisions = array.array("q")
         self.spans: list = []
         self.written: str | None = None
 
@@ -169,8 +180,8 @@ class _Export:
         out = {}
         for index in np.unique(turns[:, 2]).tolist():
             arr = turns[turns[:, 2] == index][:, [0, 1, 3, 4]].copy()
-            arr[:, 2] = _unwrap(arr[:, 2])
-            out[index] = arr
+            arr[:, 2] = _unwrap_near(arr[:, 2])  # a chaos run completes WQEs out of order (never a ring apart)
+            out[index] = arr[np.argsort(arr[:, 2], kind="stable")]
         return out
 
     def _queue(self, index: int, posts: array.array, batches: np.ndarray | None) -> None:
@@ -209,9 +220,16 @@ class _Export:
                              f'"cat":"wqe","args":{{"pos":{p},"bytes":{nb}}}}}')
 
     def _turns(self) -> None:
-        """One slice per engine turn on the engine's track: which queue, how many BBs, the real interval."""
+        """One slice per engine turn on the engine's track: which queue, how many BBs, the real interval; an
+        instant event per chaos decision."""
         tid = self.pid * _TID_STRIDE + _ENGINE_TID
         t0 = self.tr.t0
+        for ts, kind, index, pos, a, b in np.frombuffer(self.tr.decisions, np.int64).reshape(-1, 6).tolist():
+            name, args = _DECISIONS.get(kind, ("decision", ("a", "b")))
+            target = f"pe {index} (every qp)" if kind == 4 else f"pe {index // self.qp_num} qp {index % self.qp_num}"
+            self.lines.append(f'{{"ph":"i","s":"t","pid":{self.pid},"tid":{tid},"ts":{_us(ts - t0)},'
+                              f'"name":"chaos {name}","cat":"chaos","args":{{"queue":"{target}","pos":{pos},'
+                              f'"{args[0]}":{a},"{args[1]}":{b}}}}}')
         for start, end, index, ci, n in np.frombuffer(self.tr.engine, np.int64).reshape(-1, 5).tolist():
             if n:
                 peer, qp = divmod(index, self.qp_num)
@@ -242,6 +260,14 @@ def _unwrap(x: np.ndarray) -> np.ndarray:
     if len(x) < 2:
         return x
     return np.concatenate([x[:1], x[0] + np.cumsum(np.diff(x) & M32)])
+
+
+def _unwrap_near(x: np.ndarray) -> np.ndarray:
+    """32-bit BB positions that may step back by less than 2**31 (out-of-order completions), as int64."""
+    x = np.asarray(x, np.int64)
+    if len(x) < 2:
+        return x
+    return np.concatenate([x[:1], x[0] + np.cumsum(((np.diff(x) + (1 << 31)) & M32) - (1 << 31))])
 
 
 def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:

@@ -14,8 +14,10 @@
  * The scheduler. Each step of the loop asks a policy (struct policy, _engine.h) for the next piece of work
  * among the rung WQEs: a queue and how many BBs of it to execute, in order, from its consumer index. The normal
  * policy serves the queues round robin, at most BATCH_BBS BBs per turn, each SQ strictly in order (DESIGN
- * section 5: stronger than the ordering rules need). A seeded chaos policy plugs in as another pick function
- * (Engine.set_policy); _engine.h says what a policy sees, may choose and must leave atomic.
+ * section 5: stronger than the ordering rules need). The seeded chaos policy (_chaos.c, Engine.set_policy) is
+ * an out-of-order one: it runs any WQE the rules allow, whole or a byte range of it, through engine_piece(), the
+ * turn core's second entry, which keeps the executed set beyond ci and writes the CQEs in SQ order; _engine.h
+ * says what a policy sees, may choose and must leave atomic.
  *
  * Ordering. A WQE's effects are stored before its CQE; a CQE's words 1-15 before its word 0 (owner bit,
  * status), which is stored with release order; the consumer index after the WQEs it covers. WRITE_WITH_NOTIFY
@@ -225,15 +227,17 @@ static uint32_t fp32_add(uint32_t *word, float operand) {
     }
 }
 
-/* Execute a checked WQE; returns its byte count, *data the fetched value. */
-static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data) {
+/* Execute a checked WQE, or the byte range [lo, hi) of its payload (a READ, a WRITE, a WRITE_WITH_NOTIFY's
+ * payload; the signal with the ``last`` piece); returns its byte count, *data the fetched value. Atomics and
+ * reduces run whole (lo = 0, hi = len, last). */
+static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data, uint64_t lo, uint64_t hi, int last) {
     const Layout *L = &e->L;
     uint32_t op = w->opcode;
     *data = 0;
     if (op == (uint32_t)L->op_nop) return 0;
     uint64_t n = t->len;
     if (op == (uint32_t)L->op_read) {
-        memmove(t->local, t->remote, n);
+        memmove(t->local + lo, t->remote + lo, hi - lo);
         touch(e, e->my_pe);
         return n;
     }
@@ -245,12 +249,12 @@ static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data) {
         return n;
     }
     if (op == (uint32_t)L->op_write) {
-        memmove(t->remote, t->local, n);
+        memmove(t->remote + lo, t->local + lo, hi - lo);
         return n;
     }
     if (op == (uint32_t)L->op_notify) {
-        memmove(t->remote, t->local, n);
-        __atomic_exchange_n((uint64_t *)t->sig, at64(w, L->notify_ctx + 16), __ATOMIC_SEQ_CST);
+        memmove(t->remote + lo, t->local + lo, hi - lo);
+        if (last) __atomic_exchange_n((uint64_t *)t->sig, at64(w, L->notify_ctx + 16), __ATOMIC_SEQ_CST);
         return n;
     }
     uint64_t operand = n == 8 ? at64(w, L->amo_operand) : at32(w, L->amo_operand);
@@ -287,13 +291,32 @@ static void execute(Engine *e, uint32_t q, uint32_t pos, const Wqe *w) {
         return;
     }
     uint64_t data;
-    uint64_t n = run(e, w, &t, &data);
+    uint64_t n = run(e, w, &t, &data, 0, t.len, 1);
     account(e, q, 1, n);
     if (w->flag & L->cqe_flag)
         write_cqe(e, q, pos, w->bbs, w->opcode, 0, (uint32_t)n, eid_of(e, w, 0), eid_of(e, w, 1), data);
 }
 
 /* One turn: up to ``bbs`` rung BBs of queue ``q``, in order from its consumer index. */
+static void trace_turn(Engine *e, int64_t start, uint32_t q, uint32_t first, uint32_t bbs) {
+    pthread_mutex_lock(&e->trace_lock);
+    if (e->trace_len + 5 > e->trace_cap) {
+        size_t cap = e->trace_cap ? 2 * e->trace_cap : 5 * 4096;
+        int64_t *grown = realloc(e->trace, cap * sizeof(int64_t));
+        if (grown) { e->trace = grown; e->trace_cap = cap; }
+    }
+    if (e->trace_len + 5 <= e->trace_cap) {
+        int64_t *r = e->trace + e->trace_len;
+        r[0] = start; r[1] = now_ns(); r[2] = q; r[3] = first; r[4] = bbs;
+        e->trace_len += 5;
+    }
+    pthread_mutex_unlock(&e->trace_lock);
+}
+
+static inline Ahead *ahead_of(Engine *e, uint32_t q, uint32_t pos) {
+    return e->ahead ? &e->ahead[(uint64_t)q * e->sq_depth + (pos & (e->sq_depth - 1))] : NULL;
+}
+
 static void turn(Engine *e, uint32_t q, uint32_t bbs) {
     const Layout *L = &e->L;
     uint32_t *hw = hw_of(e, q);
@@ -316,29 +339,130 @@ static void turn(Engine *e, uint32_t q, uint32_t bbs) {
         uint32_t pos = ci + k;
         load_wqe(e, q, pos, buf, &w);
         if (k + w.bbs > n) break; /* the rest of this WQE is not rung yet */
-        if (ld32(hw + L->hw_state)) { /* the queue is in error: complete without executing */
+        Ahead *a = ahead_of(e, q, pos);
+        if (a && a->done) { /* executed ahead of an earlier WQE (an out-of-order policy): its CQE now, in order */
+            if (w.flag & L->cqe_flag)
+                write_cqe(e, q, pos, w.bbs, w.opcode, a->status, a->byte_cnt, eid_of(e, &w, 0), eid_of(e, &w, 1),
+                          a->data);
+        } else if (ld32(hw + L->hw_state)) { /* the queue is in error: complete without executing */
             if (w.flag & L->cqe_flag)
                 write_cqe(e, q, pos, w.bbs, w.opcode, L->st_flushed, 0, eid_of(e, &w, 0), eid_of(e, &w, 1), 0);
         } else {
             execute(e, q, pos, &w);
         }
+        if (a) a->done = a->chunks = 0;
         k += w.bbs;
     }
     st32(hw + L->hw_ci, ci + k);
-    if (start) {
-        pthread_mutex_lock(&e->trace_lock);
-        if (e->trace_len + 5 > e->trace_cap) {
-            size_t cap = e->trace_cap ? 2 * e->trace_cap : 5 * 4096;
-            int64_t *grown = realloc(e->trace, cap * sizeof(int64_t));
-            if (grown) { e->trace = grown; e->trace_cap = cap; }
-        }
-        if (e->trace_len + 5 <= e->trace_cap) {
-            int64_t *r = e->trace + e->trace_len;
-            r[0] = start; r[1] = now_ns(); r[2] = q; r[3] = ci; r[4] = k;
-            e->trace_len += 5;
-        }
-        pthread_mutex_unlock(&e->trace_lock);
+    if (start) trace_turn(e, start, q, ci, k);
+}
+
+void engine_turn(Engine *e, uint32_t q, uint32_t bbs) { turn(e, q, bbs); }
+
+/* ci over the executed prefix: the CQEs of the WQEs that ran ahead, in SQ order. */
+static void advance(Engine *e, uint32_t q) {
+    const Layout *L = &e->L;
+    uint32_t *hw = hw_of(e, q);
+    uint32_t ci = hw[L->hw_ci], db = ld32(hw + L->hw_sq_db);
+    uint8_t buf[128];
+    Wqe w;
+    while (ci != db) {
+        Ahead *a = ahead_of(e, q, ci);
+        if (!a->done) break;
+        load_wqe(e, q, ci, buf, &w);
+        if (w.flag & L->cqe_flag)
+            write_cqe(e, q, ci, w.bbs, w.opcode, a->status, a->byte_cnt, eid_of(e, &w, 0), eid_of(e, &w, 1), a->data);
+        a->done = a->chunks = 0;
+        ci += w.bbs;
     }
+    st32(hw + L->hw_ci, ci);
+}
+
+/* The out-of-order entry of the turn core: execute the rung WQE at BB ``pos`` of queue ``q`` (ci <= pos < the
+ * doorbell, both BBs rung), whole or the payload bytes [lo, hi) of it; ``last`` completes it (a notify's signal,
+ * the CQE, ci). The same checks and execution code as turn(). A WQE that fails its checks runs only at ci, as
+ * turn() would run it (returns 1 when it is not at ci: the policy must let the queue catch up first). A queue
+ * in error is flushed in order. */
+int engine_piece(Engine *e, uint32_t q, uint32_t pos, uint64_t lo, uint64_t hi, int last) {
+    const Layout *L = &e->L;
+    uint32_t *hw = hw_of(e, q);
+    uint32_t ci = hw[L->hw_ci];
+    if (ld32(hw + L->hw_state) || ld32(hw + L->hw_sq_db) - ci > e->sq_depth) {
+        turn(e, q, BATCH_BBS);
+        return 0;
+    }
+    int64_t start = e->tracing ? now_ns() : 0;
+    uint8_t buf[128];
+    Wqe w;
+    load_wqe(e, q, pos, buf, &w);
+    Ahead *a = ahead_of(e, q, pos);
+    Target t = {0};
+    Fault f = check(e, &w, &t);
+    if (!f.status && e->inject > 0) f = (Fault){L->st_engine_fault, W_INJECTED};
+    if (f.status) {
+        if (pos != ci) return 1;
+        if (f.where == W_INJECTED) e->inject--;
+        fail(e, q, pos, &w, f.status, f.where, 0);
+        a->done = a->chunks = 0;
+        st32(hw + L->hw_ci, ci + w.bbs);
+        advance(e, q);
+        if (start) trace_turn(e, start, q, pos, w.bbs);
+        return 0;
+    }
+    uint64_t data;
+    uint64_t n = run(e, &w, &t, &data, lo, hi, last);
+    if (last) {
+        account(e, q, 1, n);
+        if (pos == ci) {
+            if (w.flag & L->cqe_flag)
+                write_cqe(e, q, pos, w.bbs, w.opcode, 0, (uint32_t)n, eid_of(e, &w, 0), eid_of(e, &w, 1), data);
+            a->done = a->chunks = 0;
+            st32(hw + L->hw_ci, ci + w.bbs);
+            advance(e, q);
+        } else {
+            *a = (Ahead){1, a->chunks, 0, (uint32_t)n, data};
+        }
+    }
+    if (start) trace_turn(e, start, q, pos, last ? w.bbs : 0);
+    return 0;
+}
+
+/* What an out-of-order policy needs of the rung WQE at ``pos`` of queue ``q``; 0 when its second BB is not rung. */
+int engine_wqe(Engine *e, uint32_t q, uint32_t pos, WqeInfo *out) {
+    const Layout *L = &e->L;
+    uint32_t *hw = hw_of(e, q);
+    uint8_t buf[128];
+    Wqe w;
+    load_wqe(e, q, pos, buf, &w);
+    if (ld32(hw + L->hw_sq_db) - pos < w.bbs) return 0;
+    uint32_t op = w.opcode;
+    int notify = op == (uint32_t)L->op_notify;
+    out->flag = w.flag;
+    out->opcode = op;
+    out->bbs = w.bbs;
+    out->len = notify ? at32(&w, L->notify_sge) : w32(&w, L->w_sge_len);
+    out->dst_va = op == (uint32_t)L->op_read ? (notify ? at64(&w, L->notify_sge + 8) : w64(&w, L->q_sge_va))
+                                              : w64(&w, L->q_rmt_va);
+    out->splittable = (op == (uint32_t)L->op_read || notify || op == (uint32_t)L->op_write)
+                      && !(w.flag & L->reduce_flag) && out->len <= L->max_msg;
+    return 1;
+}
+
+/* A policy's decision record (when tracing): time, kind, queue, position, two arguments. */
+void engine_log(Engine *e, int64_t kind, int64_t q, int64_t pos, int64_t a, int64_t b) {
+    if (!e->tracing) return;
+    pthread_mutex_lock(&e->trace_lock);
+    if (e->log_len + 6 > e->log_cap) {
+        size_t cap = e->log_cap ? 2 * e->log_cap : 6 * 4096;
+        int64_t *grown = realloc(e->log, cap * sizeof(int64_t));
+        if (grown) { e->log = grown; e->log_cap = cap; }
+    }
+    if (e->log_len + 6 <= e->log_cap) {
+        int64_t *r = e->log + e->log_len;
+        r[0] = now_ns(); r[1] = kind; r[2] = q; r[3] = pos; r[4] = a; r[5] = b;
+        e->log_len += 6;
+    }
+    pthread_mutex_unlock(&e->trace_lock);
 }
 
 /* --- the scheduler ---------------------------------------------------------------------------------------- */
@@ -423,15 +547,29 @@ static void *engine_main(void *arg) {
     }
     for (;;) {
         uint32_t q = 0, bbs = 0;
+        int64_t nap_ns = 0;
+        uint32_t seen = __atomic_load_n(&e->seq, __ATOMIC_SEQ_CST);
         pthread_mutex_lock(&e->turn_lock);
         while (e->paused && !e->stopping)
             pthread_cond_wait(&e->turn_cond, &e->turn_lock);
-        int found = e->policy.pick(e, &q, &bbs);
-        if (found) turn(e, q, bbs);
+        int found;
+        if (e->policy.step) {
+            found = e->policy.step(e, &nap_ns);
+        } else {
+            found = e->policy.pick(e, &q, &bbs);
+            if (found) turn(e, q, bbs);
+        }
         /* the wake-ups are flushed under the turn lock: a quiet's assist (shmemx_engine_assist) touches too */
         if (!found || ++turns >= WAKE_EVERY) { flush_wakes(e); turns = 0; }
         pthread_mutex_unlock(&e->turn_lock);
         if (found) continue;
+        if (nap_ns > 0) { /* the policy holds rung work back: sleep that long, or until a kick */
+            __atomic_store_n(&e->sleeping, 1, __ATOMIC_SEQ_CST);
+            if (!__atomic_load_n(&e->stopping, __ATOMIC_SEQ_CST) && !__atomic_load_n(&e->paused, __ATOMIC_SEQ_CST))
+                futex_wait_private(&e->seq, seen, nap_ns);
+            __atomic_store_n(&e->sleeping, 0, __ATOMIC_SEQ_CST);
+            continue;
+        }
         if (__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE)) break;
         idle(e);
     }
@@ -526,7 +664,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
 #undef L
     PyMem_Free(tmp);
     if (rc) return -1;
-    e->policy = (struct policy){"round_robin", pick_round_robin, NULL};
+    e->policy = (struct policy){"round_robin", pick_round_robin, NULL, NULL};
     e->rr = e->n_slots - 1;
     e->assist = 1;
     return 0;
@@ -625,22 +763,33 @@ done:
     Py_RETURN_NONE;
 }
 
-/* set_policy(name): install a scheduling policy (under the turn lock). "round_robin" is the normal one; a seeded
- * chaos policy adds its pick function and name here. */
-static PyObject *Engine_set_policy(Engine *e, PyObject *arg) {
-    const char *name = PyUnicode_AsUTF8(arg);
-    if (!name) return NULL;
+/* set_policy(name, seed=0): install a scheduling policy (under the turn lock). "round_robin" is the normal one;
+ * "chaos" the seeded out-of-order one of _chaos.c (its generator seeded by seed and this PE). */
+static PyObject *Engine_set_policy(Engine *e, PyObject *args) {
+    const char *name;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTuple(args, "s|K", &name, &seed)) return NULL;
     struct policy chosen;
     if (strcmp(name, "round_robin") == 0) {
-        chosen = (struct policy){"round_robin", pick_round_robin, NULL};
+        chosen = (struct policy){"round_robin", pick_round_robin, NULL, NULL};
+    } else if (strcmp(name, "chaos") == 0) {
+        if (!e->ahead && !(e->ahead = calloc((size_t)e->n_slots * e->sq_depth, sizeof(Ahead)))) return PyErr_NoMemory();
+        void *state = chaos_new(e, seed);
+        if (!state) return PyErr_NoMemory();
+        chosen = (struct policy){"chaos", NULL, chaos_step, state};
     } else {
-        return PyErr_Format(PyExc_ValueError, "engine policy %R: known policies: 'round_robin'", arg);
+        return PyErr_Format(PyExc_ValueError, "engine policy %R: known policies: 'round_robin', 'chaos'",
+                            PyTuple_GET_ITEM(args, 0));
     }
+    void *old;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&e->turn_lock);
+    old = e->policy.state;
     e->policy = chosen;
     pthread_mutex_unlock(&e->turn_lock);
     Py_END_ALLOW_THREADS
+    if (old) chaos_free(old);
+    kick(e);
     Py_RETURN_NONE;
 }
 
@@ -663,6 +812,16 @@ static PyObject *Engine_set_assist(Engine *e, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* The policy's decision records since the last call, as bytes of int64 (ns, kind, queue, position, a, b). */
+static PyObject *Engine_take_log(Engine *e, PyObject *unused) {
+    PyObject *out;
+    pthread_mutex_lock(&e->trace_lock);
+    out = PyBytes_FromStringAndSize((const char *)e->log, (Py_ssize_t)(e->log_len * sizeof(int64_t)));
+    e->log_len = 0;
+    pthread_mutex_unlock(&e->trace_lock);
+    return out;
+}
+
 /* The turn records since the last call, as bytes of int64 (start ns, end ns, queue, first BB, BBs). */
 static PyObject *Engine_take_trace(Engine *e, PyObject *unused) {
     PyObject *out;
@@ -682,10 +841,11 @@ static PyMethodDef Engine_methods[] = {
     {"inject_fault", (PyCFunction)Engine_inject_fault, METH_O, "The next n WQEs fail with ENGINE_FAULT (tests)."},
     {"set_locals", (PyCFunction)Engine_set_locals, METH_VARARGS, "Replace the local registrations."},
     {"set_tracing", (PyCFunction)Engine_set_tracing, METH_O, "Record a turn record per turn."},
-    {"set_policy", (PyCFunction)Engine_set_policy, METH_O, "Install a scheduling policy by name."},
+    {"set_policy", (PyCFunction)Engine_set_policy, METH_VARARGS, "Install a scheduling policy: (name, seed=0)."},
     {"take_trace", (PyCFunction)Engine_take_trace, METH_NOARGS, "Drain the turn records."},
     {"set_assist", (PyCFunction)Engine_set_assist, METH_O,
      "Whether a quiet may execute its own queue's WQEs when the engine is not at them (default True)."},
+    {"take_log", (PyCFunction)Engine_take_log, METH_NOARGS, "Drain the policy's decision records."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -706,7 +866,8 @@ static void Engine_dealloc(Engine *e) {
     }
     free(e->heap); free(e->eid_lo); free(e->eid_hi); free(e->tid); free(e->token);
     free(e->wake); free(e->sleepers); free(e->touched); free(e->touched_list);
-    free(e->locals); free(e->trace);
+    free(e->locals); free(e->trace); free(e->log); free(e->ahead);
+    if (e->policy.step && e->policy.state) chaos_free(e->policy.state);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 

@@ -49,28 +49,40 @@ typedef struct { uint64_t va, len; uint8_t *addr; } Local;
 struct engine;
 /* A scheduling policy: the one place that decides what the engine executes next (DESIGN section 5, 9).
  *
- * pick() runs on the engine thread, holding the turn lock, never touching Python. It sees the engine: for each
- * queue q (0..n_slots-1) its engine record hw_of(e, q) (the doorbell word L.hw_sq_db, stored last by the poster
- * with release order; the consumer index L.hw_ci; L.hw_state, nonzero while the queue is in error) and its SQ
- * ring sq_of(e, q), whose BBs from ci up to the doorbell are rung and may be read (never written). It chooses the
- * next turn: *queue and *bbs (>= 1), and the engine then executes that queue's WQEs in order from its consumer
- * index, at most *bbs BBs and never a WQE past the doorbell (each WQE's checks, effects and CQE are one atomic
- * step of the engine thread; the consumer index and the CQ producer index advance only over executed WQEs; the
- * CQEs go to the CQ in execution order). Returning 0 chooses nothing now: the engine flushes its wake-ups and
- * idles until the next kick or the backstop (a policy that delays a queue returns 0 or picks another one). The
- * normal policy is pick_round_robin: the next queue with rung BBs after the last one served, up to BATCH_BBS.
+ * A policy is either in order (pick) or out of order (step); both run on the engine thread, holding the turn
+ * lock, never touching Python. They see the engine: for each queue q (0..n_slots-1) its engine record hw_of(e,
+ * q) (the doorbell word L.hw_sq_db, stored last by the poster with release order; the consumer index L.hw_ci;
+ * L.hw_state, nonzero while the queue is in error) and its SQ ring sq_of(e, q), whose BBs from ci up to the
+ * doorbell are rung and may be read (never written; engine_wqe decodes one).
  *
- * A seeded policy (chaos) plugs in as another pick function with its state in ``state`` (an RNG seeded by
- * Engine.set_policy), installed by Engine.set_policy under the turn lock. What it may choose: which queue runs
- * next (the SQs are unordered with respect to each other), how many of its WQEs (a turn of 1 interleaves the
- * queues WQE by WQE), and when (delays). Executing a WQE out of order within one SQ (allowed by the rules for
- * NO-ordered WQEs not behind a fence or an SO) needs more than a pick: turn() would take a position inside the
- * rung window and keep the executed set, advancing ci over its executed prefix only; see notes/11.md. */
+ * pick() chooses the next turn: *queue and *bbs (>= 1), and the engine then executes that queue's WQEs in order
+ * from its consumer index, at most *bbs BBs and never a WQE past the doorbell (each WQE's checks, effects and
+ * CQE are one atomic step of the engine thread; the consumer index and the CQ producer index advance only over
+ * executed WQEs; the CQEs go to the CQ in SQ order). Returning 0 chooses nothing now: the engine flushes its
+ * wake-ups and idles until the next kick or the backstop. The normal policy is pick_round_robin: the next queue
+ * with rung BBs after the last one served, up to BATCH_BBS.
+ *
+ * step() (the seeded chaos policy of _chaos.c) executes one piece of work itself through the turn core's
+ * out-of-order entry, engine_piece(): any rung WQE of a queue (the ordering rules are the policy's to keep), whole
+ * or a byte range of its payload, the signal and the completion with its last piece. The turn core keeps the
+ * executed set beyond ci (e->ahead) and advances ci only over the executed prefix, writing the prefix's CQEs in
+ * SQ order, so that a poller that restores the SQ tail from a CQE's entry_idx never frees an unexecuted slot and
+ * a quiet that consumed its CQEs finds every earlier WQE of the queue executed. step() returns 1 after doing
+ * work; 0 with *nap_ns > 0 when rung work is held back (the engine sleeps that long, or until a kick); 0 with
+ * *nap_ns == 0 when there is nothing to do. While e->stopping it must hold nothing back. */
 struct policy {
     const char *name;
     int (*pick)(struct engine *e, uint32_t *queue, uint32_t *bbs);
+    int (*step)(struct engine *e, int64_t *nap_ns);
     void *state;
 };
+
+/* The executed set beyond a queue's ci, per SQ slot (q * sq_depth + (pos & (sq_depth - 1))): set when a WQE ran
+ * ahead of an earlier one, cleared when ci passes it; ``chunks`` is a policy's record of the pieces done. */
+typedef struct { uint8_t done, chunks; uint16_t status; uint32_t byte_cnt; uint64_t data; } Ahead;
+
+/* What a policy needs to know of a rung WQE (engine_wqe). */
+typedef struct { uint32_t flag, opcode, bbs; uint64_t len, dst_va; int splittable; } WqeInfo;
 
 typedef struct engine {
     PyObject_HEAD
@@ -107,6 +119,9 @@ typedef struct engine {
     int64_t spin_ns;
     struct policy policy;
     int assist;        /* a quiet may execute its own queue's WQEs (shmemx_engine_assist); set_assist */
+    Ahead *ahead;      /* the executed set beyond ci (out-of-order policies), NULL until one is installed */
+    int64_t *log;      /* a policy's decision records when tracing: 6 int64 each (engine_log) */
+    size_t log_len, log_cap;
 } Engine;
 
 static inline int64_t now_ns(void) {
@@ -129,6 +144,17 @@ static inline void kick(Engine *e) {
     if (__atomic_load_n(&e->sleeping, __ATOMIC_SEQ_CST) && __atomic_exchange_n(&e->sleeping, 0, __ATOMIC_SEQ_CST))
         syscall(SYS_futex, &e->seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
+
+/* The turn core's entries for out-of-order policies (_engine.c). */
+void engine_turn(Engine *e, uint32_t q, uint32_t bbs);
+int engine_piece(Engine *e, uint32_t q, uint32_t pos, uint64_t lo, uint64_t hi, int last);
+int engine_wqe(Engine *e, uint32_t q, uint32_t pos, WqeInfo *out);
+void engine_log(Engine *e, int64_t kind, int64_t q, int64_t pos, int64_t a, int64_t b);
+
+/* The seeded chaos policy (_chaos.c). */
+void *chaos_new(Engine *e, uint64_t seed);
+void chaos_free(void *state);
+int chaos_step(Engine *e, int64_t *nap_ns);
 
 extern PyTypeObject EngineType;
 int shmemx_engine_assist(Engine *e, uint32_t q, int wait);

@@ -2,12 +2,17 @@
 
 ``shmemx run --chaos SEED`` gives every rank the seed (``SHMEMX_CHAOS``); each kernel thread (PE, AIV block)
 then draws, from a generator seeded by (SEED, PE, block), whether to sleep briefly (10 us - 2 ms, log-uniform),
-yield the interpreter, or do nothing, before and after each wait, quiet and signal_op. The sequence of choices
-of a thread is a function of the seed alone; what still differs between two runs with one seed is how the
-operating system interleaves the threads and how fast the engine runs.
+yield the interpreter, or do nothing, before and after each wait, quiet, barrier and signal_op; and, with a
+probability the thread draws once (its temperament: never for half the threads, now and then, often), whether
+to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. A thread's sleeps
+are budgeted (``BUDGET_BASE`` s, then ``BUDGET_SHARE`` of the time since its first jitter): past the budget it
+only yields, so that a long run pays a bounded share. The sequence of choices of a thread is a function of the
+seed alone (up to the budget); what still differs between two runs with one seed is how the operating system
+interleaves the threads.
 
-The engine's side of chaos (which eligible WQE runs next, delayed queues, split transfers, late source reads) is
-a scheduler policy of the engine (issue 11's hook), not here; it takes its seed from the same ``Jitter``.
+The engine's side of chaos (which eligible WQE runs next, held queues and peers, split transfers, late source
+reads) is the engine's ``chaos`` scheduler policy (``_chaos.c``), installed by ``engine.Engine`` with the seed of
+this ``Jitter``: one ``--chaos SEED`` drives both.
 """
 
 from __future__ import annotations
@@ -23,10 +28,17 @@ __all__ = ["Jitter", "CHAOS_ENV"]
 
 CHAOS_ENV = "SHMEMX_CHAOS"
 _P_NOTHING, _P_YIELD = 0.5, 0.75  # draws below these: nothing, a yield; above: a short sleep
+_SLEEP_LOG10 = (-5.0, -2.7)  # 10 us .. 2 ms
+_STALL_LOG10 = (-2.5, -1.7)  # 3 .. 20 ms
+_STALLS = (0.0, 0.0, 0.05, 0.15)  # a thread's stall probability per call, drawn once
+BUDGET_BASE, BUDGET_SHARE = 0.06, 0.3
 
 
 class _Rng(threading.local):
     rng = None
+    start = 0.0
+    slept = 0.0
+    stall = 0.0
 
 
 class Jitter:
@@ -47,15 +59,26 @@ class Jitter:
         tls = self._tls
         if tls.rng is None:
             tls.rng = random.Random(f"shmemx-chaos/{self.seed}/{self.pe}/{thread_slot()}")
+            tls.start = time.perf_counter()
+            tls.stall = tls.rng.choice(_STALLS)
         return tls.rng
 
     def jitter(self) -> None:
-        """Maybe sleep or yield (called before and after waits, quiets and signal_op)."""
+        """Maybe sleep or yield (called before and after waits, quiets, barriers and signal_op)."""
         r = self.rng()
+        tls = self._tls
         x = r.random()
-        if x < _P_NOTHING:
+        if r.random() < tls.stall:
+            pause = 10 ** r.uniform(*_STALL_LOG10)
+        elif x < _P_NOTHING:
             return
-        if x < _P_YIELD:
+        elif x < _P_YIELD:
             time.sleep(0)
             return
-        time.sleep(10 ** r.uniform(-5.0, -2.7))
+        else:
+            pause = 10 ** r.uniform(*_SLEEP_LOG10)
+        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
+            time.sleep(0)
+            return
+        tls.slept += pause
+        time.sleep(pause)

@@ -30,6 +30,7 @@ hooks a test or a debugger needs (``pause`` / ``resume``, ``inject_fault``) and 
 
 from __future__ import annotations
 
+import array
 import enum
 
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
@@ -119,7 +120,12 @@ class Engine:
         self.native = _engine.Engine(native_layout(), config)
         self.kick = self.native.kick  # after a doorbell store: wake the engine if it sleeps (~60 ns)
         self._trace = None
+        tracer = getattr(rt, "tracer", None)  # array('q') of the policy's decision records while tracing:
+        self.decisions = tracer.decisions if tracer is not None else None  # (see ``trace``)
         self.running = False
+        chaos = getattr(rt, "chaos", None)
+        if chaos is not None:  # --chaos SEED drives the kernel threads' jitter and this scheduler alike
+            self.set_policy("chaos", chaos.seed)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -149,13 +155,14 @@ class Engine:
 
     @property
     def policy(self) -> str:
-        """The scheduling policy's name (``round_robin``: the SQs in turn, each in order)."""
+        """The scheduling policy's name (``round_robin``: the SQs in turn, each in order; ``chaos``)."""
         return self.native.policy
 
-    def set_policy(self, name: str) -> None:
-        """Install a scheduling policy of the native engine (``_engine.h``, struct policy, says how one plugs
-        in; a seeded chaos policy is the planned second one)."""
-        self.native.set_policy(name)
+    def set_policy(self, name: str, seed: int = 0) -> None:
+        """Install a scheduling policy of the native engine (``_engine.h``, struct policy, says how one plugs in):
+        ``round_robin`` (the normal one) or ``chaos``, seeded by ``seed`` and this PE (``_chaos.c``: any WQE the
+        ordering rules allow, PCT-style queue priorities, split transfers, held queues and peers)."""
+        self.native.set_policy(name, int(seed) & (1 << 64) - 1)
 
     def inject_fault(self, count: int = 1) -> None:
         """Make the next ``count`` WQEs that pass their checks fail with ENGINE_FAULT (``Where.INJECTED``): the
@@ -167,18 +174,25 @@ class Engine:
 
     @property
     def trace(self):
-        """``array('q')`` of turn records (start ns, end ns, queue index, first BB, BBs), or None when off."""
+        """``array('q')`` of turn records (start ns, end ns, queue index, first BB, BBs), or None when off. An
+        out-of-order policy writes one per WQE it completes (BBs = the WQE's) and one per earlier piece of a
+        split WQE (BBs = 0); ``decisions`` gets its decision records (6 int64: ns, kind, queue, BB position, a,
+        b; ``_chaos.c`` lists the kinds)."""
         self.drain_trace()
         return self._trace
 
     @trace.setter
     def trace(self, records) -> None:
         self._trace = records
+        if records is not None and self.decisions is None:
+            self.decisions = array.array("q")
         self.native.set_tracing(records is not None)
 
     def drain_trace(self) -> None:
         if self._trace is not None:
             self._trace.frombytes(self.native.take_trace())
+        if self.decisions is not None:
+            self.decisions.frombytes(self.native.take_log())
 
     # --- faults in words -----------------------------------------------------------------------------------
 
