@@ -262,3 +262,16 @@ def test_read_racing_a_first_write_has_one_kind_whatever_came_first(read_first, 
     assert kinds == {"unsynchronized-read"}, [f["text"] for f in found]
     assert all(f["allocation"] == "landing" for f in found)
     assert result.code == 3, result.report()
+
+
+def test_a_refilled_source_is_one_finding_naming_both_lines(run_job, tmp_path, no_leak):
+    """A heap source rewritten before its quiet is reported once (the store), not again by the checksum at the
+    quiet; a local source's finding (the checksum) names the quiet's line."""
+    from check_corpus import source_overwrite, source_overwrite_local
+
+    _, found = _findings(run_job, tmp_path, 2, source_overwrite)
+    hits = [f for f in found if f["kind"] == "source-overwrite"]
+    assert len(hits) == 1 and hits[0]["count"] == 1, [f["text"] for f in hits]
+    _, found = _findings(run_job, tmp_path, 2, source_overwrite_local)
+    hits = [f for f in found if f["kind"] == "source-overwrite"]
+    assert hits and all("<unknown line>" not in f["text"] and f["a"]["line"] for f in hits), [f["text"] for f in hits]

@@ -328,6 +328,7 @@ class Rules:
 
     def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None) -> None:
         what = "the source of a get by" if p.opcode == READ else "the source of"
+        p.reported = True  # the store was seen: the checksum at the quiet need not report it again
         self.add(Finding(
             "source-overwrite", me, self.wqe_side(p, f"posted {describe_wqe(p)}, which still reads it"), p.target, p.qp,
             (pe, off, 1), p,
