@@ -11,7 +11,7 @@ constructor options (``server_size``, ``rank_table``: "servers" for a rank table
 the one before reuses its Buffer through ``set_schedule``.
 
 Per configuration: a fresh bf16 dispatch with top-k (rows, order, sources, local top-k, weights, per-expert counts,
-rank prefix matrix), combine of a stand-in expert's rows (bit-exact float32 sum in rank order, or within the
+rank prefix matrix, ``cross_server_bytes`` against the pairs counted here), combine of a stand-in expert's rows (bit-exact float32 sum in rank order, or within the
 documented bound for the hierarchy), a cached dispatch of other rows through the handle (and the first call's
 outputs still intact), combine again, then a fresh int8 + scales dispatch (``--pair``: only the first dispatch and
 combine, inside regions "dispatch" and "combine", for a recording). Each PE prints one line
@@ -99,6 +99,20 @@ def run_config(buf, inputs, cfg: dict, me: int, n: int, args, c: Checks) -> dict
     bounds = [0] + [int(v) for v in exp.rank_prefix[:, me]]
     c.true("dispatch source blocks", all((exp.src_rank[bounds[i]:bounds[i + 1]] == i).all() for i in range(n)))
     first_x = np.array(recv_x, copy=True)
+    # hidden-row bytes sent across servers (issue 12's bar): the hierarchy one row per (token, remote server),
+    # the others one per (token, remote-server rank); servers of server_size ranks (16 when not given)
+    size = cfg.get("server_size") or 16
+    mine_srv = me // size
+    to_rank = np.stack([ref.goes_to(mine.topk_idx, r, n, args.experts) for r in range(n)], axis=1)  # [T, P]
+    remote = np.array([r // size != mine_srv for r in range(n)])
+    if hier:
+        servers = sorted({r // size for r in range(n)} - {mine_srv})
+        pairs = sum(int(to_rank[:, [r for r in range(n) if r // size == sv]].any(axis=1).sum()) for sv in servers)
+    else:
+        pairs = int(to_rank[:, remote].sum())
+    want_xsb = pairs * args.hidden * 2
+    got_xsb = int(buf.last_stats.cross_server_bytes)
+    c.true(f"cross_server_bytes {got_xsb} != {pairs} pairs x H x 2 = {want_xsb}", got_xsb == want_xsb)
 
     y = ref.expert_rows(me, np.asarray(recv_x), np.asarray(recv_w))
     with shmemx.region("combine"):
@@ -113,7 +127,8 @@ def run_config(buf, inputs, cfg: dict, me: int, n: int, args, c: Checks) -> dict
         c.true(f"combine not bit-exact ({int((err > 0).sum())} elements differ, max {float(err.max(initial=0)):.3g})",
                exact)
     c.eq("combine topk_weights", comb_w, want_w)
-    result = {"rows": int(len(exp.src_rank)), "combine_exact": exact, "combine_max_err": float(err.max(initial=0))}
+    result = {"rows": int(len(exp.src_rank)), "combine_exact": exact, "combine_max_err": float(err.max(initial=0)),
+              "cross_server_bytes": got_xsb}
     if args.pair:  # only the one dispatch + combine (a recording for the replay)
         return dict(result, s=round(time.perf_counter() - t0, 3))
 

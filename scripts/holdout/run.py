@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -153,21 +154,26 @@ class Runner:
 
     def part_deepep(self) -> None:
         print("issue 14: DeepEP's ported tests, 8 PEs, DeepEP's sizes", flush=True)
-        q = self.args.quick
-        tests = [("test_intranode.py", [] if not q else ["--num-tokens", "512"], ["--no-tune"]),
-                 ("test_internode.py", [] if not q else ["--num-tokens", "512"], ["--no-tune"]),
+        tok = 512 if self.args.quick else self.args.deepep_tokens
+        sizes = ["--num-tokens", str(tok)] if tok else []
+        tests = [("test_intranode.py", sizes, ["--no-tune"]), ("test_internode.py", sizes, ["--no-tune"]),
                  ("test_low_latency.py", [], ["--no-bench"])]
         for script, sizes, quiet in tests:
             argv = ["run", "-n", 8, "--timeout", 3600, os.path.join(ROOT, "scripts", "deep_ep", script),
                     *sizes, *([] if self.args.deepep_timing else quiet)]
             with self.heavy():
+                rss0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
                 rc, out, err, s = self.shmemx(*argv, timeout=3700)
+                rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             passed = len(re.findall(r"\.\.\. passed", out))
             failed = [ln for ln in out.splitlines() + err.splitlines()
                       if re.search(r"FAIL|Error|assert", ln)][:1]
             conf = "8 PEs" + (" (2 servers x 4)" if "internode" in script else "") + \
                 (f" {' '.join(sizes)}" if sizes else ", DeepEP's default sizes")
-            fig = f"exit {rc}, {passed} 'passed' lines, {s:.0f} s"
+            fig = f"exit {rc}, {passed} 'passed' lines, {s:.0f} s" + \
+                (f", largest rank {rss / 2 ** 20:.1f} GiB RSS" if rss > rss0 else "")
+            if rc == 128 + 9:
+                fig += " (a rank was SIGKILLed: the kernel's OOM killer, see dmesg)"
             if rc != 0:
                 fig += f"; {failed[0].strip()[:160] if failed else tail(err)}"
             self.row(f"DeepEP {script} (issue 14)", conf, rc == 0, fig)
@@ -396,9 +402,9 @@ class Runner:
         ex = os.path.join(ROOT, "scripts", "examples")
         demos = [("udma_hello.py", 8, [], 0), ("udma_allgather.py", 8, [], 0), ("udma_put_signal.py", 8, [], 0),
                  ("udma_qp_demo.py", 4, ["--qp-count", 4, "--op", "put_signal", "--elems", 65536], 0),
-                 ("udma_qp_demo.py", 4, ["--qp-count", 3, "--op", "get"], 0),
+                 ("udma_qp_demo.py", 4, ["--qp-count", 8, "--op", "get"], 0),
                  ("mte_allgather.py", 8, ["--len", 4096, "--dtype", "bfloat16", "--blocks", 8, "--iters", 2], 0),
-                 ("moe_demo.py", 8, [], 0), ("moe_demo.py", 8, ["--policy", "two_3_1"], 0),
+                 ("moe_demo.py", 8, [], 0), ("moe_demo.py", 8, ["--policy", "four_rr", "--tokens", 256], 0),
                  ("cam_moe_demo.py", 8, [], 0), ("flag_demo.py", 2, ["--fixed"], 0),
                  ("flag_demo.py", 2, [], 3), ("hang_demo.py", 4, [], 124)]
         with self.heavy():
@@ -435,6 +441,9 @@ def main() -> int:
     ap.add_argument("--chaos-seeds", type=int, default=4, help="seeds 1..N for the buggy kernels (default 4)")
     ap.add_argument("--twin-seeds", type=int, default=20, help="seeds 1..N for the twins (default 20)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, 2 and 5 seeds, no 128-PE run")
+    ap.add_argument("--deepep-tokens", type=int, default=2048,
+                    help="--num-tokens of the intranode and internode tests (DeepEP's is 4096, which needs about "
+                         "30 GB for 8 ranks here: more than this 24 GB machine; 0 = the scripts' default)")
     ap.add_argument("--deepep-timing", action="store_true", help="keep the ported tests' tuning / bench part")
     ap.add_argument("--no-lock", action="store_true", help=f"do not take {LOCK}")
     ap.add_argument("--out", help="also write the table as Markdown here")
