@@ -24,6 +24,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -432,7 +433,7 @@ def tail(text: str, n: int = 200) -> str:
     return (lines[-1] if lines else "")[:n]
 
 
-PARTS = ("moe", "deepep", "schedules", "replay", "corpus", "demos")
+PARTS = ("moe", "schedules", "replay", "corpus", "demos", "deepep")
 
 
 def main() -> int:
@@ -446,6 +447,8 @@ def main() -> int:
                          "30 GB for 8 ranks here: more than this 24 GB machine; 0 = the scripts' default)")
     ap.add_argument("--deepep-timing", action="store_true", help="keep the ported tests' tuning / bench part")
     ap.add_argument("--no-lock", action="store_true", help=f"do not take {LOCK}")
+    ap.add_argument("--hold-lock", action="store_true", help=f"take {LOCK} once for the whole run (instead of "
+                                                             f"around each heavy step)")
     ap.add_argument("--out", help="also write the table as Markdown here")
     args = ap.parse_args()
     if args.quick:
@@ -456,23 +459,30 @@ def main() -> int:
         ap.error(f"unknown part(s) {unknown}; choose from {PARTS}")
     r = Runner(args)
     t0 = time.perf_counter()
+    hold = r.heavy() if args.hold_lock else contextlib.nullcontext()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still print what ran
     try:
-        for p in PARTS:
-            if p in parts:
-                try:
-                    getattr(r, f"part_{p}")()
-                except Exception as exc:  # a broken part is a failed row, the others still run
-                    r.row(p, "runner", False, f"{type(exc).__name__}: {exc}")
+        with hold:
+            run_parts(r, parts)
     finally:
         shutil.rmtree(r.tmp, ignore_errors=True)
-    print()
-    print(r.table())
-    failed = sum(1 for row in r.rows if row[2] == "FAIL")
-    print(f"\n{len(r.rows)} rows, {failed} failed, {time.perf_counter() - t0:.0f} s")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(r.markdown() + "\n")
+        print()
+        print(r.table())
+        failed = sum(1 for row in r.rows if row[2] == "FAIL")
+        print(f"\n{len(r.rows)} rows, {failed} failed, {time.perf_counter() - t0:.0f} s", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(r.markdown() + "\n")
     return 1 if failed else 0
+
+
+def run_parts(r: Runner, parts: list) -> None:
+    for p in PARTS:
+        if p in parts:
+            try:
+                getattr(r, f"part_{p}")()
+            except Exception as exc:  # a broken part is a failed row, the others still run
+                r.row(p, "runner", False, f"{type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":
