@@ -224,3 +224,55 @@ def test_schedules_are_clean(run_job, tmp_path, no_leak):
 
     _clean(*_findings(run_job, tmp_path, 4, _schedules_job, 2, ("uniform", "zipf"), ALL_NAMES, 16, 8, timeout=300,
                       heap_size="32M"))
+
+
+def _read_before_signal(read_first: bool) -> None:
+    """PE 1 reads fresh memory that PE 0's put_signal writes, before waiting for the signal; sleeps choose which of
+    the two comes first in time (nothing orders them)."""
+    import time
+
+    import numpy as np
+
+    import shmemx
+
+    shmemx.init()
+    me = shmemx.my_pe()
+    landing = shmemx.zeros(16, np.float32, name="landing")
+    arrived = shmemx.zeros(1, np.uint64, name="arrived")
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        if read_first:
+            time.sleep(0.3)
+        shmemx.aclshmemx_udma_put_signal_nbi(landing, np.ones(16, np.float32), 16, arrived, 1, 1)
+        shmemx.aclshmemx_udma_quiet(1)
+    else:
+        if not read_first:
+            time.sleep(0.3)
+        float(landing[0:4].sum())  # read before the wait: a bug
+        shmemx.aclshmem_signal_wait_until(arrived, shmemx.ACLSHMEM_CMP_EQ, 1)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("read_first", [True, False], ids=["read-first", "post-first"])
+def test_read_racing_a_first_write_has_one_kind_whatever_came_first(read_first, run_job, tmp_path, no_leak):
+    """A read of memory no one wrote before, unordered with the WQE that writes it, is an unsynchronized read in
+    both time orders (it was reported as slot-reuse, with a credit as the fix, when the read came first)."""
+    result, found = _findings(run_job, tmp_path, 2, _read_before_signal, read_first)
+    kinds = {f["kind"] for f in found}
+    assert kinds == {"unsynchronized-read"}, [f["text"] for f in found]
+    assert all(f["allocation"] == "landing" for f in found)
+    assert result.code == 3, result.report()
+
+
+def test_a_refilled_source_is_one_finding_naming_both_lines(run_job, tmp_path, no_leak):
+    """A heap source rewritten before its quiet is reported once (the store), not again by the checksum at the
+    quiet; a local source's finding (the checksum) names the quiet's line."""
+    from check_corpus import source_overwrite, source_overwrite_local
+
+    _, found = _findings(run_job, tmp_path, 2, source_overwrite)
+    hits = [f for f in found if f["kind"] == "source-overwrite"]
+    assert len(hits) == 1 and hits[0]["count"] == 1, [f["text"] for f in hits]
+    _, found = _findings(run_job, tmp_path, 2, source_overwrite_local)
+    hits = [f for f in found if f["kind"] == "source-overwrite"]
+    assert hits and all("<unknown line>" not in f["text"] and f["a"]["line"] for f in hits), [f["text"] for f in hits]

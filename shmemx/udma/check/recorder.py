@@ -289,11 +289,12 @@ class Checker:
         tail = qp.tail
         pins = self._pins.get(qp.index)
         ts = _now()
+        site = self.site(3)  # the quiet's line: the finding of a changed source names it
         while pins and ((tail - pins[0][0]) & M32) < _HALF:
             _end, pos, buf, off, length, crc = pins.popleft()
             if zlib.crc32(buf[off:off + length]) != crc:
-                self._put(ts, Kind.SRC_CHANGED, 0, a=qp.peer | qp.qp_idx << 16, b=pos, c=length)
-        self._put(ts, Kind.QUIET, self.site(3), a=qp.peer | qp.qp_idx << 16, b=tail)
+                self._put(ts, Kind.SRC_CHANGED, site, a=qp.peer | qp.qp_idx << 16, b=pos, c=length)
+        self._put(ts, Kind.QUIET, site, a=qp.peer | qp.qp_idx << 16, b=tail)
 
     # --- signals, waits, barriers, blocks ------------------------------------------------------------------
 

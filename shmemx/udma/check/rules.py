@@ -241,7 +241,9 @@ class Rules:
     def _prev_known(self, t: Thread, w: Wqe) -> bool:
         for _start, s in self.shadow[w.target].states_in(w.dst, w.dst + max(w.length, 1)):
             for rec in s.writes:
-                if rec.by is w and rec.prev is not None and self.known(t, rec.prev.by):
+                prev = rec.prev
+                if rec.by is w and prev is not None and self.known(t, prev.by) and \
+                        (isinstance(prev.by, Wqe) or prev.pe != t.pe):  # a previous message, not the own init
                     return True
         return False
 
@@ -306,6 +308,17 @@ class Rules:
                                                f"store"),
                              fix="sync_all() between them" if same else "order them with a signal and a wait"))
             return
+        if not any(isinstance(rec.by, Wqe) or rec.pe != reader.pe for rec in s.writes):
+            # nothing from elsewhere was there to consume: the read is not of a previous message in a reused slot
+            # but of memory this WQE is the first to write, and it is unordered with it. The read may as well
+            # come after the post (then the read-after-write path reports it): same kind either way.
+            self.add(Finding(
+                "unsynchronized-read", me, other, w.target, w.qp, (pe, off, 1), w,
+                why=f"pe {reader.pe} read it with no wait, quiet or barrier ordering the read after pe {w.pe}'s WQE, "
+                    f"which may land before or after the read",
+                fix=f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or aclshmemx_udma_qp_quiet({w.target}, "
+                    f"{w.qp}) then a signal) and wait for it before reading"))
+            return
         self.add(Finding(
             "slot-reuse", me, other, w.target, w.qp, (pe, off, 1), w,
             why=f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while it "
@@ -315,6 +328,7 @@ class Rules:
 
     def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None) -> None:
         what = "the source of a get by" if p.opcode == READ else "the source of"
+        p.reported = True  # the store was seen: the checksum at the quiet need not report it again
         self.add(Finding(
             "source-overwrite", me, self.wqe_side(p, f"posted {describe_wqe(p)}, which still reads it"), p.target, p.qp,
             (pe, off, 1), p,
