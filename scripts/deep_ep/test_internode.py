@@ -19,12 +19,17 @@ repeats the seed and requires identical hashes. The tuning sweep times the defau
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
 from shmemx import deep_ep
 from shmemx.deep_ep.utils import all_reduce, bench, calc_diff, create_grouped_scores, hash_tensor, init_dist, \
     inplace_unique, per_token_cast_back, per_token_cast_to_fp8, return_freed_memory
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_intranode import check_worst_tokens  # noqa: E402
 
 
 def say(rank: int, *args, **kwargs) -> None:
@@ -135,20 +140,8 @@ def test_main(args, rank: int, num_ranks: int, num_servers: int, server_size: in
                             check_rank_blocks(recv_topk_weights, recv_gbl_rank_prefix_sum, num_ranks)
 
                     if with_topk:
-                        num_worst_tokens = num_tokens * num_ranks
-                        dispatch_args["num_worst_tokens"] = num_worst_tokens
-                        worst_x, worst_idx, worst_w, empty_list, _, event = buffer.dispatch(**dispatch_args)
-                        if async_mode:
-                            event.current_stream_wait()
-                        worst_x = per_token_cast_back(*worst_x) if fp8 else worst_x
-                        n = recv_x.size(0)
-                        assert len(empty_list) == 0
-                        assert worst_x.size(0) == worst_idx.size(0) == worst_w.size(0) == num_worst_tokens
-                        assert torch.equal(recv_x, worst_x[:n])
-                        assert torch.equal(recv_topk_idx, worst_idx[:n])
-                        assert torch.equal(weights_before_fill, worst_w[:n])
-                        assert bool((worst_idx[n:] == -1).all())
-                        del worst_x, worst_idx, worst_w  # (DeepEP-size tensors: free them before the next call)
+                        check_worst_tokens(buffer, dispatch_args, num_tokens * num_ranks, fp8, async_mode, recv_x,
+                                           recv_topk_idx, weights_before_fill)
 
                     if not with_topk:
                         cached_args = {"x": current_x, "handle": handle, "config": config,

@@ -55,6 +55,24 @@ def check_rank_blocks(rows: torch.Tensor, rank_prefix_matrix: torch.Tensor, rank
         start = end
 
 
+def check_worst_tokens(buffer, dispatch_args: dict, num_worst_tokens: int, fp8: bool, async_mode: bool, recv_x,
+                       recv_topk_idx, weights_before_fill) -> None:
+    """Dispatch again with ``num_worst_tokens`` (fixed-size outputs): the head equals the normal result, the rest
+    is padding with index -1 (shared by the intranode and internode tests; ``dispatch_args`` keeps the option)."""
+    dispatch_args["num_worst_tokens"] = num_worst_tokens
+    worst_x, worst_idx, worst_w, empty_list, _, event = buffer.dispatch(**dispatch_args)
+    if async_mode:
+        event.current_stream_wait()
+    worst_x = per_token_cast_back(*worst_x) if fp8 else worst_x
+    n = recv_x.size(0)
+    assert len(empty_list) == 0
+    assert worst_x.size(0) == worst_idx.size(0) == worst_w.size(0) == num_worst_tokens
+    assert torch.equal(recv_x, worst_x[:n])
+    assert torch.equal(recv_topk_idx, worst_idx[:n])
+    assert torch.equal(weights_before_fill, worst_w[:n])
+    assert bool((worst_idx[n:] == -1).all())
+
+
 def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buffer) -> None:
     num_tokens, hidden, num_topk, num_experts = args.num_tokens, args.hidden, args.num_topk, args.num_experts
     assert num_experts % num_ranks == 0
@@ -126,20 +144,8 @@ def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buf
                             check_rank_blocks(recv_topk_weights, rank_prefix_matrix, rank, num_ranks)
 
                     if with_topk:  # num_worst_tokens: fixed-size outputs, the head equal to the normal result
-                        num_worst_tokens = num_tokens * num_ranks
-                        dispatch_args["num_worst_tokens"] = num_worst_tokens
-                        worst_x, worst_idx, worst_w, empty_list, _, event = buffer.dispatch(**dispatch_args)
-                        if async_mode:
-                            event.current_stream_wait()
-                        worst_x = per_token_cast_back(*worst_x) if fp8 else worst_x
-                        n = recv_x.size(0)
-                        assert len(empty_list) == 0
-                        assert worst_x.size(0) == worst_idx.size(0) == worst_w.size(0) == num_worst_tokens
-                        assert torch.equal(recv_x, worst_x[:n])
-                        assert torch.equal(recv_topk_idx, worst_idx[:n])
-                        assert torch.equal(weights_before_fill, worst_w[:n])
-                        assert bool((worst_idx[n:] == -1).all())
-                        del worst_x, worst_idx, worst_w  # (DeepEP-size tensors: free them before the next call)
+                        check_worst_tokens(buffer, dispatch_args, num_tokens * num_ranks, fp8, async_mode, recv_x,
+                                           recv_topk_idx, weights_before_fill)
 
                     if not with_topk:  # a cached dispatch reuses the handle's layout
                         cached_args = {"x": current_x, "handle": handle, "config": config,
