@@ -29,7 +29,7 @@ from shmemx.deep_ep.utils import all_reduce, bench, calc_diff, create_grouped_sc
     inplace_unique, per_token_cast_back, per_token_cast_to_fp8, return_freed_memory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_intranode import check_worst_tokens  # noqa: E402
+from test_intranode import cached_dispatch, check_worst_tokens  # noqa: E402
 
 
 def say(rank: int, *args, **kwargs) -> None:
@@ -144,14 +144,7 @@ def test_main(args, rank: int, num_ranks: int, num_servers: int, server_size: in
                                            recv_topk_idx, weights_before_fill)
 
                     if not with_topk:
-                        cached_args = {"x": current_x, "handle": handle, "config": config,
-                                       "async_finish": async_mode}
-                        if previous_mode:
-                            cached_args["previous_event"] = buffer.capture()
-                        cached_x, *_, event = buffer.dispatch(**cached_args)
-                        if async_mode:
-                            event.current_stream_wait()
-                        cached_x = per_token_cast_back(*cached_x) if fp8 else cached_x
+                        cached_x = cached_dispatch(buffer, current_x, handle, config, async_mode, previous_mode, fp8)
                         if not rand:
                             check_rank_blocks(cached_x, recv_gbl_rank_prefix_sum, num_ranks)
                         del cached_x

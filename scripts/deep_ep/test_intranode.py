@@ -55,6 +55,18 @@ def check_rank_blocks(rows: torch.Tensor, rank_prefix_matrix: torch.Tensor, rank
         start = end
 
 
+def cached_dispatch(buffer, x, handle, config, async_mode: bool, previous_mode: bool, fp8: bool):
+    """A dispatch through ``handle`` (the layout it holds; no routing arguments), its rows cast back from FP8
+    (shared by the intranode and internode tests)."""
+    args = {"x": x, "handle": handle, "config": config, "async_finish": async_mode}
+    if previous_mode:
+        args["previous_event"] = buffer.capture()
+    cached_x, *_, event = buffer.dispatch(**args)
+    if async_mode:
+        event.current_stream_wait()
+    return per_token_cast_back(*cached_x) if fp8 else cached_x
+
+
 def check_worst_tokens(buffer, dispatch_args: dict, num_worst_tokens: int, fp8: bool, async_mode: bool, recv_x,
                        recv_topk_idx, weights_before_fill) -> None:
     """Dispatch again with ``num_worst_tokens`` (fixed-size outputs): the head equals the normal result, the rest
@@ -148,14 +160,7 @@ def test_main(args, num_sms: int, rank: int, num_ranks: int, buffer: deep_ep.Buf
                                            recv_topk_idx, weights_before_fill)
 
                     if not with_topk:  # a cached dispatch reuses the handle's layout
-                        cached_args = {"x": current_x, "handle": handle, "config": config,
-                                       "async_finish": async_mode}
-                        if previous_mode:
-                            cached_args["previous_event"] = buffer.capture()
-                        cached_x, *_, event = buffer.dispatch(**cached_args)
-                        if async_mode:
-                            event.current_stream_wait()
-                        cached_x = per_token_cast_back(*cached_x) if fp8 else cached_x
+                        cached_x = cached_dispatch(buffer, current_x, handle, config, async_mode, previous_mode, fp8)
                         if current_x is not x_pure_rand:
                             check_rank_blocks(cached_x, rank_prefix_matrix, rank, num_ranks)
                         del cached_x
