@@ -25,6 +25,11 @@
  * its CQE. FAA, CAS and the fp32 reduce are locked instructions on the target word, atomic against every
  * other engine (and against libatomic, which uses the same instructions).
  *
+ * Large payloads. A WRITE (or WRITE_WITH_NOTIFY) payload of at least coop_min bytes is copied in chunks by this
+ * thread and, at the same time, by a thread of this process spinning in the native quiet (coop_copy,
+ * shmemx_engine_help): two cores copy, where a memcpy by the caller would use one. The WQE's execution is still
+ * one step of the engine: the signal and the CQE follow once every chunk is in.
+ *
  * Wake-ups: the engine remembers which PEs' memory it wrote (and its own when it wrote CQEs) and bumps their
  * wake words (the futex protocol of shmemx/shm/waits.py, shared with shm/_native.c through shm/wake.h) when it
  * runs out of work, or every WAKE_EVERY turns while queues stay busy.
@@ -261,7 +266,9 @@ static void coop_copy(Engine *e, uint8_t *dst, const uint8_t *src, uint64_t len)
     __atomic_store_n(&c->finished, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&c->active, 1, __ATOMIC_SEQ_CST);
     while (coop_claim(c, 0)) {}
-    while (__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE) != c->n) __builtin_ia32_pause();
+    /* a helper's last chunk: it never blocks, but a loaded host may take its core for a while */
+    for (unsigned k = 1; __atomic_load_n(&c->finished, __ATOMIC_ACQUIRE) != c->n; k++)
+        if (k % 1024) __builtin_ia32_pause(); else sched_yield();
     /* no helper may still read this job when the next one rewrites it: one that counted itself in before
      * ``active`` dropped is waited for, one that counts itself in after sees it dropped (both sequentially
      * consistent) */
