@@ -122,6 +122,8 @@ def _bandwidth_body(cfg: Config, ab: bool = False) -> None:
                     np.copyto(p, s)
                 r["copyto"].append(k * size / (time.perf_counter() - t0))
                 for tag, coop in variants:  # with --coop-ab: the cooperative copy on and off, sample by sample
+                    if tag and size < MIB:
+                        continue
                     if coop is not None:
                         _set_coop(coop)
                     t0 = time.perf_counter()
