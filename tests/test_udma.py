@@ -100,9 +100,9 @@ def test_put_and_get_then_quiet(run_ok, n):
 
 
 def _large_writes(coop_min: int):
-    """WRITEs at and past the engine's cooperative-copy threshold (a quiet-ing thread copies chunks of them too):
-    every byte lands, whole chunks and a short last one, one put + quiet and several before one quiet, and a
-    put_signal's signal is seen only after its whole payload."""
+    """WRITEs and READs at and past the engine's cooperative-copy threshold (a quiet-ing thread copies chunks of
+    them too): every byte lands, whole chunks and a short last one, one put + quiet and several before one quiet,
+    a put_signal's signal seen only after its whole payload, gets into a local array."""
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     native = runtime().udma.engine.native
@@ -135,8 +135,15 @@ def _large_writes(coop_min: int):
         shmemx.aclshmem_barrier_all()
         want = _stamp(prv, me, np.arange(offsets[-1])) + (rnd << 24) + (rnd == 2)
         np.testing.assert_array_equal(got, want, err_msg=f"round {rnd}")
+    back = np.zeros(offsets[-1], np.int64)  # READs: what this PE put to the next, read back from it
+    for i in range(len(sizes)):
+        shmemx.aclshmemx_udma_get_nbi(back[offsets[i]:offsets[i + 1]], box[me, offsets[i]:offsets[i + 1]],
+                                      int(offsets[i + 1] - offsets[i]), nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    np.testing.assert_array_equal(back, _stamp(me, nxt, np.arange(offsets[-1])) + (2 << 24) + 1, err_msg="gets")
+    shmemx.aclshmem_barrier_all()
     copied, helped = native.coop_counts
-    assert copied >= 3 * sum((s + chunk - 1) // chunk for s in sizes)
+    assert copied >= 4 * sum((s + chunk - 1) // chunk for s in sizes)
     assert helped <= copied
     shmemx.finalize()
 

@@ -25,7 +25,7 @@
  * its CQE. FAA, CAS and the fp32 reduce are locked instructions on the target word, atomic against every
  * other engine (and against libatomic, which uses the same instructions).
  *
- * Large payloads. A WRITE (or WRITE_WITH_NOTIFY) payload of at least coop_min bytes is copied in chunks by this
+ * Large payloads. A READ, WRITE or WRITE_WITH_NOTIFY payload of at least coop_min bytes is copied in chunks by this
  * thread and, at the same time, by a thread of this process spinning in the native quiet (coop_copy,
  * shmemx_engine_help): two cores copy, where a memcpy by the caller would use one. The WQE's execution is still
  * one step of the engine: the signal and the CQE follow once every chunk is in.
@@ -291,8 +291,8 @@ int shmemx_engine_help(Engine *e) {
     return did > 0;
 }
 
-/* The payload copy of a WRITE or WRITE_WITH_NOTIFY: cooperative when whole, large, the ranges apart, and the
- * normal policy runs (a seeded policy splits transfers itself). */
+/* The payload copy of a READ, a WRITE or a WRITE_WITH_NOTIFY: cooperative when whole, large, the ranges apart,
+ * and the normal policy runs (a seeded policy splits transfers itself). */
 static inline void copy_payload(Engine *e, uint8_t *dst, const uint8_t *src, uint64_t lo, uint64_t hi, uint64_t len) {
     uint64_t n = hi - lo;
     if (e->coop_min && n >= e->coop_min && n == len && e->policy.pick == pick_round_robin
@@ -312,7 +312,7 @@ static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data, ui
     if (op == (uint32_t)L->op_nop) return 0;
     uint64_t n = t->len;
     if (op == (uint32_t)L->op_read) {
-        memmove(t->local + lo, t->remote + lo, hi - lo);
+        copy_payload(e, t->local, t->remote, lo, hi, n);
         touch(e, e->my_pe);
         return n;
     }
