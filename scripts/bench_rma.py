@@ -28,8 +28,12 @@ shmem4py's (issue 11); qp_put_nbi 64 B >= 150,000 completed WQE/s per PE and the
 (issue 3); the user's 64-byte put_nbi pattern >= 370,000 and >= shmem4py's (issue 11); put_signal half round trip
 <= 25 us (issue 11).
 
-Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers]``. ``--quick`` is a
-smoke run of a few seconds (rough numbers; no peers unless ``--peers``); ``--check`` exits 1 when a bar is missed.
+Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers] [--bw-only] [--sizes 1M,4M]
+[--rounds N] [--coop-ab]``. ``--quick`` is a smoke run of a few seconds (rough numbers; no peers unless ``--peers``);
+``--check`` exits 1 when a bar is missed; ``--bw-only`` / ``--sizes`` / ``--rounds`` focus a run on some put sizes;
+``--coop-ab`` adds, under each put row of 1 MiB and more, the same puts with the engine's cooperative copy off
+(``_engine.c``: the engine and the thread waiting in quiet copy a large payload together), measured sample by
+sample beside it on.
 """
 
 from __future__ import annotations
@@ -436,6 +440,13 @@ def main(argv=None) -> int:
     if peer_names:
         print("peers: shmem4py = put_nbi + quiet / put, fence, atomic_set -> wait_until over Open MPI OSHMEM; "
               "mpi = Put + Win_flush / Send -> Recv over MPICH")
+    coop_min = (pool.get("coop", "min") or [None])[0]
+    if coop_min is not None:
+        copied = sum(c[0] for c in pool.get("coop", "counts"))
+        helped = sum(c[1] for c in pool.get("coop", "counts"))
+        print(f"cooperative copy: WRITEs of {_size(coop_min) if coop_min else 'no size (off)'} and more; "
+              f"{copied} chunks of {_size(_engine_chunk())} copied so, {helped} of them by the quiet-ing thread"
+              + (f" ({helped / copied:.0%})" if copied else ""))
     peer_cols = "".join(f" {p:>26}" for p in peer_names)
     header = (f"{'measurement':<56} {'unit':>5} {'shmemx':>26} {'reference':>13} {'reference value':>26} "
               f"{'ratio':>6}{peer_cols}  {'bar':<15} result")
@@ -450,13 +461,6 @@ def main(argv=None) -> int:
         extra = "".join(f" {_fmt(peer_values[p], unit) if peer_values.get(p) else '':>26}" for p in peer_names)
         print(f"{what:<56} {unit:>5} {_fmt(values, unit):>26} {ref_name:>13} {ref:>26} {ratio:>6}{extra}  "
               f"{bar:<15} {result}")
-    coop_min = (pool.get("coop", "min") or [None])[0]
-    if coop_min is not None:
-        copied = sum(c[0] for c in pool.get("coop", "counts"))
-        helped = sum(c[1] for c in pool.get("coop", "counts"))
-        print(f"cooperative copy: WRITEs of {_size(coop_min) if coop_min else 'no size (off)'} and more; "
-              f"{copied} chunks of {_size(_engine_chunk())} copied so, {helped} of them by the quiet-ing thread"
-              + (f" ({helped / copied:.0%})" if copied else ""))
     for what, (ours, theirs) in level.items():
         ok = ours >= theirs
         missed += not ok
