@@ -444,7 +444,7 @@ def main(argv=None) -> int:
     if coop_min is not None:
         copied = sum(c[0] for c in pool.get("coop", "counts"))
         helped = sum(c[1] for c in pool.get("coop", "counts"))
-        print(f"cooperative copy: WRITEs of {_size(coop_min) if coop_min else 'no size (off)'} and more; "
+        print(f"cooperative copy: READ / WRITE payloads of {_size(coop_min) if coop_min else 'no size (off)'} and more; "
               f"{copied} chunks of {_size(_engine_chunk())} copied so, {helped} of them by the quiet-ing thread"
               + (f" ({helped / copied:.0%})" if copied else ""))
     peer_cols = "".join(f" {p:>26}" for p in peer_names)
