@@ -432,7 +432,8 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0))
     print(f"shmemx bench_rma ({'quick' if args.quick else 'full'} run; {cores} cores; 2 PEs; medians over "
           f"{cfg.samples} samples{f' x {rounds} rounds' if rounds > 1 else ''}, min..max in brackets; load average "
-          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers them)")
+          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers "
+          "them)")
     missing = [p for p in peers.PEERS if p not in peer_names]
     if missing:
         why = "not requested" if not want else "not installed (bash scripts/install_peers.sh)"
@@ -444,7 +445,8 @@ def main(argv=None) -> int:
     if coop_min is not None:
         copied = sum(c[0] for c in pool.get("coop", "counts"))
         helped = sum(c[1] for c in pool.get("coop", "counts"))
-        print(f"cooperative copy: READ / WRITE payloads of {_size(coop_min) if coop_min else 'no size (off)'} and more; "
+        sized = _size(coop_min) if coop_min else "no size (off)"
+        print(f"cooperative copy: READ / WRITE payloads of {sized} and more; "
               f"{copied} chunks of {_size(_engine_chunk())} copied so, {helped} of them by the quiet-ing thread"
               + (f" ({helped / copied:.0%})" if copied else ""))
     peer_cols = "".join(f" {p:>26}" for p in peer_names)

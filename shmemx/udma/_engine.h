@@ -19,7 +19,7 @@
 
 #define BATCH_BBS 4096
 #define WAKE_EVERY 8
-#define COOP_MIN_BYTES (1 << 20) /* READs and WRITEs this large are copied by the engine and a quiet-ing thread together */
+#define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
 #define COOP_CHUNK (256 << 10)
 #define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
 
@@ -86,11 +86,12 @@ typedef struct { uint8_t done, chunks; uint16_t status; uint32_t byte_cnt; uint6
 /* What a policy needs to know of a rung WQE (engine_wqe). */
 typedef struct { uint32_t flag, opcode, bbs; uint64_t len, dst_va; int splittable; } WqeInfo;
 
-/* A large READ's or WRITE's payload copied by two threads at once (_engine.c coop_copy): the engine thread, which executes
- * the WQE, and a thread of this process that waits in a quiet meanwhile (shmemx_engine_help). The payload is cut
- * into ``chunk``-byte chunks; the engine claims them from the front, a helper from the back (so that each side
- * keeps copying the same part of a buffer put again and again: its cache lines stay on that core), both through
- * one 64-bit claim word. The engine waits for every chunk, then writes the CQE as before. */
+/* A large READ's or WRITE's payload copied by two threads at once (_engine.c coop_copy): the thread that
+ * executes the WQE (the engine's, or a quiet's assist) and a thread of this process that waits in a quiet
+ * meanwhile (shmemx_engine_help). The payload is cut into ``chunk``-byte chunks; the executor claims them from the
+ * front, a helper from the back (so that each side keeps copying the same part of a buffer put again and again:
+ * its cache lines stay on that core), both through one 64-bit claim word. The executor waits for every chunk,
+ * then signals and writes the CQE as before. */
 typedef struct {
     uint8_t *dst;
     const uint8_t *src;
