@@ -28,13 +28,18 @@ shmem4py's (issue 11); qp_put_nbi 64 B >= 150,000 completed WQE/s per PE and the
 (issue 3); the user's 64-byte put_nbi pattern >= 370,000 and >= shmem4py's (issue 11); put_signal half round trip
 <= 25 us (issue 11).
 
-Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers]``. ``--quick`` is a
-smoke run of a few seconds (rough numbers; no peers unless ``--peers``); ``--check`` exits 1 when a bar is missed.
+Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers] [--bw-only] [--sizes 1M,4M]
+[--rounds N] [--coop-ab]``. ``--quick`` is a smoke run of a few seconds (rough numbers; no peers unless ``--peers``);
+``--check`` exits 1 when a bar is missed; ``--bw-only`` / ``--sizes`` / ``--rounds`` focus a run on some put sizes;
+``--coop-ab`` adds, under each put row of 1 MiB and more, the same puts with the engine's cooperative copy off
+(``_engine.c``: the engine and the thread waiting in quiet copy a large payload together), measured sample by
+sample beside it on.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -78,7 +83,22 @@ def _median(values):
 # --- rank bodies: PE 0 prints one JSON document --------------------------------------------------------------
 
 
-def _bandwidth_body(cfg: Config) -> None:
+def _set_coop(value) -> None:
+    """The engine's cooperative-copy threshold (bytes; 0 = off), where the engine has one."""
+    from shmemx.runtime import runtime
+
+    native = runtime().udma.engine.native
+    if hasattr(native, "set_coop"):
+        native.set_coop(value)
+
+
+def _engine_chunk() -> int:
+    from shmemx.udma import _engine
+
+    return getattr(_engine, "COOP_CHUNK", 0)
+
+
+def _bandwidth_body(cfg: Config, ab: bool = False) -> None:
     shmemx.init()
     me = shmemx.my_pe()
     top = max(cfg.sizes)
@@ -87,6 +107,11 @@ def _bandwidth_body(cfg: Config) -> None:
     shmemx.aclshmem_barrier_all()
     result = {}
     if me == 0:
+        from shmemx.runtime import runtime
+
+        native = runtime().udma.engine.native
+        default = getattr(native, "coop_min", None)
+        variants = [("", default)] + ([("_off", 0)] if ab and default is not None else [])
         peer = shmemx.aclshmem_ptr(dst, 1)
         np.copyto(peer, src)  # this process's first touch of pe 1's pages
         shmemx.aclshmemx_udma_qp_put_nbi(dst, src, top, 1, 0)
@@ -94,26 +119,34 @@ def _bandwidth_body(cfg: Config) -> None:
         for size in cfg.sizes:
             k = max(1, min(cfg.bw_max_k, cfg.bw_bytes // size))
             s, d, p = src[:size], dst[:size], peer[:size]
-            puts, copies = [], []
+            r = {"k": k, "copyto": []}
             for _ in range(cfg.samples):
                 t0 = time.perf_counter()
                 for _ in range(k):
                     np.copyto(p, s)
-                copies.append(k * size / (time.perf_counter() - t0))
-                t0 = time.perf_counter()
-                for _ in range(k):
-                    shmemx.aclshmemx_udma_qp_put_nbi(d, s, size, 1, 0)
-                shmemx.aclshmemx_udma_qp_quiet(1, 0)
-                puts.append(k * size / (time.perf_counter() - t0))
-            single = []
-            if size >= MIB:  # one put and its quiet, k times
-                for _ in range(cfg.samples):
+                r["copyto"].append(k * size / (time.perf_counter() - t0))
+                for tag, coop in variants:  # with --coop-ab: the cooperative copy on and off, sample by sample
+                    if tag and size < MIB:
+                        continue
+                    if coop is not None:
+                        _set_coop(coop)
                     t0 = time.perf_counter()
                     for _ in range(k):
                         shmemx.aclshmemx_udma_qp_put_nbi(d, s, size, 1, 0)
-                        shmemx.aclshmemx_udma_qp_quiet(1, 0)
-                    single.append(k * size / (time.perf_counter() - t0))
-            result[size] = {"k": k, "put": puts, "copyto": copies, "put1": single}
+                    shmemx.aclshmemx_udma_qp_quiet(1, 0)
+                    r.setdefault("put" + tag, []).append(k * size / (time.perf_counter() - t0))
+                    if size >= MIB:  # one put and its quiet, k times
+                        t0 = time.perf_counter()
+                        for _ in range(k):
+                            shmemx.aclshmemx_udma_qp_put_nbi(d, s, size, 1, 0)
+                            shmemx.aclshmemx_udma_qp_quiet(1, 0)
+                        r.setdefault("put1" + tag, []).append(k * size / (time.perf_counter() - t0))
+            if default is not None:
+                _set_coop(default)
+            r.setdefault("put1", [])
+            result[size] = r
+        assert np.array_equal(p, s), "a put landed the wrong bytes"
+        result["coop"] = {"min": default, "counts": list(getattr(native, "coop_counts", (0, 0)))}
         print(json.dumps(result))
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()
@@ -277,24 +310,29 @@ class _Pool:
         return self.data.get(source, {}).get(key)
 
 
-def _measure(cfg: Config, heap: str, peer_names: list, rounds: int) -> _Pool:
-    """Every job, shmemx's and each peer's alternating, ``rounds`` times."""
+def _measure(cfg: Config, heap: str, peer_names: list, rounds: int, ab: bool = False, bw_only: bool = False) -> _Pool:
+    """Every job, shmemx's and each peer's alternating, ``rounds`` times (``bw_only``: the bandwidth jobs only)."""
     import peers
 
     pool = _Pool()
     pcfg = _peer_cfg(cfg)
     for _ in range(rounds):
-        (bw,) = _job(_bandwidth_body, cfg, heap=heap)
+        (bw,) = _job(_bandwidth_body, cfg, ab, heap=heap)
         for size in cfg.sizes:
             r = bw[str(size)]
             pool.add("k", size, [r["k"]])
-            for key in ("put", "copyto", "put1"):
-                pool.add("shmemx", (key, size), r[key])
+            for key in ("put", "copyto", "put1", "put_off", "put1_off"):
+                pool.add("shmemx", (key, size), r.get(key))
+        coop = bw.get("coop", {})
+        pool.add("coop", "min", [coop.get("min")])
+        pool.add("coop", "counts", [coop.get("counts", [0, 0])])
         for peer in peer_names:
             got = peers.run(peer, "bw", 2, pcfg) or {}
             for size, r in got.items():
                 pool.add(peer, ("put", int(size)), r["put"])
                 pool.add(peer, ("put1", int(size)), r["put1"])
+        if bw_only:
+            continue
         (rate,) = _job(_rate_body, cfg, False)
         for key, values in rate.items():
             pool.add("shmemx", key, values)
@@ -316,8 +354,18 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", dest="peers", action="store_true", default=None,
                         help="measure the installed peers (the default of a full run)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="measure shmemx only")
+    parser.add_argument("--bw-only", action="store_true", help="the put bandwidth rows only")
+    parser.add_argument("--sizes", help="put sizes to measure, e.g. 1M,4M (default: 64 B .. 64 MiB)")
+    parser.add_argument("--rounds", type=int, help="rounds of the shmemx and peer jobs (default 2; 1 with --quick)")
+    parser.add_argument("--coop-ab", action="store_true",
+                        help="also measure puts of 1 MiB and more with the engine's cooperative copy off, sample by "
+                             "sample beside it on")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
+    if args.sizes:
+        units = {"K": KIB, "M": MIB}
+        cfg = dataclasses.replace(cfg, sizes=[int(t[:-1]) * units[t[-1].upper()] if t[-1].upper() in units else int(t)
+                                              for t in args.sizes.split(",")])
     heap = f"{2 * max(cfg.sizes) // MIB + 8}M"
     load_before = os.getloadavg()[0]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -326,7 +374,8 @@ def main(argv=None) -> int:
     installed = peers.available()
     want = (not args.quick) if args.peers is None else args.peers
     peer_names = [p for p in peers.PEERS if want and installed[p]]
-    pool = _measure(cfg, heap, peer_names, 1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 2)
+    pool = _measure(cfg, heap, peer_names, rounds, args.coop_ab, args.bw_only)
 
     rows = []  # (measurement, unit, shmemx values, reference name, reference values, bar, ok, {peer: values})
     sh = lambda key: pool.get("shmemx", key)  # noqa: E731
@@ -337,6 +386,9 @@ def main(argv=None) -> int:
         bar, ok = ("", None) if size < MIB else (">= 0.8x copyto", ratio >= 0.8)
         rows.append((f"put {_size(size)} (x{k}) + quiet", "GB/s", sh(("put", size)), "np.copyto",
                      sh(("copyto", size)), bar, ok, {p: pool.get(p, ("put", size)) for p in peer_names}))
+        if sh(("put_off", size)):  # --coop-ab: the same puts with the cooperative copy off
+            rows.append(("  the same, cooperative copy off", "GB/s", sh(("put_off", size)), "np.copyto",
+                         sh(("copyto", size)), "", None, {}))
     for size in cfg.sizes:
         if size < MIB:
             continue
@@ -351,12 +403,15 @@ def main(argv=None) -> int:
                 level["4 MiB put + quiet"] = (_median(values), _median(theirs))
         rows.append((f"(put {_size(size)} + quiet) x{k}", "GB/s", values, "np.copyto", sh(("copyto", size)), bar, ok,
                      {p: pool.get(p, ("put1", size)) for p in peer_names}))
-    refs = sh("copyto")
+        if sh(("put1_off", size)):
+            rows.append(("  the same, cooperative copy off", "GB/s", sh(("put1_off", size)), "np.copyto",
+                         sh(("copyto", size)), "", None, {}))
+    refs = sh("copyto") if not args.bw_only else None
     bars = {"loop": (150_000, ">= 150k WQE/s"), "local": (370_000, ">= 370k WQE/s"), "raw": (2_000_000, ">= 2M WQE/s"),
             "batch": (None, "")}
     names = {"loop": "64 B qp_put_nbi loop, quiet/1024", "local": "64 B put_nbi local->heap rows, quiet/1024",
              "batch": "64 B defer/submit, batches of 1024", "raw": f"64 B raw path, batches of {cfg.raw_batch}"}
-    for key in ("loop", "local", "batch", "raw"):
+    for key in ("loop", "local", "batch", "raw") if not args.bw_only else ():
         floor, bar = bars[key]
         ok = None if floor is None else _median(sh(key)) >= floor
         extra = {p: pool.get(p, "local") for p in peer_names} if key == "local" else {}
@@ -370,13 +425,15 @@ def main(argv=None) -> int:
             rows.append((names[key] + ", both send (per PE)", "WQE/s", values, "copyto loop",
                          [v for pe in per_pe for v in pe["copyto"]], "", None, {}))
     half = sh("put_signal")
-    rows.append(("put_signal -> wait_until, half round trip", "us", half, "signal_op SET", sh("signal_op"),
-                 "<= 25 us", _median(half) <= 25e-6, {p: pool.get(p, "put_signal") for p in peer_names}))
+    if not args.bw_only:
+        rows.append(("put_signal -> wait_until, half round trip", "us", half, "signal_op SET", sh("signal_op"),
+                     "<= 25 us", _median(half) <= 25e-6, {p: pool.get(p, "put_signal") for p in peer_names}))
 
     cores = len(os.sched_getaffinity(0))
     print(f"shmemx bench_rma ({'quick' if args.quick else 'full'} run; {cores} cores; 2 PEs; medians over "
-          f"{cfg.samples} samples{' x 2 rounds' if not args.quick else ''}, min..max in brackets; load average "
-          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers them)")
+          f"{cfg.samples} samples{f' x {rounds} rounds' if rounds > 1 else ''}, min..max in brackets; load average "
+          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after: figures are wall time, a loaded host lowers "
+          "them)")
     missing = [p for p in peers.PEERS if p not in peer_names]
     if missing:
         why = "not requested" if not want else "not installed (bash scripts/install_peers.sh)"
@@ -384,6 +441,14 @@ def main(argv=None) -> int:
     if peer_names:
         print("peers: shmem4py = put_nbi + quiet / put, fence, atomic_set -> wait_until over Open MPI OSHMEM; "
               "mpi = Put + Win_flush / Send -> Recv over MPICH")
+    coop_min = (pool.get("coop", "min") or [None])[0]
+    if coop_min is not None:
+        copied = sum(c[0] for c in pool.get("coop", "counts"))
+        helped = sum(c[1] for c in pool.get("coop", "counts"))
+        sized = _size(coop_min) if coop_min else "no size (off)"
+        print(f"cooperative copy: READ / WRITE payloads of {sized} and more; "
+              f"{copied} chunks of {_size(_engine_chunk())} copied so, {helped} of them by the quiet-ing thread"
+              + (f" ({helped / copied:.0%})" if copied else ""))
     peer_cols = "".join(f" {p:>26}" for p in peer_names)
     header = (f"{'measurement':<56} {'unit':>5} {'shmemx':>26} {'reference':>13} {'reference value':>26} "
               f"{'ratio':>6}{peer_cols}  {'bar':<15} result")

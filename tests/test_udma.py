@@ -20,6 +20,7 @@ from shmemx import CqeStatus, Opcode
 from shmemx.api.blocks import UB_SIZE
 from shmemx.layout import decode_wqe
 from shmemx.runtime import runtime
+from shmemx.udma import _engine
 
 MULTI_PES = [2, 4, 8]
 EQ = shmemx.ACLSHMEM_CMP_EQ
@@ -96,6 +97,60 @@ def _put_get_quiet():
 @pytest.mark.parametrize("n", MULTI_PES)
 def test_put_and_get_then_quiet(run_ok, n):
     run_ok(n, _put_get_quiet)
+
+
+def _large_writes(coop_min: int):
+    """WRITEs and READs at and past the engine's cooperative-copy threshold (a quiet-ing thread copies chunks of
+    them too): every byte lands, whole chunks and a short last one, one put + quiet and several before one quiet,
+    a put_signal's signal seen only after its whole payload, gets into a local array."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    native = runtime().udma.engine.native
+    native.set_coop(coop_min)
+    chunk = _engine.COOP_CHUNK
+    sizes = [coop_min, 4 * chunk + 8, 9 * chunk - 16, 16 * chunk]  # bytes, all multiples of 8
+    box = shmemx.zeros((n, sum(sizes) // 8), np.int64, name="box")
+    sig = shmemx.zeros((n, 4), np.uint64, name="sig")
+    shmemx.aclshmem_barrier_all()
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    offsets = np.cumsum([0] + sizes) // 8
+    for rnd in range(3):
+        expect = [_stamp(me, nxt, np.arange(a, b)) + (rnd << 24) for a, b in zip(offsets[:-1], offsets[1:])]
+        for i, part in enumerate(expect):  # round 0: a quiet per put; round 1: one quiet for all
+            shmemx.aclshmemx_udma_put_nbi(box[me, offsets[i]:offsets[i + 1]], part, part.size, nxt)
+            if rnd == 0:
+                shmemx.aclshmemx_udma_quiet(nxt)
+        if rnd == 2:  # a put_signal per size: the signal only after its payload
+            for i, part in enumerate(expect):
+                shmemx.aclshmemx_udma_put_signal_nbi(box[me, offsets[i]:offsets[i + 1]], part + 1, part.size,
+                                                      sig[me, i:i + 1], 100 + i, nxt)
+            for i in range(len(sizes)):
+                shmemx.aclshmem_signal_wait_until(sig[prv, i:i + 1], EQ, 100 + i)
+                np.testing.assert_array_equal(box[prv, offsets[i]:offsets[i + 1]],
+                                              _stamp(prv, me, np.arange(offsets[i], offsets[i + 1])) + (rnd << 24) + 1,
+                                              err_msg=f"signal {i} seen before its payload")
+        shmemx.aclshmemx_udma_quiet(nxt)
+        shmemx.aclshmem_barrier_all()
+        got = box[prv].copy()
+        shmemx.aclshmem_barrier_all()
+        want = _stamp(prv, me, np.arange(offsets[-1])) + (rnd << 24) + (rnd == 2)
+        np.testing.assert_array_equal(got, want, err_msg=f"round {rnd}")
+    back = np.zeros(offsets[-1], np.int64)  # READs: what this PE put to the next, read back from it
+    for i in range(len(sizes)):
+        shmemx.aclshmemx_udma_get_nbi(back[offsets[i]:offsets[i + 1]], box[me, offsets[i]:offsets[i + 1]],
+                                      int(offsets[i + 1] - offsets[i]), nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    np.testing.assert_array_equal(back, _stamp(me, nxt, np.arange(offsets[-1])) + (2 << 24) + 1, err_msg="gets")
+    shmemx.aclshmem_barrier_all()
+    copied, helped = native.coop_counts
+    assert copied >= 4 * sum((s + chunk - 1) // chunk for s in sizes)
+    assert helped <= copied
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_large_writes_copied_cooperatively_land_whole(run_ok, n):
+    run_ok(n, _large_writes, 1 << 20)
 
 
 # --- put_signal ------------------------------------------------------------------------------------------------

@@ -25,6 +25,11 @@
  * its CQE. FAA, CAS and the fp32 reduce are locked instructions on the target word, atomic against every
  * other engine (and against libatomic, which uses the same instructions).
  *
+ * Large payloads. A READ, WRITE or WRITE_WITH_NOTIFY payload of at least coop_min bytes is copied in chunks by this
+ * thread and, at the same time, by a thread of this process spinning in the native quiet (coop_copy,
+ * shmemx_engine_help): two cores copy, where a memcpy by the caller would use one. The WQE's execution is still
+ * one step of the engine: the signal and the CQE follow once every chunk is in.
+ *
  * Wake-ups: the engine remembers which PEs' memory it wrote (and its own when it wrote CQEs) and bumps their
  * wake words (the futex protocol of shmemx/shm/waits.py, shared with shm/_native.c through shm/wake.h) when it
  * runs out of work, or every WAKE_EVERY turns while queues stay busy.
@@ -227,6 +232,76 @@ static uint32_t fp32_add(uint32_t *word, float operand) {
     }
 }
 
+/* --- the cooperative copy of a large payload (Coop, _engine.h) --------------------------------------------- */
+
+static int pick_round_robin(Engine *e, uint32_t *queue, uint32_t *bbs);
+
+/* Claim one chunk (from the back when ``back``) and copy it; 0 when every chunk is claimed. */
+static int coop_claim(Coop *c, int back) {
+    uint64_t cl = __atomic_load_n(&c->claims, __ATOMIC_ACQUIRE), next;
+    uint32_t k;
+    do {
+        uint32_t front = (uint32_t)cl, rear = (uint32_t)(cl >> 32);
+        if (front + rear >= c->n) return 0;
+        k = back ? c->n - 1 - rear : front;
+        next = back ? cl + (1ULL << 32) : cl + 1;
+    } while (!__atomic_compare_exchange_n(&c->claims, &cl, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    uint64_t off = (uint64_t)k * c->chunk, len = c->len - off < c->chunk ? c->len - off : c->chunk;
+    memcpy(c->dst + off, c->src + off, len);
+    __atomic_fetch_add(&c->finished, 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Copy ``len`` bytes (the ranges do not overlap) with whichever quiet-ing thread of this process helps
+ * (shmemx_engine_help); returns when every chunk is copied, so what follows (a signal, the CQE) comes after the
+ * whole payload as with one memmove. Called by whoever executes the WQE, holding the turn lock. */
+static void coop_copy(Engine *e, uint8_t *dst, const uint8_t *src, uint64_t len) {
+    Coop *c = &e->coop;
+    c->dst = dst;
+    c->src = src;
+    c->len = len;
+    c->chunk = COOP_CHUNK;
+    c->n = (uint32_t)((len + COOP_CHUNK - 1) / COOP_CHUNK);
+    __atomic_store_n(&c->claims, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->finished, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->active, 1, __ATOMIC_SEQ_CST);
+    while (coop_claim(c, 0)) {}
+    /* a helper's last chunk: it never blocks, but a loaded host may take its core for a while */
+    for (unsigned k = 1; __atomic_load_n(&c->finished, __ATOMIC_ACQUIRE) != c->n; k++)
+        if (k % 1024) __builtin_ia32_pause(); else sched_yield();
+    /* no helper may still read this job when the next one rewrites it: one that counted itself in before
+     * ``active`` dropped is waited for, one that counts itself in after sees it dropped (both sequentially
+     * consistent) */
+    __atomic_store_n(&c->active, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&c->users, __ATOMIC_SEQ_CST)) __builtin_ia32_pause();
+    __atomic_fetch_add(&c->copied, c->n, __ATOMIC_RELAXED);
+}
+
+/* A thread waiting in a quiet copies chunks of the payload being copied cooperatively, if any (from the back);
+ * returns 1 when it copied some. Never blocks: a claimed chunk is copied and counted at once. */
+int shmemx_engine_help(Engine *e) {
+    Coop *c = &e->coop;
+    if (!__atomic_load_n(&c->active, __ATOMIC_ACQUIRE)) return 0;
+    __atomic_fetch_add(&c->users, 1, __ATOMIC_SEQ_CST);
+    uint64_t did = 0;
+    if (__atomic_load_n(&c->active, __ATOMIC_SEQ_CST))
+        while (coop_claim(c, 1)) did++;
+    if (did) __atomic_fetch_add(&c->helped, did, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&c->users, 1, __ATOMIC_SEQ_CST);
+    return did > 0;
+}
+
+/* The payload copy of a READ, a WRITE or a WRITE_WITH_NOTIFY: cooperative when whole, large, the ranges apart,
+ * and the normal policy runs (a seeded policy splits transfers itself). */
+static inline void copy_payload(Engine *e, uint8_t *dst, const uint8_t *src, uint64_t lo, uint64_t hi, uint64_t len) {
+    uint64_t n = hi - lo;
+    if (e->coop_min && n >= e->coop_min && n == len && e->policy.pick == pick_round_robin
+        && (dst + n <= src || src + n <= dst))
+        coop_copy(e, dst, src, n);
+    else
+        memmove(dst + lo, src + lo, n);
+}
+
 /* Execute a checked WQE, or the byte range [lo, hi) of its payload (a READ, a WRITE, a WRITE_WITH_NOTIFY's
  * payload; the signal with the ``last`` piece); returns its byte count, *data the fetched value. Atomics and
  * reduces run whole (lo = 0, hi = len, last). */
@@ -237,7 +312,7 @@ static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data, ui
     if (op == (uint32_t)L->op_nop) return 0;
     uint64_t n = t->len;
     if (op == (uint32_t)L->op_read) {
-        memmove(t->local + lo, t->remote + lo, hi - lo);
+        copy_payload(e, t->local, t->remote, lo, hi, n);
         touch(e, e->my_pe);
         return n;
     }
@@ -249,11 +324,11 @@ static uint64_t run(Engine *e, const Wqe *w, const Target *t, uint64_t *data, ui
         return n;
     }
     if (op == (uint32_t)L->op_write) {
-        memmove(t->remote + lo, t->local + lo, hi - lo);
+        copy_payload(e, t->remote, t->local, lo, hi, n);
         return n;
     }
     if (op == (uint32_t)L->op_notify) {
-        memmove(t->remote + lo, t->local + lo, hi - lo);
+        copy_payload(e, t->remote, t->local, lo, hi, n);
         if (last) __atomic_exchange_n((uint64_t *)t->sig, at64(w, L->notify_ctx + 16), __ATOMIC_SEQ_CST);
         return n;
     }
@@ -667,6 +742,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->policy = (struct policy){"round_robin", pick_round_robin, NULL, NULL};
     e->rr = e->n_slots - 1;
     e->assist = 1;
+    e->coop_min = e->spin_ns > 0 ? COOP_MIN_BYTES : 0; /* helpers spin only when PEs do not outnumber cores */
     return 0;
 }
 
@@ -795,8 +871,32 @@ static PyObject *Engine_set_policy(Engine *e, PyObject *args) {
 
 static PyObject *Engine_get_policy(Engine *e, void *closure) { return PyUnicode_FromString(e->policy.name); }
 
+static PyObject *Engine_set_coop(Engine *e, PyObject *arg) {
+    unsigned long long min = PyLong_AsUnsignedLongLong(arg);
+    if (min == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->turn_lock); /* between turns: no cooperative copy runs */
+    e->coop_min = min;
+    pthread_mutex_unlock(&e->turn_lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_coop(Engine *e, void *closure) { return PyLong_FromUnsignedLongLong(e->coop_min); }
+
+/* (chunks copied cooperatively, of them by a quiet-ing thread) since the engine was made. */
+static PyObject *Engine_get_coop_counts(Engine *e, void *closure) {
+    return Py_BuildValue("KK", (unsigned long long)__atomic_load_n(&e->coop.copied, __ATOMIC_RELAXED),
+                         (unsigned long long)__atomic_load_n(&e->coop.helped, __ATOMIC_RELAXED));
+}
+
+
 static PyGetSetDef Engine_getset[] = {
     {"policy", (getter)Engine_get_policy, NULL, "The scheduling policy's name.", NULL},
+    {"coop_min", (getter)Engine_get_coop, NULL,
+     "WRITEs of at least this many bytes are copied by the engine and a quiet-ing thread together (0: never).", NULL},
+    {"coop_counts", (getter)Engine_get_coop_counts, NULL,
+     "(chunks copied cooperatively, of them by a quiet-ing thread) since the engine was made.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -845,6 +945,8 @@ static PyMethodDef Engine_methods[] = {
     {"take_trace", (PyCFunction)Engine_take_trace, METH_NOARGS, "Drain the turn records."},
     {"set_assist", (PyCFunction)Engine_set_assist, METH_O,
      "Whether a quiet may execute its own queue's WQEs when the engine is not at them (default True)."},
+    {"set_coop", (PyCFunction)Engine_set_coop, METH_O,
+     "set_coop(min_bytes): copy WRITEs of at least min_bytes with a quiet-ing thread's help (0: never)."},
     {"take_log", (PyCFunction)Engine_take_log, METH_NOARGS, "Drain the policy's decision records."},
     {NULL, NULL, 0, NULL},
 };
@@ -895,5 +997,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (shmemx_post_init(m) < 0) { Py_DECREF(m); return NULL; }
     PyModule_AddIntConstant(m, "BATCH_BBS", BATCH_BBS);
     PyModule_AddIntConstant(m, "WAKE_EVERY", WAKE_EVERY);
+    PyModule_AddIntConstant(m, "COOP_MIN_BYTES", COOP_MIN_BYTES);
+    PyModule_AddIntConstant(m, "COOP_CHUNK", COOP_CHUNK);
     return m;
 }

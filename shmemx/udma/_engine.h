@@ -19,6 +19,8 @@
 
 #define BATCH_BBS 4096
 #define WAKE_EVERY 8
+#define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
+#define COOP_CHUNK (256 << 10)
 #define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
 
 /* Why a WQE failed, beside its status (hw err_where): lets the Python layer rebuild the detail message from
@@ -84,6 +86,24 @@ typedef struct { uint8_t done, chunks; uint16_t status; uint32_t byte_cnt; uint6
 /* What a policy needs to know of a rung WQE (engine_wqe). */
 typedef struct { uint32_t flag, opcode, bbs; uint64_t len, dst_va; int splittable; } WqeInfo;
 
+/* A large READ's or WRITE's payload copied by two threads at once (_engine.c coop_copy): the thread that
+ * executes the WQE (the engine's, or a quiet's assist) and a thread of this process that waits in a quiet
+ * meanwhile (shmemx_engine_help). The payload is cut into ``chunk``-byte chunks; the executor claims them from the
+ * front, a helper from the back (so that each side keeps copying the same part of a buffer put again and again:
+ * its cache lines stay on that core), both through one 64-bit claim word. The executor waits for every chunk,
+ * then signals and writes the CQE as before. */
+typedef struct {
+    uint8_t *dst;
+    const uint8_t *src;
+    uint64_t len, chunk;
+    uint64_t claims;   /* low 32 bits: chunks claimed from the front; high 32 bits: from the back */
+    uint32_t n;        /* chunks */
+    uint32_t finished; /* chunks copied */
+    int active;        /* a helper may claim chunks */
+    int users;         /* helpers between their check of ``active`` and their last claim */
+    uint64_t copied, helped; /* counters: chunks copied cooperatively, of them by a helper */
+} Coop;
+
 typedef struct engine {
     PyObject_HEAD
     Layout L;
@@ -122,6 +142,8 @@ typedef struct engine {
     Ahead *ahead;      /* the executed set beyond ci (out-of-order policies), NULL until one is installed */
     int64_t *log;      /* a policy's decision records when tracing: 6 int64 each (engine_log) */
     size_t log_len, log_cap;
+    Coop coop;         /* the payload being copied cooperatively, if any */
+    uint64_t coop_min; /* READs / WRITEs of at least this many bytes are copied cooperatively (0: never); set_coop */
 } Engine;
 
 static inline int64_t now_ns(void) {
@@ -158,6 +180,7 @@ int chaos_step(Engine *e, int64_t *nap_ns);
 
 extern PyTypeObject EngineType;
 int shmemx_engine_assist(Engine *e, uint32_t q, int wait);
+int shmemx_engine_help(Engine *e);
 int shmemx_post_init(PyObject *module);
 
 #endif

@@ -373,10 +373,17 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
              * written by this thread, so they are in this core's caches. With a spin the engine is awake and
              * spinning too: let it work (taking the copy off its core would move the buffers' cache lines between
              * cores on every put) and assist only when it has not taken the work after ASSIST_AFTER_NS (it
-             * yielded its core to another job of a loaded host) */
+             * yielded its core to another job of a loaded host). Meanwhile, when the engine copies a large payload
+             * (a WRITE of at least coop_min bytes), copy chunks of it too (shmemx_engine_help), so that both cores
+             * copy, as a caller's own memcpy would take one */
             Py_BEGIN_ALLOW_THREADS
             int64_t now = now_ns(), end = now + spin_ns, assist_at = spin_ns > 0 ? now + ASSIST_AFTER_NS : 0;
             for (unsigned k = 0; !cqe_written(e, q, last); k++) {
+                if (spin_ns > 0 && shmemx_engine_help(e)) { /* copied chunks of a large payload: spin on */
+                    now = now_ns();
+                    end = now + spin_ns;
+                    continue;
+                }
                 if ((k & 63) == 0) {
                     now = k ? now_ns() : now;
                     if (now >= assist_at && shmemx_engine_assist(e, q, spin_ns <= 0)) continue;

@@ -164,6 +164,17 @@ class Engine:
         ordering rules allow, PCT-style queue priorities, split transfers, held queues and peers)."""
         self.native.set_policy(name, int(seed) & (1 << 64) - 1)
 
+    @property
+    def coop_min(self) -> int:
+        """WRITEs of at least this many bytes are copied by the engine thread and, at the same time, by a thread of
+        this PE spinning in a quiet (``_engine.c``, coop_copy); 0 = never. 1 MiB by default when PEs do not
+        outnumber cores (the quiets spin then), else 0."""
+        return self.native.coop_min
+
+    def set_coop(self, min_bytes: int) -> None:
+        """Set ``coop_min`` (0 turns the cooperative copy off; for A/B measurements)."""
+        self.native.set_coop(int(min_bytes))
+
     def inject_fault(self, count: int = 1) -> None:
         """Make the next ``count`` WQEs that pass their checks fail with ENGINE_FAULT (``Where.INJECTED``): the
         test hook for the engine's handling of its own faults (an error CQE, a queue in error, an engine that
