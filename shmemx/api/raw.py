@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import runtime
+from ..shm.waits import thread_slot
 from ..udma.layout import M32, Opcode, build_write_batch
 from ..udma.rings import Api
 from ..udma.queues import QueuePair
@@ -114,6 +115,26 @@ class RawQueue:
         for reg in self._pinned:  # used by WQEs up to this doorbell at most: free once they retired
             reg.uses[self._qp.index] = head & M32
         self._pinned.clear()
+
+    def post(self, wqes, *, cqes: int = 0) -> int:
+        """``reserve`` + ``write`` + ``ring_doorbell`` of built WQEs in one call (one doorbell); returns the new
+        head. While no recorder needs per-event calls, a batch of WRITE / READ / WRITE_WITH_NOTIFY WQEs is stored
+        by native code (the same bytes, sidecar words and counts as the three calls); anything else takes them."""
+        data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
+        q = self._qp
+        poster = q.udma.poster
+        if poster is not None and data.flags.c_contiguous:
+            head = poster.wqes(q.index, data, cqes, Api.RAW, thread_slot())
+            if head >= 0:
+                for reg in self._pinned:  # as ring_doorbell: used by WQEs up to this head at most
+                    reg.uses[q.index] = head
+                self._pinned.clear()
+                return head
+        bbs = data.nbytes // 64
+        head = self.reserve(bbs)
+        end = self.write(head, data)
+        self.ring_doorbell(end, cqes=cqes)
+        return end
 
     def poll(self, target: int | None = None) -> None:
         """Consume CQEs up to ``target`` (default cqe_cnt): the quiet of this queue."""
