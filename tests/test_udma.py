@@ -1454,7 +1454,7 @@ def test_raw_path_reserve_write_ring_poll_with_wrap(run_ok, n):
 def _raw_post():
     from shmemx.udma.rings import Api
 
-    """RawQueue.post: WRITEs and a WRITE_WITH_NOTIFY built beforehand, posted with one call (wrapping the ring),
+    """RawQueue.post: WRITEs (build_writes: the bytes of build_write_batch) and a WRITE_WITH_NOTIFY built beforehand, posted with one call (wrapping the ring),
     store the same bytes, sidecar words and counts as reserve + write + ring_doorbell, and execute; a batch with
     another opcode (an FAA) takes the Python path and executes too."""
     shmemx.init(sq_depth=32)
@@ -1475,6 +1475,10 @@ def _raw_post():
                         notify_tid=int(rmi["tid"]), notify_token=int(rmi["rmt_token_value"]),
                         notify_va=q.remote_va(sig[b:b + 1]), notify_value=b + 1)
         data = np.concatenate([writes.view(np.uint8).reshape(-1), np.frombuffer(close, np.uint8)])
+        from shmemx.udma.layout import build_write_batch  # build_writes' copy of the words every WQE shares
+        np.testing.assert_array_equal(writes, build_write_batch(
+            12, tp_id=qp.tpn, rmt_seg_id=qp.tid, rmt_eid=qp.eid, rmt_token_value=qp.token,
+            rmt_va=q.remote_va(dst[b]) + step, sge_len=64, sge_va=q.local_va(src[b]) + step))
         start, before = q.head, (qp.n_posted, qp.b_posted)
         if via_post:  # the native path takes it (it returns -1 when the Python path must)
             assert runtime().udma.poster.wqes(qp.index, data, 13, int(Api.RAW), 0) == start + 14

@@ -46,6 +46,7 @@ class RawQueue:
         self.sq_words = qp.sq.view(np.uint64)
         self.cq = qp.cq
         self._pinned: list = []  # registrations handed out by local_va since the last doorbell
+        self._templates: dict = {}  # (flag, opcode) -> the words 0-4 of this queue's one-BB WQEs (build_writes)
 
     def __repr__(self) -> str:
         return f"RawQueue(pe {self._qp.my_pe} -> pe {self.peer} qp {self.qp_idx}, head {self.head})"
@@ -87,8 +88,22 @@ class RawQueue:
 
     def build_writes(self, *, rmt_va, sge_len, sge_va, flag=0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
         """``[n, 8] uint64`` one-BB WQEs for this queue's peer in one numpy operation."""
-        n = int(np.broadcast(np.asarray(rmt_va), np.asarray(sge_len), np.asarray(sge_va), np.asarray(flag)).size)
         q = self._qp
+        if isinstance(flag, int) and isinstance(opcode, int):  # words 0-4 are the same in every WQE: copy them
+            key = (flag, opcode)
+            head = self._templates.get(key)
+            if head is None:
+                head = self._templates[key] = build_write_batch(1, tp_id=q.tpn, rmt_seg_id=q.tid, rmt_eid=q.eid,
+                                                                rmt_token_value=q.token, rmt_va=0, sge_len=0,
+                                                                sge_va=0, flag=flag, opcode=opcode)[0, :5]
+            n = int(np.broadcast(rmt_va, sge_len, sge_va).size)
+            out = np.empty((n, 8), np.uint64)
+            out[:, :5] = head
+            out[:, 5] = rmt_va
+            out[:, 6] = np.asarray(sge_len, np.uint64) & np.uint64(0xFFFF_FFFF)
+            out[:, 7] = sge_va
+            return out
+        n = int(np.broadcast(np.asarray(rmt_va), np.asarray(sge_len), np.asarray(sge_va), np.asarray(flag)).size)
         return build_write_batch(n, tp_id=q.tpn, rmt_seg_id=q.tid, rmt_eid=q.eid, rmt_token_value=q.token,
                                  rmt_va=rmt_va, sge_len=sge_len, sge_va=sge_va, flag=flag, opcode=opcode)
 
