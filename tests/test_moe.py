@@ -156,6 +156,23 @@ def test_bytes_policy_balances_each_peer():
     np.testing.assert_array_equal(plan.lane_rows, [[11, 11], [2, 2]])  # LPT: 10+1 / 6+5 and 1+1 / 1+1
 
 
+def test_one_channel_plan_is_the_general_plan():
+    """The one-channel plan (the default Buffer's, made without the per-lane search) has the units, order,
+    rounds and lane rows of the general loop, for every policy, rotation, rank and a peer without rows."""
+    from shmemx.kernels.moe.schedule import _plan_general
+
+    rng = np.random.default_rng(3)
+    for n_pes, policy, rotate in itertools.product((1, 2, 5, 9), QP_POLICIES, (True, False)):
+        rows = rng.integers(0, 3, (1, n_pes))
+        rows[0, -1] = 0
+        for me in range(n_pes):
+            fast, slow = plan_rounds(me, n_pes, rows, Schedule(policy, rotate)), _plan_general(me, n_pes, rows,
+                                                                                             Schedule(policy, rotate))
+            assert fast.rounds == slow.rounds and fast.by_block == slow.by_block
+            np.testing.assert_array_equal(fast.lane_rows, slow.lane_rows)
+            assert sorted(fast.units, key=repr) == sorted(slow.units, key=repr)
+
+
 def test_rotation_starts_each_rank_at_itself():
     rows = np.ones((8, 8), np.int64)
     for me in range(8):

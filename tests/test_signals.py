@@ -487,3 +487,32 @@ def _wait_times_out(which: str):
 @pytest.mark.parametrize("n,which", [(1, "own"), (2, "own"), (4, "own"), (8, "own"), (2, "peer"), (8, "peer")])
 def test_wait_timeout_names_pe_address_condition_value(run_ok, n, which):
     run_ok(n, _wait_times_out, which)
+
+
+def _wait_all_strided():
+    """wait_until_all on a strided column of words (every other PE sets its own word of PE 0's column, one at a
+    time; the status mask leaves PE 0's out) sleeps and wakes once all are in; past the deadline it names the
+    words; no sleeper count is left behind."""
+    shmemx.init(timeout=1)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    slots = shmemx.zeros((n, 4), np.uint64, name="slots")
+    status = np.zeros(n, np.int32)
+    status[0] = 1  # PE 0 does not signal itself
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        shmemx.aclshmem_wait_until_all(slots[:, 0], GE, 5, status)
+        assert (slots[1:, 0] == 5).all()
+        with pytest.raises(shmemx.WaitTimeoutError) as info:
+            shmemx.aclshmem_wait_until_all(slots[:, 0], GE, 6, status)
+        assert f"wait_until_all on {n - 1} words at 'slots'" in str(info.value), str(info.value)
+    else:  # one at a time, after PE 0 went to sleep
+        time.sleep(0.05 * me)
+        shmemx.aclshmemx_signal_op(slots[me, 0:1], 5, SET, 0)
+        time.sleep(1.2)  # PE 0's second wait times out meanwhile (the barrier below has the same 1 s deadline)
+    shmemx.aclshmem_barrier_all()
+    _assert_no_sleepers(me)
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_wait_until_all_strided_words(run_ok, n):
+    run_ok(n, _wait_all_strided)

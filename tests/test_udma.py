@@ -1451,6 +1451,66 @@ def test_raw_path_reserve_write_ring_poll_with_wrap(run_ok, n):
     run_ok(n, _raw_path, 3, 40)
 
 
+def _raw_post():
+    from shmemx.udma.rings import Api
+
+    """RawQueue.post: WRITEs (build_writes: the bytes of build_write_batch) and a WRITE_WITH_NOTIFY built beforehand, posted with one call (wrapping the ring),
+    store the same bytes, sidecar words and counts as reserve + write + ring_doorbell, and execute; a batch with
+    another opcode (an FAA) takes the Python path and executes too."""
+    shmemx.init(sq_depth=32)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    dst = shmemx.zeros((2, 12, 8), np.int64, name="dst")
+    sig = shmemx.zeros(2, np.uint64, name="sig")
+    word = shmemx.zeros(1, np.int64, name="word")
+    src = shmemx.array(_stamp(me, nxt, np.arange(2 * 12 * 8)).reshape(2, 12, 8), name="src")
+    shmemx.aclshmem_barrier_all()
+    q = shmemx.aclshmemx_udma_raw_queue(nxt, 0)
+    qp = runtime().udma.qp(nxt, 0)
+    rmi = q.remote_mem_info
+    step = np.arange(12, dtype=np.uint64) * np.uint64(64)
+    for b, via_post in enumerate((True, False)):
+        writes = q.build_writes(rmt_va=q.remote_va(dst[b]) + step, sge_len=64, sge_va=q.local_va(src[b]) + step)
+        close = q.build(Opcode.WRITE_WITH_NOTIFY, 0x2e, q.remote_va(dst[b, 0]), sge_len=64, sge_va=q.local_va(src[b, 0]),
+                        notify_tid=int(rmi["tid"]), notify_token=int(rmi["rmt_token_value"]),
+                        notify_va=q.remote_va(sig[b:b + 1]), notify_value=b + 1)
+        data = np.concatenate([writes.view(np.uint8).reshape(-1), np.frombuffer(close, np.uint8)])
+        from shmemx.udma.layout import build_write_batch  # build_writes' copy of the words every WQE shares
+        np.testing.assert_array_equal(writes, build_write_batch(
+            12, tp_id=qp.tpn, rmt_seg_id=qp.tid, rmt_eid=qp.eid, rmt_token_value=qp.token,
+            rmt_va=q.remote_va(dst[b]) + step, sge_len=64, sge_va=q.local_va(src[b]) + step))
+        start, before = q.head, (qp.n_posted, qp.b_posted)
+        if via_post:  # the native path takes it (it returns -1 when the Python path must)
+            assert runtime().udma.poster.wqes(qp.index, data, 13, int(Api.RAW), 0) == start + 14
+            end = q.head
+        else:
+            end = q.write(q.reserve(14), data)
+            q.ring_doorbell(end, cqes=13)
+        assert end == start + 14 and q.head == end and q.wq_ctx["head"] == end and q.cqe_cnt == 13 * (b + 1)
+        slots = (start + np.arange(14)) % 32
+        assert bytes(q.sq[slots].reshape(-1)) == data.tobytes()
+        assert (qp.n_posted - before[0], qp.b_posted - before[1]) == (13, 13 * 64)
+        assert len(set(qp.sidecar[slots].tolist())) == 1
+        sidecar = int(qp.sidecar[slots[0]])
+        q.poll()
+        if b == 0:
+            first_sidecar = sidecar
+    assert sidecar == first_sidecar  # the same sidecar word from both paths
+    amo = int(q.wq_ctx["amo_addr"])
+    end = q.post(q.build(Opcode.FAA, 0x20, q.remote_va(word), sge_len=8, sge_va=amo, operand=3), cqes=1)
+    assert end == q.head
+    q.poll()
+    shmemx.aclshmem_barrier_all()
+    np.testing.assert_array_equal(dst, _stamp(prev, me, np.arange(2 * 12 * 8)).reshape(2, 12, 8))
+    assert sig.tolist() == [1, 2] and word[0] == 3
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_raw_post_is_reserve_write_ring(run_ok, n):
+    run_ok(n, _raw_post)
+
+
 def _mixed_batch():
     """WRITE, WRITE_WITH_NOTIFY and FAA interleaved on one QP, written into the ring (wrapping) and rung once:
     they execute in program order (only order gives the final values checked)."""

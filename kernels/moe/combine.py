@@ -105,16 +105,26 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
     return timer.lap("submit", t)
 
 
-def _wait_source(a: CombineArgs, r: int) -> None:
+def _wait_sources(a: CombineArgs, sources: list[int]) -> None:
+    """Wait for the lanes of every rank in ``sources`` (one wait per QP over their completion signals, asleep
+    until the last lands) and check their records in one numpy operation."""
+    if not sources:
+        return
     v = a.views
     n_qps = a.plan.lane_rows.shape[1]
-    shmemx.aclshmem_wait_until_all(v["signals"][1, r, :n_qps, 0], GE, a.seq)
-    records = v["signals"][1, r, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)
-    rows = int(records[:, 0].sum())
-    if rows != int(a.back_rows[r]) or (records[:, 3] != a.seq).any():
+    status = np.ones(a.n_pes, np.int32)
+    status[sources] = 0
+    for q in range(n_qps):
+        shmemx.aclshmem_wait_until_all(v["signals"][1, :, q, 0], GE, a.seq, status=status)
+    records = v["signals"][1, sources, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)  # [n, Q, 4]
+    rows = records[:, :, 0].sum(1)
+    want = a.back_rows[sources]
+    bad = np.flatnonzero((rows != want) | (records[:, :, 3] != a.seq).any(1))
+    if len(bad):
+        i, r = int(bad[0]), sources[int(bad[0])]
         raise RuntimeError(f"pe {a.me}: combine #{a.seq}: the completion records from pe {r} (rows per qp "
-                           f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the "
-                           f"{int(a.back_rows[r])} rows this pe sent it")
+                           f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
+                           f"{int(want[i])} rows this pe sent it")
 
 
 def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
@@ -170,8 +180,7 @@ def combine_kernel(a: CombineArgs) -> None:
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
-    for r in sources:
-        _wait_source(a, r)
+    _wait_sources(a, sources)
     t = timer.lap("wait", t)
     shmemx.sync_all()
     t = timer.lap("sync", t)

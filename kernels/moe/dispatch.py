@@ -151,21 +151,34 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
     return timer.lap("submit", t)
 
 
-def _receive(a: DispatchArgs, s: int, timer, t: float) -> float:
-    """Wait for source s's lanes, check their records, copy its rows out (the credit comes after ``sync_all``)."""
+def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
+    """Wait for the lanes of every source in ``sources`` (this PE's own rows are local), check their records,
+    then copy each source's rows out (the credits come after ``sync_all``).
+
+    One wait per QP over the sources' completion signals (``wait_until_all`` with a status mask), not one per
+    source: a wait sleeps until the last of them lands instead of a call per peer, and the records of all
+    sources are checked in one numpy operation."""
     v, me = a.views, a.me
-    lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     n_qps = a.plan.lane_rows.shape[1]
-    if s != me:
-        shmemx.aclshmem_wait_until_all(v["signals"][0, s, :n_qps, 0], GE, a.seq)
+    peers = [s for s in sources if s != me]
+    if peers:
+        status = np.ones(a.n_pes, np.int32)
+        status[peers] = 0
+        for q in range(n_qps):
+            shmemx.aclshmem_wait_until_all(v["signals"][0, :, q, 0], GE, a.seq, status=status)
         t = timer.lap("wait", t)
-        records = v["signals"][0, s, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)
-        rows = int(records[:, 0].sum())
-        if rows != hi - lo or (records[:, 3] != a.seq).any():
+        records = v["signals"][0, peers, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)  # [n, Q, 4]
+        rows = records[:, :, 0].sum(1)
+        want = a.recv_hi[peers] - a.recv_lo[peers]
+        bad = np.flatnonzero((rows != want) | (records[:, :, 3] != a.seq).any(1))
+        if len(bad):
+            i, s = int(bad[0]), peers[int(bad[0])]
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
-                               f"{records[:, 0].tolist()}, seq {records[:, 3].tolist()}) do not match the {hi - lo} "
-                               f"rows notify announced for call #{a.seq}")
-    return copy_out(a, s, timer, t, credit=False)
+                               f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
+                               f"{int(want[i])} rows notify announced for call #{a.seq}")
+    for s in sources:
+        t = copy_out(a, s, timer, t, credit=False)
+    return t
 
 
 def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> float:
@@ -227,8 +240,7 @@ def dispatch_kernel(a: DispatchArgs) -> None:
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t)
     sources = range(c, a.n_pes, len(a.bounds) - 1)
-    for s in sources:
-        t = _receive(a, s, timer, t)
+    t = _receive_all(a, sources, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
     for s in sources:

@@ -102,7 +102,7 @@ class Lanes:
              close: tuple[int, int, int, int, int] | None = None) -> int:
         """Post ``len(rmt_va)`` WRITEs (each with a CQE) on lane (peer, qp), and with ``close`` = (record VA on the
         peer, record VA here, record bytes, signal VA on the peer, value) the lane's completion after them: one
-        reserve, one write, one doorbell. Returns the number of WQEs posted."""
+        ``post`` (one reserve, one write, one doorbell). Returns the number of WQEs posted."""
         n = len(rmt_va)
         queue = self.queues[peer, qp]
         parts = []
@@ -118,11 +118,8 @@ class Lanes:
         if not parts:
             return 0
         data = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        bbs = len(data) // 64
-        head = queue.reserve(bbs)
-        queue.write(head, data)
         wqes = n + (close is not None)
-        queue.ring_doorbell(head + bbs, cqes=wqes)
+        queue.post(data, cqes=wqes)
         return wqes
 
     def submit(self, peer: int, qp: int, rmt_va, sge_va, length, stats, *, close_kind: int | None = None,

@@ -184,6 +184,15 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Pl
     rows = np.asarray(rows, np.int64)
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
+    if n_channels == 1:
+        return _plan_one_channel(me, n_pes, rows[0], schedule)
+    return _plan_general(me, n_pes, rows, schedule)
+
+
+def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+    """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation, the closers."""
+    n_channels = rows.shape[0]
+    n_qps = schedule.num_qps
     qps = _assign_qps(schedule, rows)
     logical = [(peer - me) % n_pes if schedule.rotate else peer for peer in range(n_pes)]
     units: list[Unit] = []
@@ -206,3 +215,26 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Pl
     for u in sorted(units, key=lambda u: (logical[u.peer], u.qp)):
         by_block[u.channel][u.round].append(u)
     return Plan(n_rounds, by_block, lane_rows, units)
+
+
+def _plan_one_channel(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+    """``plan_rounds`` for one channel (the default Buffer), without its per-lane search: one round; the channel's
+    QP (every policy puts channel 0 on one QP: the static ones by ``channel_qp``, ``bytes`` on the emptier QP,
+    which is QP 0 for the first channel) carries each peer's rows and its completion, every other QP of the peer
+    only its completion; this PE's own rows are a unit without one. The same units, in the same order (the
+    peers in rotated order, QPs ascending), as the general loop gives."""
+    n_qps = schedule.num_qps
+    q0 = 0 if schedule.qp_policy == "bytes" else channel_qp(schedule.qp_policy, 0)
+    lane_rows = np.zeros((n_pes, n_qps), np.int64)
+    lane_rows[:, q0] = rows
+    counts = rows.tolist()
+    order = [(me + i) % n_pes for i in range(n_pes)] if schedule.rotate else range(n_pes)
+    units = []
+    for peer in order:
+        if peer == me:
+            if counts[peer] > 0:
+                units.append(Unit(0, peer, q0, counts[peer], 0))
+            continue
+        for q in range(n_qps):
+            units.append(Unit(0, peer, q, counts[peer] if q == q0 else 0, 0, True))
+    return Plan(1, [[units]], lane_rows, units)

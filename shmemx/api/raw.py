@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import runtime
+from ..shm.waits import thread_slot
 from ..udma.layout import M32, Opcode, build_write_batch
 from ..udma.rings import Api
 from ..udma.queues import QueuePair
@@ -45,6 +46,7 @@ class RawQueue:
         self.sq_words = qp.sq.view(np.uint64)
         self.cq = qp.cq
         self._pinned: list = []  # registrations handed out by local_va since the last doorbell
+        self._templates: dict = {}  # (flag, opcode) -> the words 0-4 of this queue's one-BB WQEs (build_writes)
 
     def __repr__(self) -> str:
         return f"RawQueue(pe {self._qp.my_pe} -> pe {self.peer} qp {self.qp_idx}, head {self.head})"
@@ -86,8 +88,22 @@ class RawQueue:
 
     def build_writes(self, *, rmt_va, sge_len, sge_va, flag=0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
         """``[n, 8] uint64`` one-BB WQEs for this queue's peer in one numpy operation."""
-        n = int(np.broadcast(np.asarray(rmt_va), np.asarray(sge_len), np.asarray(sge_va), np.asarray(flag)).size)
         q = self._qp
+        if isinstance(flag, int) and isinstance(opcode, int):  # words 0-4 are the same in every WQE: copy them
+            key = (flag, opcode)
+            head = self._templates.get(key)
+            if head is None:
+                head = self._templates[key] = build_write_batch(1, tp_id=q.tpn, rmt_seg_id=q.tid, rmt_eid=q.eid,
+                                                                rmt_token_value=q.token, rmt_va=0, sge_len=0,
+                                                                sge_va=0, flag=flag, opcode=opcode)[0, :5]
+            n = int(np.broadcast(rmt_va, sge_len, sge_va).size)
+            out = np.empty((n, 8), np.uint64)
+            out[:, :5] = head
+            out[:, 5] = rmt_va
+            out[:, 6] = np.asarray(sge_len, np.uint64) & np.uint64(0xFFFF_FFFF)
+            out[:, 7] = sge_va
+            return out
+        n = int(np.broadcast(np.asarray(rmt_va), np.asarray(sge_len), np.asarray(sge_va), np.asarray(flag)).size)
         return build_write_batch(n, tp_id=q.tpn, rmt_seg_id=q.tid, rmt_eid=q.eid, rmt_token_value=q.token,
                                  rmt_va=rmt_va, sge_len=sge_len, sge_va=sge_va, flag=flag, opcode=opcode)
 
@@ -114,6 +130,26 @@ class RawQueue:
         for reg in self._pinned:  # used by WQEs up to this doorbell at most: free once they retired
             reg.uses[self._qp.index] = head & M32
         self._pinned.clear()
+
+    def post(self, wqes, *, cqes: int = 0) -> int:
+        """``reserve`` + ``write`` + ``ring_doorbell`` of built WQEs in one call (one doorbell); returns the new
+        head. While no recorder needs per-event calls, a batch of WRITE / READ / WRITE_WITH_NOTIFY WQEs is stored
+        by native code (the same bytes, sidecar words and counts as the three calls); anything else takes them."""
+        data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
+        q = self._qp
+        poster = q.udma.poster
+        if poster is not None and data.flags.c_contiguous:
+            head = poster.wqes(q.index, data, cqes, Api.RAW, thread_slot())
+            if head >= 0:
+                for reg in self._pinned:  # as ring_doorbell: used by WQEs up to this head at most
+                    reg.uses[q.index] = head
+                self._pinned.clear()
+                return head
+        bbs = data.nbytes // 64
+        head = self.reserve(bbs)
+        end = self.write(head, data)
+        self.ring_doorbell(end, cqes=cqes)
+        return end
 
     def poll(self, target: int | None = None) -> None:
         """Consume CQEs up to ``target`` (default cqe_cnt): the quiet of this queue."""

@@ -22,7 +22,7 @@ import numpy as np
 from ..runtime import runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_until
+from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_on_words, block_until
 from .checks import check_pe
 
 __all__ = [
@@ -338,6 +338,28 @@ class _Words:
         if rt.chaos is not None:
             rt.chaos.jitter()
 
+    def native_block(self, rt, call: WaitCall) -> bool:
+        """Wait until every active word meets the comparison, asleep in native code (``block_on_words``) when
+        the words allow it (one comparison value, an integer dtype of the native waits, a positive stride);
+        False when the caller must take ``block``. Only while no recorder needs per-event calls."""
+        ivars = self.ivars
+        kind = WORD_KINDS.get(ivars.dtype.str)
+        if kind is None or np.ndim(self.values) != 0 or not ivars.size:
+            return False
+        stride = ivars.strides[0]
+        if stride <= 0 and len(ivars) > 1:
+            return False
+        ready = lambda: bool(np.all(self.matches() | ~self.active))  # noqa: E731 (the spin's predicate)
+        if ready():
+            return True
+        target = int(self.values)
+        wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=target & _U64,
+                    dtype=ivars.dtype.str.encode(), count=len(ivars))
+        block_on_words(rt, rt.heap.segments[self.pe].addr + self.offset, max(stride, 1),
+                       self.active.astype(np.uint8).tobytes(), kind, self.cmp, target, wait,
+                       lambda: self.describe(rt), ready)
+        return True
+
     def check(self, rt, call: WaitCall, met, test: bool = False) -> None:
         """Tell the checker which words met the condition (``met``: their indices; None: every active one)."""
         if met is None:
@@ -363,6 +385,8 @@ def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> 
     """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
+    if not rt.udma.observed and w.native_block(rt, WaitCall.WAIT_UNTIL_ALL):
+        return
     w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
     if rt.checker is not None:
         w.check(rt, WaitCall.WAIT_UNTIL_ALL, None)

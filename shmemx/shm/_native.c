@@ -159,6 +159,72 @@ static PyObject *sleep_on(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iN)", code, value);
 }
 
+/* sleep_all(addr, stride, active, kind, cmp, target, wake_addr, count_addr, atomic, timeout_s, state_addr,
+ *           aborting, backstop_s) -> (code, unmet): sleep_on for a set of words: the words at addr + i * stride
+ * whose byte active[i] is non-zero (``active``: a bytes object, one byte per word) must all meet the comparison.
+ * Every wake-up re-checks them here, without the interpreter lock, starting from the first one not met at the
+ * last look (the words met stay met for the callers' monotonic signals; a word that went back is still seen:
+ * the final pass re-reads every word before it reports them met). code 0: all met (unmet -1); 1: deadline;
+ * 2: the job is aborting (unmet: the index of a word not met). */
+static PyObject *sleep_all(PyObject *self, PyObject *args) {
+    PyObject *addr_o, *target, *wake_o, *count_o, *state_o;
+    Py_ssize_t stride;
+    Py_buffer active;
+    int kind, cmp, atomic;
+    unsigned int aborting;
+    double timeout_s, backstop_s;
+    if (!PyArg_ParseTuple(args, "Ony*iiOOOpdOId", &addr_o, &stride, &active, &kind, &cmp, &target, &wake_o,
+                          &count_o, &atomic, &timeout_s, &state_o, &aborting, &backstop_s))
+        return NULL;
+    Cond c;
+    PyObject *zero = PyLong_FromLong(0);
+    int bad = !zero || parse_cond(addr_o, kind, cmp, target, zero, &c) || cmp == 6;
+    Py_XDECREF(zero);
+    uint32_t *wake = PyLong_AsVoidPtr(wake_o), *count = PyLong_AsVoidPtr(count_o), *state = PyLong_AsVoidPtr(state_o);
+    if (bad || PyErr_Occurred()) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sleep_all: bad comparison");
+        PyBuffer_Release(&active);
+        return NULL;
+    }
+    const uint8_t *on = active.buf;
+    Py_ssize_t n = active.len, first = 0;
+    uint8_t *base = c.addr;
+    int code = 1;
+    if (!atomic) *(volatile uint32_t *)count += 1;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t start = now_ns(), deadline = start + (int64_t)(timeout_s * 1e9), backstop = (int64_t)(backstop_s * 1e9);
+    if (atomic) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        uint32_t seen = __atomic_load_n(wake, __ATOMIC_SEQ_CST);
+        while (first < n) {
+            if (on[first]) {
+                c.addr = base + first * stride;
+                if (!met(&c, load_word(&c))) break;
+            }
+            first++;
+        }
+        if (first == n) { /* every word met: one more pass over them all (cheap) before saying so */
+            for (first = 0; first < n; first++) {
+                if (!on[first]) continue;
+                c.addr = base + first * stride;
+                if (!met(&c, load_word(&c))) break;
+            }
+            if (first == n) { code = 0; break; }
+        }
+        int64_t now = now_ns();
+        if (now >= deadline) { code = 1; break; }
+        if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) { code = 2; break; }
+        int64_t ns = deadline - now < backstop ? deadline - now : backstop;
+        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+        syscall(SYS_futex, wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
+    Py_END_ALLOW_THREADS
+    if (!atomic) *(volatile uint32_t *)count -= 1;
+    PyBuffer_Release(&active);
+    return Py_BuildValue("(in)", code, code == 0 ? (Py_ssize_t)-1 : first);
+}
+
 /* futex_wait(addr, expected, timeout_s) -> bool: sleep while the u32 at addr equals expected (shared futex);
  * False on timeout. */
 static PyObject *futex_wait(PyObject *self, PyObject *args) {
@@ -203,6 +269,8 @@ static PyObject *add_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 static PyMethodDef methods[] = {
     {"spin", spin, METH_VARARGS, "Poll a word without the interpreter lock; its value once met, else None."},
     {"sleep", sleep_on, METH_VARARGS, "Sleep on a wake word until a word meets a comparison: (code, value)."},
+    {"sleep_all", sleep_all, METH_VARARGS, "Sleep on a wake word until every active word of a strided set meets a "
+     "comparison: (code, first unmet)."},
     {"futex_wait", futex_wait, METH_VARARGS, "FUTEX_WAIT without the interpreter lock."},
     {"wake", (PyCFunction)(void (*)(void))wake, METH_FASTCALL, "Bump a wake word and wake its sleepers."},
     {"add_u32", (PyCFunction)(void (*)(void))add_u32, METH_FASTCALL, "Atomic add to a u32."},

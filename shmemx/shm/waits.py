@@ -49,7 +49,7 @@ from ..errors import PeerFailedError, WaitTimeoutError
 from . import _native
 from .futex import futex_wait
 
-__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "thread_slot", "set_thread_slot",
+__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words", "thread_slot", "set_thread_slot",
            "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
@@ -245,6 +245,44 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
                                     deadline - time.monotonic(), _state_addr(ctl), _ABORTING, _BACKSTOP)
             if code == 0:
                 return v
+            now = time.monotonic()
+            if code == 1 and now >= deadline:
+                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+            if code == 2:
+                failed = int(ctl.header["failed_pe"])
+                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
+    finally:
+        ctl.words[call_idx] = 0  # WaitCall.NONE
+        _add_wait_time(rt, slot_idx, started)
+
+
+def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
+                   describe: Callable[[], str], pred: Callable[[], bool], *, sleep_pe: int | None = None) -> None:
+    """``block_on_word`` for a set of words that must all meet one comparison (wait_until_all while no recorder
+    needs per-event calls): the words at ``addr + i * stride`` whose byte ``active[i]`` is non-zero.
+
+    The same wait slot, deadline, abort check and accounting as ``block_until``; the spin (while ranks do not
+    outnumber cores) polls ``pred``, then the sleep is native (``_native.sleep_all``): a wake-up re-checks the
+    words without the interpreter lock and goes back to sleep until the last of them is met, so a wait for P
+    peers' signals costs one call and one return into Python, not one predicate evaluation per signal."""
+    started = time.perf_counter_ns()
+    if _spin_until(rt, pred, rt.spin):
+        _add_wait_time(rt, _tls.slot, started)
+        return
+    ctl = rt.ctl
+    slot_idx = _tls.slot
+    call_idx = _record(rt, slot_idx, wait)
+    pe = wait.pe if sleep_pe is None else sleep_pe
+    own = pe == rt.my_pe and _PLAIN_SLEEPERS
+    count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
+    start = time.monotonic()
+    deadline = start + rt.timeout
+    try:
+        while True:
+            code, _ = _native.sleep_all(addr, stride, active, kind, cmp, target, ctl.wake_addrs[pe], count_addr,
+                                        not own, deadline - time.monotonic(), _state_addr(ctl), _ABORTING, _BACKSTOP)
+            if code == 0:
+                return
             now = time.monotonic()
             if code == 1 and now >= deadline:
                 raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")

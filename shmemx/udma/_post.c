@@ -338,6 +338,80 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     return publish(p, &t, w, 2, flag, api);
 }
 
+/* wqes(q, data, cqes, api, slot) -> the BB position after them, or -1: take the Python path (RawQueue.post =
+ * reserve + write + ring_doorbell). ``data``: whole BBs of already built WQEs for queue index ``q`` (a
+ * C-contiguous buffer), each a one-BB WRITE / READ or a two-BB WRITE_WITH_NOTIFY (any other opcode, a WQE cut
+ * at the end, no room or another submitter: -1 before touching anything). Stores them at the head (wrapping
+ * BB by BB, as RawQueue.write does), every BB's sidecar word, head, cqe_cnt += cqes and the doorbell (last),
+ * kicks the engine once, and counts the WQEs and their SGE bytes as ring_doorbell's scan does. */
+static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "wqes takes 5 arguments"); return NULL; }
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    long q = PyLong_AsLong(args[0]), cqes = PyLong_AsLong(args[2]), api = PyLong_AsLong(args[3]);
+    long slot = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (q < 0 || q >= (long)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe || cqes < 0)
+        return PyLong_FromLong(-1);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    PyObject *result = NULL;
+    uint32_t bbs = (uint32_t)(view.len / 64);
+    if (view.len % 64 || !bbs || view.len / 64 >= e->sq_depth || !room(p, (uint32_t)q, bbs)) goto python;
+    const uint8_t *src = view.buf;
+    int64_t n_wqes = 0, nbytes = 0;
+    for (uint32_t k = 0; k < bbs;) {
+        uint32_t dw1;
+        memcpy(&dw1, src + 64 * (uint64_t)k + 4 * L->w_dw1, 4);
+        long op = (dw1 >> 8) & 0xFF;
+        uint32_t len;
+        if (op == L->op_write || op == L->op_read) {
+            memcpy(&len, src + 64 * (uint64_t)k + 4 * L->w_sge_len, 4);
+            k += 1;
+        } else if (op == L->op_notify && k + 1 < bbs) {
+            memcpy(&len, src + 64 * (uint64_t)k + L->notify_sge, 4);
+            k += 2;
+        } else {
+            goto python;
+        }
+        n_wqes++;
+        nbytes += len;
+    }
+    int64_t *st = p->st + (uint64_t)q * ST_WORDS;
+    int64_t me = (int64_t)PyThread_get_thread_ident();
+    if (st[ST_OWNER] == 0 && st[ST_N_POSTED] == 0) { /* a free queue: claim it (QueuePair.claim) */
+        st[ST_OWNER] = me;
+        st[ST_OWNER_BLOCK] = slot;
+    }
+    if (st[ST_OWNER] != me) goto python;
+    uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
+    uint8_t *ring = sq_of(e, (uint32_t)q);
+    uint32_t *sidecar = (uint32_t *)(e->seg + p->sidecar_off) + (uint64_t)q * e->sq_depth;
+    uint32_t side = (uint32_t)api | (uint32_t)st[ST_OWNER_BLOCK] << 8;
+    for (uint32_t k = 0; k < bbs; k++) {
+        memcpy(ring + 64 * (uint64_t)((head + k) & mask), src + 64 * (uint64_t)k, 64);
+        sidecar[(head + k) & mask] = side;
+    }
+    uint32_t *wq = (uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q);
+    uint32_t next = head + bbs;
+    st[ST_HEAD] = next;
+    wq[p->wq_head] = next;
+    if (cqes) {
+        st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + (uint32_t)cqes);
+        wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
+    }
+    st32(hw_of(e, (uint32_t)q) + L->hw_sq_db, next); /* the doorbell, last */
+    kick(e);
+    st[ST_N_POSTED] += n_wqes;
+    st[ST_B_POSTED] += nbytes;
+    result = PyLong_FromUnsignedLong(next);
+    PyBuffer_Release(&view);
+    return result;
+python:
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(-1);
+}
+
 static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
     uint32_t word = ld32(cq_of(e, q) + 16 * (uint64_t)(pos % e->cq_depth) + e->L.c_status);
     return ((word >> e->L.owner_shift) & 1) == (((pos / e->cq_depth) & 1) ^ 1);
@@ -527,6 +601,7 @@ static void Poster_dealloc(Poster *p) {
 static PyMethodDef Poster_methods[] = {
     {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
     {"notify", (PyCFunction)(void (*)(void))Poster_notify, METH_FASTCALL, "Post one plain put_signal, or -1."},
+    {"wqes", (PyCFunction)(void (*)(void))Poster_wqes, METH_FASTCALL, "Post built WQEs with one doorbell, or -1."},
     {"quiet", (PyCFunction)(void (*)(void))Poster_quiet, METH_FASTCALL, "Quiet a queue whose CQEs are all in."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
