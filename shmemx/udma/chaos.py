@@ -32,6 +32,8 @@ _SLEEP_LOG10 = (-5.0, -2.7)  # 10 us .. 2 ms
 _STALL_LOG10 = (-2.5, -1.7)  # 3 .. 20 ms
 _STALLS = (0.0, 0.0, 0.05, 0.15)  # a thread's stall probability per call, drawn once
 BUDGET_BASE, BUDGET_SHARE = 0.06, 0.3
+_P_LAG = 0.9  # a barrier's exit has a laggard (one PE, drawn from the seed and the barrier's number) ...
+_LAG_LOG10 = (-3.3, -2.5)  # ... that sleeps 0.5 .. 3 ms before going on, while the others go on at once
 
 
 class _Rng(threading.local):
@@ -63,6 +65,28 @@ class Jitter:
             tls.stall = tls.rng.choice(_STALLS)
         return tls.rng
 
+    def barrier_exit(self, number: int, n_pes: int) -> None:
+        """Leaving barrier ``number``: one PE (drawn from the seed and the number, the same on every PE) lags,
+        the others go on at once, so that what one PE does right after a barrier lands inside a window that
+        another PE opened right after it (a get .. put of a word the laggard stores to); or, for some barriers,
+        the ordinary jitter."""
+        draw = random.Random(f"shmemx-chaos-barrier/{self.seed}/{number}")
+        if draw.random() >= _P_LAG or n_pes < 2:
+            self.jitter()
+            return
+        if draw.randrange(n_pes) != self.pe:
+            return
+        self.rng()
+        self._sleep(10 ** draw.uniform(*_LAG_LOG10))
+
+    def _sleep(self, pause: float) -> None:
+        tls = self._tls
+        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
+            time.sleep(0)
+            return
+        tls.slept += pause
+        time.sleep(pause)
+
     def jitter(self) -> None:
         """Maybe sleep or yield (called before and after waits, quiets, barriers and signal_op)."""
         r = self.rng()
@@ -77,8 +101,4 @@ class Jitter:
             return
         else:
             pause = 10 ** r.uniform(*_SLEEP_LOG10)
-        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
-            time.sleep(0)
-            return
-        tls.slept += pause
-        time.sleep(pause)
+        self._sleep(pause)
