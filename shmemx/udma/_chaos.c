@@ -45,7 +45,7 @@
 static const double P_ARRIVE[4] = {0.5, 0.8, 0.95, 0.95}; /* a queue's work arrives: hold it (a PE draws one) */
 #define GATHER_MIN_NS 40000LL    /* else gather its burst of posts for 40 .. 250 us, so that they can reorder */
 #define GATHER_MAX_NS 250000LL
-#define P_ARRIVE_READ 0.25       /* a READ's arrival is held less often: it reads early (the writes lag) */
+#define P_ARRIVE_READ 0.0        /* a READ's arrival is only gathered, never held: reads run early, writes lag */
 #define P_AHEAD 0.75             /* a piece ran ahead of an earlier WQE of its queue: hold the queue */
 #define P_AFTER 0.04             /* any other piece */
 #define P_OVERTAKEN 0.6          /* a queue with eligible work that a higher-priority one overtook */
