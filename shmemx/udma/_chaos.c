@@ -13,9 +13,16 @@
  *   8-byte boundaries of its destination (a naturally aligned 4- or 8-byte word stays in one piece) executed in
  *   a drawn order, interleaved with other work; the signal and the completion come with the last piece. Every
  *   piece reads its source when it runs: a WRITE's source is read as late as the schedule puts it.
+ * - Starving writes: when a queue's work arrives with a plain WRITE first (no signal, no atomic), the queue
+ *   starves with a probability each PE draws once (P_STARVE): it runs only while no other queue has work, and
+ *   only after every queue was quiet (no piece, no arrival) for a drawn STARVE_QUIET_MIN_NS..STARVE_QUIET_MAX_NS
+ *   (log-uniform), at the latest STARVE_MAX_NS after its arrival; among starving queues left alone, the
+ *   highest-priority one whose quiet has passed goes first. So a signal or an atomic on another queue lands, and
+ *   stays alone long enough in wall time for a receiver to wake and read, while the data before it is held.
  * - Holds (delays): a queue, or every queue to one peer, is held back for a drawn number of steps of the other
  *   queues or a drawn time (log-uniform, up to HOLD_MAX_NS) while nothing else can run, whichever ends first.
- *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament; otherwise the
+ *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament, times
+ *   P_ARRIVE_READ when a READ comes first; otherwise the
  *   queue is held GATHER_MIN_NS..GATHER_MAX_NS, so that a burst of posts is rung before any of it runs), after a
  *   piece that ran ahead of an earlier WQE of its queue (likely, and long: HOLD_LONG_NS at least), after any
  *   other piece (rarely), and for a queue that a higher-priority one overtook. The time the engine sleeps
@@ -29,7 +36,9 @@
  * the kernel threads; their jitter is seeded, their timing is not), the time a hold lasts when a kick ends the
  * engine's sleep early, and the budget. When tracing, every decision is logged (engine_log): kind 1 a piece
  * (queue, BB, byte range), 2 a hold of a queue (queue, BB, steps, ns), 3 a change point (queue, BB, priority),
- * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (idle ns, budget ns). */
+ * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (idle ns, budget ns), 6 a queue starves
+ * (queue, BB, quiet ns), 7 a starving queue released (queue, BB, ns it starved, 1 after its quiet / 0 at the
+ * latest or stopping). */
 #include <math.h>
 
 #include "_engine.h"

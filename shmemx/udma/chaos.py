@@ -4,7 +4,10 @@
 then draws, from a generator seeded by (SEED, PE, block), whether to sleep briefly (10 us - 2 ms, log-uniform),
 yield the interpreter, or do nothing, before and after each wait, quiet, barrier and signal_op; and, with a
 probability the thread draws once (its temperament: never for half the threads, now and then, often), whether
-to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. A thread's sleeps
+to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. At a barrier's
+exit, for most barriers, one PE drawn from (SEED, barrier number) lags 0.5 - 3 ms while the others go on at once
+(``barrier_exit``): what that PE does right after the barrier then lands inside whatever window another PE opened
+right after it (a get .. quiet .. put of a word the laggard stores to). A thread's sleeps
 are budgeted (``BUDGET_BASE`` s, then ``BUDGET_SHARE`` of the time since its first jitter): past the budget it
 only yields, so that a long run pays a bounded share. The sequence of choices of a thread is a function of the
 seed alone (up to the budget); what still differs between two runs with one seed is how the operating system
