@@ -8,7 +8,8 @@
  *   QPs and different peers are unordered. (A WQE that would fail its checks runs only at ci, in order.)
  * - Which queue: PCT-style priorities. Every queue draws a priority; the eligible queue of the highest one runs;
  *   at change points (a draw per piece) the running queue drops below every other.
- * - Which WQE of it: the first eligible one, the last, or any (a draw), so that NO WQEs overtake each other.
+ * - Which WQE of it: the first eligible one (1/4), the last (1/2: a signal posted after its data, which the rules
+ *   let overtake it, is tried early), or any (a draw), so that NO WQEs overtake each other.
  * - Splits: a READ, WRITE or WRITE_WITH_NOTIFY of at least SPLIT_MIN bytes is cut into up to MAX_CHUNKS pieces at
  *   8-byte boundaries of its destination (a naturally aligned 4- or 8-byte word stays in one piece) executed in
  *   a drawn order, interleaved with other work; the signal and the completion come with the last piece. Every
@@ -22,7 +23,7 @@
  * - Holds (delays): a queue, or every queue to one peer, is held back for a drawn number of steps of the other
  *   queues or a drawn time (log-uniform, up to HOLD_MAX_NS) while nothing else can run, whichever ends first.
  *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament, times
- *   P_ARRIVE_READ when a READ comes first; otherwise the
+ *   P_ARRIVE_READ when a READ comes first, P_ARRIVE_SIGNAL when a put_signal or an atomic does; otherwise the
  *   queue is held GATHER_MIN_NS..GATHER_MAX_NS, so that a burst of posts is rung before any of it runs), after a
  *   piece that ran ahead of an earlier WQE of its queue (likely, and long: HOLD_LONG_NS at least), after any
  *   other piece (rarely), and for a queue that a higher-priority one overtook. The time the engine sleeps
@@ -55,6 +56,7 @@ static const double P_ARRIVE[4] = {0.5, 0.8, 0.95, 0.95}; /* a queue's work arri
 #define GATHER_MIN_NS 40000LL    /* else gather its burst of posts for 40 .. 250 us, so that they can reorder */
 #define GATHER_MAX_NS 250000LL
 #define P_ARRIVE_READ 0.0        /* a READ's arrival is only gathered, never held: reads run early, writes lag */
+#define P_ARRIVE_SIGNAL 0.3      /* a put_signal's or an atomic's arrival: held less often (signals race ahead) */
 #define P_AHEAD 0.75             /* a piece ran ahead of an earlier WQE of its queue: hold the queue */
 #define P_AFTER 0.04             /* any other piece */
 #define P_OVERTAKEN 0.6          /* a queue with eligible work that a higher-priority one overtook */
@@ -237,13 +239,15 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
             int known = engine_wqe(e, q, ci, &w0);
             int plain = known && w0.opcode == (uint32_t)L->op_write;
             int read = known && w0.opcode == (uint32_t)L->op_read;
+            int signal = known && (w0.opcode == (uint32_t)L->op_notify || w0.opcode == (uint32_t)L->op_faa
+                                   || w0.opcode == (uint32_t)L->op_cas);
             if (plain && unit(draw(c, S_STARVE, q, ci, 0)) < c->p_starve) {
                 double lo = log((double)STARVE_QUIET_MIN_NS), hi = log((double)STARVE_QUIET_MAX_NS);
                 c->starve[q] = 1;
                 c->starve_since[q] = now;
                 c->starve_quiet[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_QUIET, q, ci, 0)));
                 engine_log(e, LOG_STARVE, q, ci, c->starve_quiet[q], 0);
-            } else if (unit(draw(c, S_ARRIVE, q, ci, 0)) < (read ? P_ARRIVE_READ : 1.0) * c->p_arrive) {
+            } else if (unit(draw(c, S_ARRIVE, q, ci, 0)) < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
                 hold(c, e, q, ci, S_ARRIVE, HOLD_MIN_NS);
             } else if (!held(c, q)) {
                 double lo = log((double)GATHER_MIN_NS), hi = log((double)GATHER_MAX_NS);
@@ -311,7 +315,7 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
     int n = eligible(c, e, q, ci, db, pos, info);
     if (n == 0) return 0; /* cannot happen: the WQE at ci is always eligible */
     uint64_t h = draw(c, S_PICK, q, c->serial[q]++, 0);
-    int k = h % 4 == 0 ? 0 : h % 4 == 1 ? n - 1 : (int)((h >> 8) % (uint64_t)n);
+    int k = h % 4 == 0 ? 0 : h % 4 != 3 ? n - 1 : (int)((h >> 8) % (uint64_t)n); /* first 1/4, last 1/2, any */
     uint32_t p = pos[k];
     /* the piece: the undone one of the lowest drawn rank */
     uint64_t cut[MAX_CHUNKS + 1];

@@ -7,7 +7,9 @@ probability the thread draws once (its temperament: never for half the threads, 
 to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. At a barrier's
 exit, for most barriers, one PE drawn from (SEED, barrier number) lags 0.5 - 3 ms while the others go on at once
 (``barrier_exit``): what that PE does right after the barrier then lands inside whatever window another PE opened
-right after it (a get .. quiet .. put of a word the laggard stores to). A thread's sleeps
+right after it (a get .. quiet .. put of a word the laggard stores to). After a signal_op the signalling thread
+lags 0.5 - 4 ms now and then (``after_release``), so that the peer's reaction comes before what it does next. A
+thread's sleeps
 are budgeted (``BUDGET_BASE`` s, then ``BUDGET_SHARE`` of the time since its first jitter): past the budget it
 only yields, so that a long run pays a bounded share. The sequence of choices of a thread is a function of the
 seed alone (up to the budget); what still differs between two runs with one seed is how the operating system
@@ -37,6 +39,8 @@ _STALLS = (0.0, 0.0, 0.05, 0.15)  # a thread's stall probability per call, drawn
 BUDGET_BASE, BUDGET_SHARE = 0.06, 0.3
 _P_LAG = 0.9  # a barrier's exit has a laggard (one PE, drawn from the seed and the barrier's number) ...
 _LAG_LOG10 = (-3.3, -2.5)  # ... that sleeps 0.5 .. 3 ms before going on, while the others go on at once
+_P_RELEASE_LAG = 0.6  # after a signal_op the signalling thread lags (its peer reacts first) ...
+_RELEASE_LOG10 = (-3.3, -2.4)  # ... 0.5 .. 4 ms
 
 
 class _Rng(threading.local):
@@ -81,6 +85,15 @@ class Jitter:
             return
         self.rng()
         self._sleep(10 ** draw.uniform(*_LAG_LOG10))
+
+    def after_release(self) -> None:
+        """After a signal_op: the thread that signalled lags now and then, so that what it does next (reset a
+        flag, reuse a buffer) comes after the peer has reacted to the signal; else the ordinary jitter."""
+        r = self.rng()
+        if r.random() < _P_RELEASE_LAG:
+            self._sleep(10 ** r.uniform(*_RELEASE_LOG10))
+        else:
+            self.jitter()
 
     def _sleep(self, pause: float) -> None:
         tls = self._tls
