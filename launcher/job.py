@@ -646,6 +646,7 @@ def _run_target(rank: int, job: Job, ctl: Control) -> int:
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         ctl.pes[rank]["error"] = summary.encode(errors="replace")[:511]
         ctl.pes[rank]["status"] = PeStatus.FAILED
+        _release_frames(exc)
         rt_module.abandon()
         return 1
     try:
@@ -659,6 +660,18 @@ def _run_target(rank: int, job: Job, ctl: Control) -> int:
         rt_module.abandon()
         return 1
     return code
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Drop the locals of the frames a failing rank's traceback holds (and of the exceptions chained to it),
+    before the teardown closes the --check log: a heap view that a frame still held (the argument of the
+    function that raised, after C code read it) dies now, so that the checker logs its read instead of taking it
+    for a view that was kept."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 def _print_user_traceback(exc: BaseException) -> None:

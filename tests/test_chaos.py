@@ -181,3 +181,72 @@ def test_the_trace_shows_the_decisions(run_ok, tmp_path):
     done = [e for e in events if e.get("cat") == "wqe" and e["ph"] == "X" and e["pid"] == 1]
     posted = [e for e in events if e.get("cat") == "wqe" and e["ph"] == "i" and e["pid"] == 1]
     assert sorted(e["args"]["pos"] for e in done) == sorted(e["args"]["pos"] for e in posted)
+
+
+# --- starving writes: a plain WRITE waits until the other queues were quiet; the barrier's laggard -------------
+
+STARVE, RELEASE = 6, 7
+
+
+def _starve_body() -> None:
+    """PE 0 rings a plain 512-B put on QP 2 and a put_signal on QP 1 to PE 1 while its engine is paused, then
+    resumes and quiets both; it prints the decision records (with their times) and the two queues' indices."""
+    import shmemx
+    from shmemx.runtime import runtime
+
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init()
+    eng = runtime().udma.engine
+    if eng.trace is None:
+        eng.trace = array.array("q")
+    data = shmemx.zeros(64, np.int64, name="data")
+    head = shmemx.zeros(1, np.int64, name="head")
+    flag = shmemx.zeros(1, np.uint64, name="flag")
+    if shmemx.my_pe() == 0:
+        qp_num = runtime().udma.qp_num
+        eng.pause()
+        shmemx.aclshmemx_udma_qp_put_nbi(data, np.arange(64, dtype=np.int64), 64, 1, 2)
+        shmemx.aclshmemx_udma_qp_put_signal_nbi(head, np.ones(1, np.int64), 1, flag, 1, 1, 1)
+        eng.resume()
+        shmemx.aclshmemx_udma_qp_quiet(1, 1)
+        shmemx.aclshmemx_udma_qp_quiet(1, 2)
+        eng.drain_trace()
+        rows = np.frombuffer(eng.decisions, np.int64).reshape(-1, 6).tolist()
+        print("decisions " + json.dumps({"data": qp_num + 2, "signal": qp_num + 1, "rows": rows}), flush=True)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_a_starving_write_runs_after_the_other_queue_was_quiet(run_ok):
+    starved = 0
+    for seed in range(1, 7):
+        out = run_ok(2, _starve_body, chaos=seed).out
+        got = json.loads(next(x for x in out.splitlines() if "decisions " in x).split("decisions ", 1)[1])
+        rows = got["rows"]
+        starve = [r for r in rows if r[1] == STARVE and r[2] == got["data"]]
+        if not starve:
+            continue
+        starved += 1
+        quiet = starve[0][4]
+        signal = [r[0] for r in rows if r[1] == PIECE and r[2] == got["signal"]]
+        data = [r[0] for r in rows if r[1] == PIECE and r[2] == got["data"]]
+        release = [r for r in rows if r[1] == RELEASE and r[2] == got["data"]]
+        assert signal and data and release, rows
+        assert max(signal) < min(data), "the put_signal on the other QP did not land before the starving put"
+        assert release[0][5] == 1 and release[0][0] - max(signal) >= quiet, (release, signal, quiet)
+    assert starved, "no seed of 1..6 starved the plain put"
+
+
+def test_one_pe_lags_at_a_barrier_exit_the_same_draw_on_every_pe(monkeypatch):
+    from shmemx.udma import chaos
+
+    slept = {}
+    for pe in range(4):
+        jit = chaos.Jitter(7, pe)
+        monkeypatch.setattr(jit, "_sleep", lambda pause, pe=pe: slept.setdefault(number, []).append((pe, pause)))
+        monkeypatch.setattr(jit, "jitter", lambda: None)
+        for number in range(1, 41):
+            jit.barrier_exit(number, 4)
+    assert all(len(v) == 1 for v in slept.values()), slept  # one laggard per barrier, or none
+    assert 30 <= len(slept) <= 40 and len({v[0][0] for v in slept.values()}) == 4
+    assert all(5e-4 <= v[0][1] <= 3e-3 for v in slept.values())

@@ -276,3 +276,36 @@ def test_a_refilled_source_is_one_finding_naming_both_lines(run_job, tmp_path, n
     _, found = _findings(run_job, tmp_path, 2, source_overwrite_local)
     hits = [f for f in found if f["kind"] == "source-overwrite"]
     assert hits and all("<unknown line>" not in f["text"] and f["a"]["line"] for f in hits), [f["text"] for f in hits]
+
+
+# --- a rank that dies of an exception: the reads of the heap views its traceback held are logged -----------------
+
+def _dies_holding_a_view() -> None:
+    import numpy as np
+
+    import shmemx
+
+    EQ = shmemx.ACLSHMEM_CMP_EQ
+    shmemx.init()
+    landing = shmemx.zeros(64, np.int64, name="landing")
+    arrived = shmemx.zeros(1, np.uint64, name="arrived")
+    if shmemx.my_pe() == 0:
+        shmemx.aclshmemx_udma_put_signal_nbi(landing, np.arange(64, dtype=np.int64), 64, arrived, 1, 1)
+        shmemx.aclshmemx_udma_quiet(1)
+        shmemx.aclshmem_barrier_all()
+        shmemx.finalize()
+    else:
+        def compare(got) -> None:  # the heap view, read by C code through np.asarray: logged only when it dies
+            plain = np.asarray(got)
+            if plain[0] != -1:
+                raise AssertionError("pe 1: landing read before its signal")
+
+        compare(landing[8:])  # the bug: no wait on arrived; the assertion ends the rank while the frame holds it
+        shmemx.aclshmem_signal_wait_until(arrived, EQ, 1)
+
+
+def test_a_read_held_by_a_failing_ranks_traceback_is_logged(run_job, tmp_path, no_leak):
+    result, found = _findings(run_job, tmp_path, 2, _dies_holding_a_view)
+    assert result.code == 1, result.report()
+    hits = [f for f in found if f["kind"] == "unsynchronized-read" and (f["allocation"] or "") == "landing"]
+    assert hits, (result.report(), [f["text"][:200] for f in found])

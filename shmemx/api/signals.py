@@ -197,7 +197,7 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
     rt.ctl.wake(pe)
     if rt.chaos is not None:
-        rt.chaos.jitter()
+        rt.chaos.after_release()
     if rt.recorder is not None:
         rt.recorder.signal(pe, w.offset, w.dtype, sig_op, value)
 

@@ -60,7 +60,8 @@ _now = time.perf_counter_ns
 
 _DECISIONS = {1: ("piece", ("byte_lo", "byte_hi")), 2: ("hold queue", ("steps", "ns")),
               3: ("change point", ("priority", "_")), 4: ("hold peer", ("steps", "ns")),
-              5: ("budget", ("idle_ns", "budget_ns"))}  # the chaos policy's decision kinds (udma/_chaos.c)
+              5: ("budget", ("idle_ns", "budget_ns")), 6: ("starve", ("quiet_ns", "_")),
+              7: ("release", ("starved_ns", "after_quiet"))}  # the chaos policy's decision kinds (udma/_chaos.c)
 
 
 def _us(ns: int) -> str:

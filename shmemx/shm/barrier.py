@@ -52,7 +52,7 @@ def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = N
             number = int(rt.ctl.pes[rt.my_pe]["barriers"])
             rt.tracer.span(start, thread_slot(), "barrier", call.name.lower(), (number,))
         if rt.chaos is not None:
-            rt.chaos.jitter()
+            rt.chaos.barrier_exit(int(rt.ctl.pes[rt.my_pe]["barriers"]), rt.n_pes)
 
 
 def _barrier(rt, call: WaitCall, timeout: float | None) -> None:

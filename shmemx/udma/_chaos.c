@@ -8,14 +8,22 @@
  *   QPs and different peers are unordered. (A WQE that would fail its checks runs only at ci, in order.)
  * - Which queue: PCT-style priorities. Every queue draws a priority; the eligible queue of the highest one runs;
  *   at change points (a draw per piece) the running queue drops below every other.
- * - Which WQE of it: the first eligible one, the last, or any (a draw), so that NO WQEs overtake each other.
+ * - Which WQE of it: the first eligible one (1/4), the last (1/2: a signal posted after its data, which the rules
+ *   let overtake it, is tried early), or any (a draw), so that NO WQEs overtake each other.
  * - Splits: a READ, WRITE or WRITE_WITH_NOTIFY of at least SPLIT_MIN bytes is cut into up to MAX_CHUNKS pieces at
  *   8-byte boundaries of its destination (a naturally aligned 4- or 8-byte word stays in one piece) executed in
  *   a drawn order, interleaved with other work; the signal and the completion come with the last piece. Every
  *   piece reads its source when it runs: a WRITE's source is read as late as the schedule puts it.
+ * - Starving writes: when a queue's work arrives with a plain WRITE first (no signal, no atomic), the queue
+ *   starves with a probability each PE draws once (P_STARVE): it runs only while no other queue has work, and
+ *   only after every queue was quiet (no piece, no arrival) for a drawn STARVE_QUIET_MIN_NS..STARVE_QUIET_MAX_NS
+ *   (log-uniform), at the latest STARVE_MAX_NS after its arrival; among starving queues left alone, the
+ *   highest-priority one whose quiet has passed goes first. So a signal or an atomic on another queue lands, and
+ *   stays alone long enough in wall time for a receiver to wake and read, while the data before it is held.
  * - Holds (delays): a queue, or every queue to one peer, is held back for a drawn number of steps of the other
  *   queues or a drawn time (log-uniform, up to HOLD_MAX_NS) while nothing else can run, whichever ends first.
- *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament; otherwise the
+ *   Drawn when a queue's work arrives (with a probability each PE draws once, its temperament, times
+ *   P_ARRIVE_READ when a READ comes first, P_ARRIVE_SIGNAL when a put_signal or an atomic does; otherwise the
  *   queue is held GATHER_MIN_NS..GATHER_MAX_NS, so that a burst of posts is rung before any of it runs), after a
  *   piece that ran ahead of an earlier WQE of its queue (likely, and long: HOLD_LONG_NS at least), after any
  *   other piece (rarely), and for a queue that a higher-priority one overtook. The time the engine sleeps
@@ -29,7 +37,9 @@
  * the kernel threads; their jitter is seeded, their timing is not), the time a hold lasts when a kick ends the
  * engine's sleep early, and the budget. When tracing, every decision is logged (engine_log): kind 1 a piece
  * (queue, BB, byte range), 2 a hold of a queue (queue, BB, steps, ns), 3 a change point (queue, BB, priority),
- * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (idle ns, budget ns). */
+ * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (idle ns, budget ns), 6 a queue starves
+ * (queue, BB, quiet ns), 7 a starving queue released (queue, BB, ns it starved, 1 after its quiet / 0 at the
+ * latest or stopping). */
 #include <math.h>
 
 #include "_engine.h"
@@ -45,15 +55,21 @@
 static const double P_ARRIVE[4] = {0.5, 0.8, 0.95, 0.95}; /* a queue's work arrives: hold it (a PE draws one) */
 #define GATHER_MIN_NS 40000LL    /* else gather its burst of posts for 40 .. 250 us, so that they can reorder */
 #define GATHER_MAX_NS 250000LL
+#define P_ARRIVE_READ 0.0        /* a READ's arrival is only gathered, never held: reads run early, writes lag */
+#define P_ARRIVE_SIGNAL 0.3      /* a put_signal's or an atomic's arrival: held less often (signals race ahead) */
 #define P_AHEAD 0.75             /* a piece ran ahead of an earlier WQE of its queue: hold the queue */
 #define P_AFTER 0.04             /* any other piece */
 #define P_OVERTAKEN 0.6          /* a queue with eligible work that a higher-priority one overtook */
 #define P_PEER 0.25              /* a hold covers every queue to the peer */
 #define P_CHANGE (1.0 / 16)      /* change point per piece */
+static const double P_STARVE[4] = {0.75, 0.85, 0.9, 0.95}; /* a queue's plain WRITE arrives: starve it (per PE) */
+#define STARVE_QUIET_MIN_NS 1000000LL  /* released after the other queues were quiet for 1 .. 20 ms */
+#define STARVE_QUIET_MAX_NS 20000000LL
+#define STARVE_MAX_NS 40000000LL       /* and at the latest 40 ms after its arrival */
 
 enum { S_PRIO = 1, S_PICK, S_SPLIT, S_CUT, S_ORDER, S_HOLD, S_ARRIVE, S_OVERTAKEN, S_CHANGE, S_PEER, S_STEPS,
-       S_NS, S_PE };
-enum { LOG_PIECE = 1, LOG_HOLD = 2, LOG_CHANGE = 3, LOG_PEER = 4, LOG_BUDGET = 5 };
+       S_NS, S_PE, S_STARVE, S_QUIET };
+enum { LOG_PIECE = 1, LOG_HOLD = 2, LOG_CHANGE = 3, LOG_PEER = 4, LOG_BUDGET = 5, LOG_STARVE = 6, LOG_RELEASE = 7 };
 
 typedef struct {
     uint64_t seed;
@@ -66,8 +82,13 @@ typedef struct {
     uint8_t *empty;          /* the queue was seen empty: its next work is an arrival */
     uint32_t *overtaken;     /* ci + 1 at which the queue's overtaken draw was taken (0: none) */
     uint32_t *stuck;         /* ci + 1 until which the queue runs in order (a WQE ahead failed its checks) */
+    uint8_t *starve;         /* the queue starves: it runs only after the others were quiet for starve_quiet */
+    int64_t *starve_since;   /* its arrival */
+    int64_t *starve_quiet;
     double p_arrive;         /* this PE's temperament: P_ARRIVE[a draw] */
+    double p_starve;         /* and P_STARVE[a draw] */
     int64_t start, idle_ns, nap_since;
+    int64_t activity;        /* the last piece executed or work arrived, on any queue */
 } Chaos;
 
 static inline uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
@@ -90,12 +111,15 @@ void *chaos_new(Engine *e, uint64_t seed) {
     c->seed = mix(seed ^ mix(S_PE * 0x9E3779B97F4A7C15ULL + (uint64_t)e->my_pe));
     c->prio = calloc(n, 4); c->serial = calloc(n, 4); c->hold_steps = calloc(n, 4); c->hold_ns = calloc(n, 8);
     c->empty = calloc(n, 1); c->overtaken = calloc(n, 4); c->stuck = calloc(n, 4);
-    if (!c->prio || !c->serial || !c->hold_steps || !c->hold_ns || !c->empty || !c->overtaken || !c->stuck) {
+    c->starve = calloc(n, 1); c->starve_since = calloc(n, 8); c->starve_quiet = calloc(n, 8);
+    if (!c->prio || !c->serial || !c->hold_steps || !c->hold_ns || !c->empty || !c->overtaken || !c->stuck
+        || !c->starve || !c->starve_since || !c->starve_quiet) {
         chaos_free(c);
         return NULL;
     }
     c->low = 1u << 20;
     c->p_arrive = P_ARRIVE[draw(c, S_ARRIVE, 0, 0, 1) % 4];
+    c->p_starve = P_STARVE[draw(c, S_STARVE, 0, 0, 1) % 4];
     for (uint32_t q = 0; q < n; q++) {
         c->prio[q] = (1u << 20) + (uint32_t)(draw(c, S_PRIO, q, 0, 0) % (1u << 30));
         c->empty[q] = 1;
@@ -108,7 +132,7 @@ void chaos_free(void *state) {
     Chaos *c = state;
     if (!c) return;
     free(c->prio); free(c->serial); free(c->hold_steps); free(c->hold_ns); free(c->empty); free(c->overtaken);
-    free(c->stuck);
+    free(c->stuck); free(c->starve); free(c->starve_since); free(c->starve_quiet);
     free(c);
 }
 
@@ -195,8 +219,8 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
     }
     int best = -1, held_work = 0;
     int64_t soonest = INT64_MAX;
-    uint32_t cands[c->n];
-    int n_cands = 0;
+    uint32_t cands[c->n], starved[c->n];
+    int n_cands = 0, n_starved = 0;
     for (uint32_t q = 0; q < c->n; q++) {
         uint32_t *hw = hw_of(e, q);
         uint32_t ci = hw[L->hw_ci], db = ld32(hw + L->hw_sq_db);
@@ -210,7 +234,20 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
         }
         if (c->empty[q]) {
             c->empty[q] = 0;
-            if (unit(draw(c, S_ARRIVE, q, ci, 0)) < c->p_arrive) {
+            c->activity = now;
+            WqeInfo w0;
+            int known = engine_wqe(e, q, ci, &w0);
+            int plain = known && w0.opcode == (uint32_t)L->op_write;
+            int read = known && w0.opcode == (uint32_t)L->op_read;
+            int signal = known && (w0.opcode == (uint32_t)L->op_notify || w0.opcode == (uint32_t)L->op_faa
+                                   || w0.opcode == (uint32_t)L->op_cas);
+            if (plain && unit(draw(c, S_STARVE, q, ci, 0)) < c->p_starve) {
+                double lo = log((double)STARVE_QUIET_MIN_NS), hi = log((double)STARVE_QUIET_MAX_NS);
+                c->starve[q] = 1;
+                c->starve_since[q] = now;
+                c->starve_quiet[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_QUIET, q, ci, 0)));
+                engine_log(e, LOG_STARVE, q, ci, c->starve_quiet[q], 0);
+            } else if (unit(draw(c, S_ARRIVE, q, ci, 0)) < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
                 hold(c, e, q, ci, S_ARRIVE, HOLD_MIN_NS);
             } else if (!held(c, q)) {
                 double lo = log((double)GATHER_MIN_NS), hi = log((double)GATHER_MAX_NS);
@@ -218,6 +255,14 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
                 c->hold_ns[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_NS, q, ci, S_ARRIVE)));
                 engine_log(e, LOG_HOLD, q, ci, 64, c->hold_ns[q]);
             }
+        }
+        if (c->starve[q] && (stopping || now - c->starve_since[q] >= STARVE_MAX_NS)) {
+            c->starve[q] = 0;
+            engine_log(e, LOG_RELEASE, q, ci, now - c->starve_since[q], 0);
+        }
+        if (c->starve[q]) {
+            starved[n_starved++] = q;
+            continue;
         }
         if (held(c, q) && !stopping) {
             held_work = 1;
@@ -230,13 +275,32 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
         if (best < 0 || c->prio[q] > c->prio[best]) best = (int)q;
     }
     if (best < 0) {
-        if (!held_work) return 0;
+        if (!held_work && !n_starved) return 0;
         int64_t budget = BUDGET_BASE_NS + (int64_t)(BUDGET_SHARE * (double)(now - c->start));
         if (c->idle_ns >= budget) { /* out of budget: every hold ends */
             engine_log(e, LOG_BUDGET, 0, 0, c->idle_ns, budget);
             memset(c->hold_steps, 0, c->n * sizeof(uint32_t));
             memset(c->hold_ns, 0, c->n * sizeof(int64_t));
+            memset(c->starve, 0, c->n);
             return 1;
+        }
+        if (!held_work) { /* only starving queues have work: the highest-priority one that waited its quiet runs */
+            int pick = -1;
+            for (int i = 0; i < n_starved; i++) {
+                uint32_t s = starved[i];
+                int64_t since = c->activity > c->starve_since[s] ? c->activity : c->starve_since[s];
+                int64_t left = since + c->starve_quiet[s] - now;
+                if (left <= 0) {
+                    if (pick < 0 || c->prio[s] > c->prio[pick]) pick = (int)s;
+                } else if (left < soonest) {
+                    soonest = left;
+                }
+            }
+            if (pick >= 0) {
+                c->starve[pick] = 0;
+                engine_log(e, LOG_RELEASE, pick, hw_of(e, (uint32_t)pick)[L->hw_ci], now - c->starve_since[pick], 1);
+                return 1;
+            }
         }
         *nap_ns = soonest < budget - c->idle_ns ? soonest : budget - c->idle_ns;
         if (*nap_ns < 1000) *nap_ns = 1000;
@@ -251,7 +315,7 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
     int n = eligible(c, e, q, ci, db, pos, info);
     if (n == 0) return 0; /* cannot happen: the WQE at ci is always eligible */
     uint64_t h = draw(c, S_PICK, q, c->serial[q]++, 0);
-    int k = h % 4 == 0 ? 0 : h % 4 == 1 ? n - 1 : (int)((h >> 8) % (uint64_t)n);
+    int k = h % 4 == 0 ? 0 : h % 4 != 3 ? n - 1 : (int)((h >> 8) % (uint64_t)n); /* first 1/4, last 1/2, any */
     uint32_t p = pos[k];
     /* the piece: the undone one of the lowest drawn rank */
     uint64_t cut[MAX_CHUNKS + 1];
@@ -271,6 +335,7 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
         return 1;
     }
     engine_log(e, LOG_PIECE, q, p, (int64_t)cut[piece], (int64_t)cut[piece + 1]);
+    c->activity = now_ns();
     if (!last) a->chunks |= (uint8_t)(1u << piece);
     /* after the piece: a hold (likely when it ran ahead of an earlier WQE), a change point */
     double u = unit(draw(c, S_HOLD, q, p, (uint64_t)piece));

@@ -4,7 +4,12 @@
 then draws, from a generator seeded by (SEED, PE, block), whether to sleep briefly (10 us - 2 ms, log-uniform),
 yield the interpreter, or do nothing, before and after each wait, quiet, barrier and signal_op; and, with a
 probability the thread draws once (its temperament: never for half the threads, now and then, often), whether
-to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. A thread's sleeps
+to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahead of the other. At a barrier's
+exit, for most barriers, one PE drawn from (SEED, barrier number) lags 0.5 - 3 ms while the others go on at once
+(``barrier_exit``): what that PE does right after the barrier then lands inside whatever window another PE opened
+right after it (a get .. quiet .. put of a word the laggard stores to). After a signal_op the signalling thread
+lags 0.5 - 4 ms now and then (``after_release``), so that the peer's reaction comes before what it does next. A
+thread's sleeps
 are budgeted (``BUDGET_BASE`` s, then ``BUDGET_SHARE`` of the time since its first jitter): past the budget it
 only yields, so that a long run pays a bounded share. The sequence of choices of a thread is a function of the
 seed alone (up to the budget); what still differs between two runs with one seed is how the operating system
@@ -32,6 +37,10 @@ _SLEEP_LOG10 = (-5.0, -2.7)  # 10 us .. 2 ms
 _STALL_LOG10 = (-2.5, -1.7)  # 3 .. 20 ms
 _STALLS = (0.0, 0.0, 0.05, 0.15)  # a thread's stall probability per call, drawn once
 BUDGET_BASE, BUDGET_SHARE = 0.06, 0.3
+_P_LAG = 0.9  # a barrier's exit has a laggard (one PE, drawn from the seed and the barrier's number) ...
+_LAG_LOG10 = (-3.3, -2.5)  # ... that sleeps 0.5 .. 3 ms before going on, while the others go on at once
+_P_RELEASE_LAG = 0.6  # after a signal_op the signalling thread lags (its peer reacts first) ...
+_RELEASE_LOG10 = (-3.3, -2.4)  # ... 0.5 .. 4 ms
 
 
 class _Rng(threading.local):
@@ -63,6 +72,37 @@ class Jitter:
             tls.stall = tls.rng.choice(_STALLS)
         return tls.rng
 
+    def barrier_exit(self, number: int, n_pes: int) -> None:
+        """Leaving barrier ``number``: one PE (drawn from the seed and the number, the same on every PE) lags,
+        the others go on at once, so that what one PE does right after a barrier lands inside a window that
+        another PE opened right after it (a get .. put of a word the laggard stores to); or, for some barriers,
+        the ordinary jitter."""
+        draw = random.Random(f"shmemx-chaos-barrier/{self.seed}/{number}")
+        if draw.random() >= _P_LAG or n_pes < 2:
+            self.jitter()
+            return
+        if draw.randrange(n_pes) != self.pe:
+            return
+        self.rng()
+        self._sleep(10 ** draw.uniform(*_LAG_LOG10))
+
+    def after_release(self) -> None:
+        """After a signal_op: the thread that signalled lags now and then, so that what it does next (reset a
+        flag, reuse a buffer) comes after the peer has reacted to the signal; else the ordinary jitter."""
+        r = self.rng()
+        if r.random() < _P_RELEASE_LAG:
+            self._sleep(10 ** r.uniform(*_RELEASE_LOG10))
+        else:
+            self.jitter()
+
+    def _sleep(self, pause: float) -> None:
+        tls = self._tls
+        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
+            time.sleep(0)
+            return
+        tls.slept += pause
+        time.sleep(pause)
+
     def jitter(self) -> None:
         """Maybe sleep or yield (called before and after waits, quiets, barriers and signal_op)."""
         r = self.rng()
@@ -77,8 +117,4 @@ class Jitter:
             return
         else:
             pause = 10 ** r.uniform(*_SLEEP_LOG10)
-        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
-            time.sleep(0)
-            return
-        tls.slept += pause
-        time.sleep(pause)
+        self._sleep(pause)
