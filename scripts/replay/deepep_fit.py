@@ -21,8 +21,8 @@ DeepEP's README (../shared/reference/deepep.md section 3), H800 + CX7 (the ``h80
   one put + signal per (rank, local expert), one QP per local expert).
 
 For each EP a job is recorded (DeepEP's test routing with a seed per rank; a first call, then the timed calls in
-regions "dispatch" and "combine"), then replayed on ``h800_cx7``. Two parameters are fitted on two points (the
-dispatch figures), every other point predicted; ``--fit`` chooses which:
+regions "dispatch" and "combine"), then replayed on ``h800_cx7``. At most two parameters are fitted on at most
+two points (the dispatch figures), every other point predicted; ``--fit`` chooses which:
 
 * ``tiers`` (normal): the NVLink bandwidth on the EP8 dispatch, the RDMA bandwidth on the EP16 dispatch;
 * ``rdma`` (normal, ll): the RDMA bandwidth on the first fitted EP and the engine's per-WQE cost
