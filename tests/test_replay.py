@@ -119,6 +119,15 @@ def signal_compute_body() -> None:
     shmemx.finalize()
 
 
+def kernel_mark_body() -> None:
+    """One PE: a kernel call mark (1 us of its own), then 2 us of other compute, in a region."""
+    shmemx.init()
+    with shmemx.region("k"):
+        shmemx.compute(us=1.0, name="kernel")
+        shmemx.compute(us=2.0, name="ffn")
+    shmemx.finalize()
+
+
 def _block_work() -> None:
     b = shmemx.get_block_idx()
     shmemx.compute(us=1.0 + 2.0 * b)
@@ -215,6 +224,10 @@ def test_topology_overrides_and_errors(tmp_path):
     own.write_text(open(os.path.join(ROOT, "shmemx/observe/replay/topologies/h800_cx7.toml")).read()
                    .replace("ranks_per_server = 8", "ranks_per_server = 4"))
     assert load_topology(str(own)).ranks_per_server == 4
+    assert load_topology(str(own)).kernel_us == 0.0 and load_topology(None, {"host.kernel_us": 3}).kernel_us == 3.0
+    older = tmp_path / "older.toml"  # a file written before host.kernel_us existed still loads (it defaults to 0)
+    older.write_text("".join(line for line in open(own) if not line.startswith("kernel_us")))
+    assert "kernel_us" not in older.read_text() and load_topology(str(older)).kernel_us == 0.0
 
 
 # --- recordings ----------------------------------------------------------------------------------------------------
@@ -324,6 +337,12 @@ def test_signal_compute_and_dissemination_barrier(record):
     for p in range(n):
         assert close(doc["pes"][p]["regions"]["barrier"], t[p] - a[p]), (p, doc["pes"][p], t)
     assert doc["warnings"] == []
+
+
+def test_kernel_call_cost_is_charged_at_kernel_marks_only(record):
+    path = record(1, kernel_mark_body)
+    assert close(replay(path)["regions"]["k"]["max_us"], 3.0)
+    assert close(replay(path, None, {"host.kernel_us": 4.0})["regions"]["k"]["max_us"], 7.0)
 
 
 def test_blocks_launch_sync_and_join(record):
@@ -441,6 +460,15 @@ def test_deep_ep_low_latency_replays_without_warnings(record):
     sizes = set(prog.wqes[0].nbytes[prog.wqes[0].opcode == shmemx.Opcode.WRITE].tolist())
     assert 16 + hidden + 4 * (hidden // 128) in sizes and 2 * hidden in sizes  # dispatch messages, combine rows
     assert doc["links"]["egress inter"]["bytes"] > 0 and doc["links"]["egress intra"]["bytes"] > 0
+    # DeepEP's ordering: RO payload WRITEs, then per lane an SO put + signal without a fence (no ack round trip)
+    wq = prog.wqes[0]
+    flags = {(int(op), int(f)) for op, f in zip(wq.opcode, wq.flag)}
+    assert flags == {(shmemx.Opcode.WRITE, 0x21), (shmemx.Opcode.WRITE_WITH_NOTIFY, 0x26)}, flags
+    # each call is one kernel call: host.kernel_us adds to each of the three dispatches of every PE (and the
+    # shifted calls may wait a little differently for each other's credits: within a doorbell or so)
+    more = replay(path, "h800_cx7", {"ranks_per_server": 2, "host.kernel_us": 10.0})
+    for a, b in zip(doc["pes"], more["pes"]):
+        assert 30.0 - 1e-6 < b["regions"]["dispatch"] - a["regions"]["dispatch"] < 30.5, (a, b)
 
 
 # --- host independence -------------------------------------------------------------------------------------------

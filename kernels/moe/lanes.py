@@ -99,20 +99,23 @@ class Lanes:
         return self.queues[peer, qp].local_va(arr)
 
     def post(self, peer: int, qp: int, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray,
-             close: tuple[int, int, int, int, int] | None = None) -> int:
+             close: tuple[int, int, int, int, int] | None = None, flag: int = _FLAG,
+             close_flag: int = FENCE_SO.flag) -> int:
         """Post ``len(rmt_va)`` WRITEs (each with a CQE) on lane (peer, qp), and with ``close`` = (record VA on the
         peer, record VA here, record bytes, signal VA on the peer, value) the lane's completion after them: one
-        ``post`` (one reserve, one write, one doorbell). Returns the number of WQEs posted."""
+        ``post`` (one reserve, one write, one doorbell). ``flag`` / ``close_flag``: the op config flags of the
+        WRITEs and of the completion (default NO, then the fenced SO completion). Returns the number of WQEs
+        posted."""
         n = len(rmt_va)
         queue = self.queues[peer, qp]
         parts = []
         if n:
-            parts.append(queue.build_writes(rmt_va=rmt_va, sge_len=length, sge_va=sge_va, flag=_FLAG)
+            parts.append(queue.build_writes(rmt_va=rmt_va, sge_len=length, sge_va=sge_va, flag=flag)
                          .view(np.uint8).reshape(-1))
         if close is not None:
             rmt, src, nbytes, sig, value = close
             tid, token = self.notify_keys[peer, qp]
-            parts.append(np.frombuffer(queue.build(shmemx.Opcode.WRITE_WITH_NOTIFY, FENCE_SO.flag, rmt,
+            parts.append(np.frombuffer(queue.build(shmemx.Opcode.WRITE_WITH_NOTIFY, close_flag, rmt,
                                                    sge_len=nbytes, sge_va=src, notify_tid=tid, notify_token=token,
                                                    notify_va=sig, notify_value=value), np.uint8))
         if not parts:

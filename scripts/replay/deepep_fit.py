@@ -21,13 +21,18 @@ DeepEP's README (../shared/reference/deepep.md section 3), H800 + CX7 (the ``h80
   one put + signal per (rank, local expert), one QP per local expert).
 
 For each EP a job is recorded (DeepEP's test routing with a seed per rank; a first call, then the timed calls in
-regions "dispatch" and "combine"), then replayed on ``h800_cx7``. Two parameters are fitted on two points (the
-dispatch figures), every other point predicted; ``--fit`` chooses which:
+regions "dispatch" and "combine"), then replayed on ``h800_cx7``. At most two parameters are fitted on at most
+two points (the dispatch figures), every other point predicted; ``--fit`` chooses which:
 
 * ``tiers`` (normal): the NVLink bandwidth on the EP8 dispatch, the RDMA bandwidth on the EP16 dispatch;
 * ``rdma`` (normal, ll): the RDMA bandwidth on the first fitted EP and the engine's per-WQE cost
   (``engine.wqe_us``) on the second (what grows with the number of destinations); ``--fit-eps`` names them
-  (default 16,64).
+  (default 16,64);
+* ``cost`` (ll, the default with ``kernel``): one parameter on one point, the fixed cost of a kernel call
+  (``host.kernel_us``: launch, grid syncs, the per-call work not posted) on the first ``--fit-eps``, every
+  bandwidth as the topology file has it (NVLink 160, CX7 50 GB/s: DeepEP's own figures);
+* ``kernel`` (ll): the RDMA bandwidth and ``host.kernel_us`` on both ``--fit-eps`` (the bandwidth whose modelled
+  rise between them is the published rise, then the cost).
 
 Each bandwidth is solved by the secant method on 1/B (the modelled time is nearly linear in it), the WQE cost by
 bisection on its logarithm around that.
@@ -314,6 +319,31 @@ def fit_rdma(models: dict, published: dict, a: int, b: int) -> tuple[dict, str]:
                   f"the published figure for every w in {W_GRID} (the closest shown)")
 
 
+def fit_cost(models: dict, published: dict, a: int) -> tuple[dict, str]:
+    """One parameter on one point: the fixed cost of a kernel call (``host.kernel_us``) that meets EP ``a``, every
+    bandwidth as the topology file has it (the cost adds to every call alike)."""
+    cost = published[a][0] - models[a]({})[0]
+    if cost < 0:
+        return {"host.kernel_us": 0.0}, f"EP{a} is above the published figure without a fixed cost: host.kernel_us = 0"
+    return {"host.kernel_us": cost}, ""
+
+
+def fit_kernel(models: dict, published: dict, a: int, b: int) -> tuple[dict, str]:
+    """The RDMA bandwidth and the fixed cost of a kernel call (``host.kernel_us``) that meet EP ``a`` and EP ``b``:
+    the cost adds to every call alike, so the bandwidth is the one whose modelled rise from EP ``a`` to EP ``b``
+    is the published rise (secant on 1/B), then the cost is what EP ``a`` still misses."""
+    rise = published[b][0] - published[a][0]
+    bw = solve_bandwidth(rise, lambda x: models[b]({"inter.bandwidth_GBps": x})[0]
+                         - models[a]({"inter.bandwidth_GBps": x})[0], 50.0)
+    over = {"inter.bandwidth_GBps": bw}
+    cost = published[a][0] - models[a](over)[0]
+    note = ""
+    if cost < 0:
+        note, cost = f"EP{a} is above the published figure without a fixed cost: host.kernel_us = 0", 0.0
+    over["host.kernel_us"] = cost
+    return over, note
+
+
 def _wqes_per_rank(path: str) -> float:
     from shmemx.observe.record import Recording
 
@@ -332,7 +362,9 @@ def main() -> None:
     ap.add_argument("--schedule", default=None, help="moe.Buffer schedule (--kernel moe)")
     ap.add_argument("--dir", default=None, help="keep the recordings here (reused when present)")
     ap.add_argument("--eps", default=None, help="EP sizes to record (normal: 8,16,32,64; ll: 8,16,32,64)")
-    ap.add_argument("--fit", choices=("tiers", "rdma", "both"), default=None)
+    ap.add_argument("--fit", choices=("tiers", "rdma", "kernel", "cost", "both"), default=None,
+                    help="ll default: cost (host.kernel_us on the first --fit-eps) and kernel (RDMA bandwidth + "
+                         "host.kernel_us on both); normal default: tiers and rdma")
     ap.add_argument("--fit-eps", default="16,64", help="the two EPs the 'rdma' fit uses")
     ap.add_argument("--shape", default=None, metavar="H,E,T_LL,NODE",
                     help="a smaller hidden size, expert count, low-latency token count and node size (to try the "
@@ -364,7 +396,8 @@ def main() -> None:
         models = {n: Model(recs[n], "ll") for n in eps}
         print(f"DeepEP low-latency mode vs the replay of deep_ep.Buffer.low_latency_dispatch/combine, {LL_TOKENS} "
               f"tokens per rank, H={H}, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
-        fits = ("rdma",) if args.fit in (None, "rdma", "both") else ("tiers",)
+        fits = ("cost", "kernel") if args.fit is None else ("rdma",) if args.fit in ("rdma", "both") \
+            else (args.fit,)
     else:
         published, unit = PUBLISHED, "GB/s"
         models = {n: Model(recs[n], "normal", deepep_bytes(n, args.tokens)) for n in eps}
@@ -383,13 +416,21 @@ def main() -> None:
         if how == "tiers":
             over = fit_tiers(models, published, *tier_eps)
             fitted_points = {(tier_eps[0], "dispatch"), (tier_eps[1], "dispatch")}
+        elif how == "cost":
+            over, note = fit_cost(models, published, fit_eps[0])
+            fitted_points = {(fit_eps[0], "dispatch")}
+        elif how == "kernel":
+            over, note = fit_kernel(models, published, *fit_eps)
+            fitted_points = {(fit_eps[0], "dispatch"), (fit_eps[1], "dispatch")}
+            if not B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999:
+                fitted_points = set()
         else:
             over, note = fit_rdma(models, published, *fit_eps)
             fitted_points = {(fit_eps[0], "dispatch")} | (set() if note else {(fit_eps[1], "dispatch")})
             if not B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999:
                 fitted_points = set()
         print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
-              + f" (the file: intra 160, inter 50 GB/s, wqe 0.05 us; fitted in {time.perf_counter() - t:.0f} s)")
+              + f" (the file: intra 160, inter 50 GB/s, wqe 0.05 us, kernel 0 us; fitted in {time.perf_counter() - t:.0f} s)")
         bounded = [k for k, v in over.items() if k.endswith("GBps") and not B_RANGE[0] * 1.001 < v < B_RANGE[1] * 0.999]
         if bounded:
             note = (note + "; " if note else "") + f"{', '.join(bounded)} at the bound of {B_RANGE} GB/s: no " \

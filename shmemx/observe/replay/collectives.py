@@ -71,6 +71,8 @@ class Collectives:
 
     def _op_compute(self, th, op) -> bool:
         us = float(np.int64(op[1]).view(np.float64))
+        if self.prog.names[th.pe][op[2]] == "kernel":  # a kernel call: its fixed cost too (host.kernel_us)
+            us += self.topo.kernel_us
         th.computes.append((th.clock, th.clock + us))
         th.clock += us
         return True

@@ -7,11 +7,16 @@ A topology file is TOML (read with the standard library's ``tomllib``)::
     [inter]  bandwidth_GBps = 22.5    latency_us = 2.0
     [engine] wqe_us = 0.05                                  # per WQE at the engine
     [host]   post_us = 0.02   doorbell_us = 0.1             # per WQE built, per doorbell
+             kernel_us = 0.0                                # per kernel call (optional, default 0)
     [network] sharing = "fcfs"                              # or "maxmin" (max-min fair flows, for validation)
 
 Built-in files (``topologies/``): ``ascend950`` (the default) and ``h800_cx7``, each value with its source in a
 comment. ``--set intra.bandwidth_GBps=100`` (``overrides``) changes one value, for sweeps. Ranks ``a`` and ``b``
 share a server when ``a // ranks_per_server == b // ranks_per_server``.
+
+``host.kernel_us`` is the fixed time of one kernel call beyond what it posts and waits for (launch, grid syncs,
+the per-call work it does not post): the replay charges it at every ``shmemx.compute(..., name="kernel")``
+annotation, on top of the annotation's own time (a kernel marks its calls that way; nothing else does).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ _SHARING = ("fcfs", "maxmin")
 # every key a file may set, and its type
 _KEYS = {"name": str, "ranks_per_server": int, "intra.bandwidth_GBps": float, "intra.latency_us": float,
          "inter.bandwidth_GBps": float, "inter.latency_us": float, "engine.wqe_us": float, "host.post_us": float,
-         "host.doorbell_us": float, "network.sharing": str}
+         "host.doorbell_us": float, "host.kernel_us": float, "network.sharing": str}
+_OPTIONAL = {"host.kernel_us": 0.0}  # keys a file may leave out, and their value then
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Topology:
     post_us: float
     doorbell_us: float
     sharing: str = "fcfs"
+    kernel_us: float = 0.0
 
     def tier(self, a: int, b: int) -> int:
         """INTRA when ranks ``a`` and ``b`` share a server, else INTER."""
@@ -69,7 +76,8 @@ class Topology:
     def as_dict(self) -> dict:
         return {"name": self.name, "ranks_per_server": self.ranks_per_server,
                 "intra": dataclasses.asdict(self.intra), "inter": dataclasses.asdict(self.inter),
-                "engine": {"wqe_us": self.wqe_us}, "host": {"post_us": self.post_us, "doorbell_us": self.doorbell_us},
+                "engine": {"wqe_us": self.wqe_us}, "host": {"post_us": self.post_us, "doorbell_us": self.doorbell_us,
+                                                               "kernel_us": self.kernel_us},
                 "network": {"sharing": self.sharing}}
 
 
@@ -137,6 +145,7 @@ def _build(flat: dict, where: str) -> Topology:
     unknown = sorted(set(flat) - set(_KEYS))
     if unknown:
         raise ValueError(f"topology {where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}")
+    flat = dict(_OPTIONAL, **flat)
     missing = sorted(set(_KEYS) - set(flat))
     if missing:
         raise ValueError(f"topology {where}: missing key(s) {', '.join(missing)}")
@@ -162,4 +171,5 @@ def _build(flat: dict, where: str) -> Topology:
                     intra=Tier(vals["intra.bandwidth_GBps"], vals["intra.latency_us"]),
                     inter=Tier(vals["inter.bandwidth_GBps"], vals["inter.latency_us"]),
                     wqe_us=vals["engine.wqe_us"], post_us=vals["host.post_us"],
-                    doorbell_us=vals["host.doorbell_us"], sharing=vals["network.sharing"])
+                    doorbell_us=vals["host.doorbell_us"], sharing=vals["network.sharing"],
+                    kernel_us=vals["host.kernel_us"])
