@@ -282,11 +282,14 @@ def _expected_qp_totals(buf, is_token_in_rank, schedule, metadata_wqes: int, row
     plan = plan_rounds(me, n, rows.T, schedule)
     wqes = np.zeros(schedule.num_qps, np.int64)
     nbytes = np.zeros(schedule.num_qps, np.int64)
+    bounds = channel_bounds(is_token_in_rank.shape[0], buf.num_channels)
     for u in plan.units:
         if u.peer == me:
             continue
         if u.rows:
-            wqes[u.qp] += (1 if schedule.aggregate else u.rows) + metadata_wqes
+            toks = np.flatnonzero(is_token_in_rank[bounds[u.channel]:bounds[u.channel + 1], u.peer])
+            runs = 1 + int((np.diff(toks) != 1).sum())  # per-token mode: a WQE per run of consecutive tokens
+            wqes[u.qp] += (1 if schedule.aggregate else runs) + metadata_wqes
             nbytes[u.qp] += u.rows * (row_bytes + meta_bytes)
         if u.closes:
             wqes[u.qp] += 1

@@ -5,7 +5,7 @@ dispatch order), and within them channel c's rows start at ``recv_channel_prefix
 coming back from rank r land in s's ``combine_x`` region at ``sum_{r' < r} counts[s][r']`` (s's rows for the
 lower ranks first) plus the row's ``send_head`` position, which for channel c starts at the same
 ``recv_channel_prefix_matrix[s][c]``. So a unit (channel c, source s) is one contiguous range on both sides:
-with ``aggregate`` one WQE straight from the input (no packing needed), without it one WQE per row; the
+one WQE straight from the input whether ``aggregate`` is on or off (no packing is needed either way); the
 ``topk_weights`` rows (when given) go the same way in one WQE. Lanes, rounds, closers and completion signals are
 those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
 
@@ -95,10 +95,7 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
         rbase = int(lanes.remote_base[peer])
         xva = lanes.local_va(peer, q, a.xb)
         xrow = rbase + a.region_offsets["combine_x"] + dst * rb
-        if a.aggregate:
-            writes.range(xrow, xva + lo * rb, n * rb)
-        else:
-            writes.rows(xrow, np.uint64(xva + lo * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb), rb)
+        writes.range(xrow, xva + lo * rb, n * rb)  # contiguous on both sides: one WQE, aggregate or not
         if a.weights is not None:
             wb = a.weights.shape[1] * 4
             writes.range(rbase + a.region_offsets["combine_weights"] + dst * wb,
