@@ -15,5 +15,8 @@ setup(
                   extra_compile_args=_FLAGS, libraries=["pthread", "m"]),
         Extension("shmemx.shm._native", ["shmemx/shm/_native.c"], depends=["shmemx/shm/wake.h"],
                   extra_compile_args=_FLAGS),
+        # the combine's bfloat16 reduce (kernels/moe/combine.py); -O3 lets gcc vectorise its loops across columns
+        # (no -ffast-math: the float32 adds stay exactly those of the reference, in order)
+        Extension("shmemx.kernels.moe._reduce", ["kernels/moe/_reduce.c"], extra_compile_args=_FLAGS + ["-O3"]),
     ],
 )

@@ -214,6 +214,33 @@ def test_output_pool_reuses_dropped_outputs():
     assert pool.take((0, 64), np.float32).shape == (0, 64)
 
 
+def test_native_reduce_is_the_numpy_sum():
+    """The combine's native bfloat16 reduce gives the bits of the float32 sum in order, rounded once (NaN, inf,
+    -0, subnormals, overflow to inf; with and without a bias), and refuses rows out of range."""
+    reduce = pytest.importorskip("shmemx.kernels.moe._reduce").bf16_reduce
+    rng = np.random.default_rng(3)
+    R, H, n, W = 64, 200, 40, 5
+    src = rng.standard_normal((R, H), np.float32).astype(ref.bf16).view(np.uint16)
+    src[0, :6] = [0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0001]
+    src[1] = 0x7f7f
+    idx = rng.integers(0, R, (n, W)).astype(np.int64)
+    idx[:2, :2] = [0, 1]
+    cnt = rng.integers(0, W + 1, n).astype(np.int64)
+    cnt[:2] = 2
+    for bias in (None, rng.standard_normal((n, H), np.float32)):
+        out = np.zeros((n, H), np.uint16)
+        reduce(src, idx, cnt, out, bias, H)
+        want = np.zeros((n, H), np.float32) if bias is None else bias.copy()
+        for i in range(n):
+            for j in range(cnt[i]):
+                want[i] += src[idx[i, j]].view(ref.bf16).astype(np.float32)
+        assert np.array_equal(out, want.astype(ref.bf16).view(np.uint16))
+    idx[3, 0] = R
+    cnt[3] = 1
+    with pytest.raises(IndexError, match="out of range"):
+        reduce(src, idx, cnt, np.zeros((n, H), np.uint16), None, H)
+
+
 def test_reference_helpers():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((16, 300)).astype(np.float32)
@@ -255,11 +282,14 @@ def _expected_qp_totals(buf, is_token_in_rank, schedule, metadata_wqes: int, row
     plan = plan_rounds(me, n, rows.T, schedule)
     wqes = np.zeros(schedule.num_qps, np.int64)
     nbytes = np.zeros(schedule.num_qps, np.int64)
+    bounds = channel_bounds(is_token_in_rank.shape[0], buf.num_channels)
     for u in plan.units:
         if u.peer == me:
             continue
         if u.rows:
-            wqes[u.qp] += (1 if schedule.aggregate else u.rows) + metadata_wqes
+            toks = np.flatnonzero(is_token_in_rank[bounds[u.channel]:bounds[u.channel + 1], u.peer])
+            runs = 1 + int((np.diff(toks) != 1).sum())  # per-token mode: a WQE per run of consecutive tokens
+            wqes[u.qp] += (1 if schedule.aggregate else runs) + metadata_wqes
             nbytes[u.qp] += u.rows * (row_bytes + meta_bytes)
         if u.closes:
             wqes[u.qp] += 1

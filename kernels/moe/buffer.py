@@ -64,7 +64,9 @@ class Buffer:
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
-            policy, ``one``, needs one QP per peer: what a plain ``shmemx.init()`` gives.
+            policy, ``one``, needs one QP per peer: what a plain ``shmemx.init()`` gives. ``aggregate`` defaults
+            to False: dispatch sends the rows straight from ``x`` (a WQE per run of consecutive tokens) instead of
+            packing them into the staging area first, one copy of every sent row less (bench_moe).
         server_size: ranks per server for ``num_tokens_per_rdma_rank`` (None: one server).
         schedule: the kernel: ``"fullmesh"`` (the channel rounds above), ``"groups"`` (MoonEP's group waves) or
             ``"hierarchy"`` (HiSilicon's layered relay); see README "Topology-aware schedules".
@@ -87,7 +89,7 @@ class Buffer:
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 1,
                  qp_num: int | None = None, qp_policy: str = "one", rotate: bool = True,
-                 aggregate: bool = True, server_size: int | None = None, history: int = 16,
+                 aggregate: bool = False, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
                  group_width: int | None = None, token_blocks: int | None = None,
                  weight_blocks: int | None = None):

@@ -5,7 +5,7 @@ dispatch order), and within them channel c's rows start at ``recv_channel_prefix
 coming back from rank r land in s's ``combine_x`` region at ``sum_{r' < r} counts[s][r']`` (s's rows for the
 lower ranks first) plus the row's ``send_head`` position, which for channel c starts at the same
 ``recv_channel_prefix_matrix[s][c]``. So a unit (channel c, source s) is one contiguous range on both sides:
-with ``aggregate`` one WQE straight from the input (no packing needed), without it one WQE per row; the
+one WQE straight from the input whether ``aggregate`` is on or off (no packing is needed either way); the
 ``topk_weights`` rows (when given) go the same way in one WQE. Lanes, rounds, closers and completion signals are
 those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
 
@@ -28,6 +28,11 @@ from .reference import bf16
 from .schedule import Plan
 from .measure import CallStats
 from .workspace import RECORD_WORD
+
+try:
+    from ._reduce import bf16_reduce
+except ImportError:  # built by pip install (setup.py); without it the numpy reduction runs
+    bf16_reduce = None
 
 __all__ = ["CombineArgs", "combine_kernel", "REDUCE_CHUNK"]
 
@@ -90,10 +95,7 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
         rbase = int(lanes.remote_base[peer])
         xva = lanes.local_va(peer, q, a.xb)
         xrow = rbase + a.region_offsets["combine_x"] + dst * rb
-        if a.aggregate:
-            writes.range(xrow, xva + lo * rb, n * rb)
-        else:
-            writes.rows(xrow, np.uint64(xva + lo * rb) + np.arange(n, dtype=np.uint64) * np.uint64(rb), rb)
+        writes.range(xrow, xva + lo * rb, n * rb)  # contiguous on both sides: one WQE, aggregate or not
         if a.weights is not None:
             wb = a.weights.shape[1] * 4
             writes.range(rbase + a.region_offsets["combine_weights"] + dst * wb,
@@ -129,7 +131,9 @@ def _wait_sources(a: CombineArgs, sources: list[int]) -> None:
 
 def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     """Sum the returned rows of tokens [t0, t1) in ascending rank order (float32, after the bias when there is
-    one), round once to bfloat16."""
+    one), round once to bfloat16: natively (``_reduce.bf16_reduce``, one pass, without the interpreter lock), or
+    with numpy when the heap views are observed (the checker's arrays record every read) or the native module is
+    missing. Both give the same bits."""
     if t1 <= t0:
         return
     head = a.send_head[t0:t1]
@@ -139,11 +143,26 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     width = max(int(counts.max()), 1)
     order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
     gather = np.take_along_axis(rows, order, axis=1)  # [n, width]: contributors in rank order, then zero rows
-    by_count = np.argsort(-counts, kind="stable")  # chunks of tokens with alike counts: little zero padding
     cx, cw = a.views["combine_x"], a.views["combine_weights"]
+    if bf16_reduce is not None and type(cx) is np.ndarray:
+        bf16_reduce(cx.view(np.uint16), np.ascontiguousarray(gather, np.int64),
+                    np.ascontiguousarray(counts, np.int64), a.out_x[t0:t1].view(np.uint16),
+                    None if a.bias is None else a.bias[t0:t1], a.out_x.shape[1])
+    else:
+        _reduce_numpy(a, t0, gather, counts, cx)
+    if a.out_weights is not None:
+        w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
+        for j in range(width):
+            w += cw[gather[:, j]]
+        a.out_weights[t0:t1] = w
+
+
+def _reduce_numpy(a: CombineArgs, t0: int, gather: np.ndarray, counts: np.ndarray, cx: np.ndarray) -> None:
+    """``_reduce``'s hidden rows with numpy, in chunks of tokens with alike counts (little zero padding)."""
+    by_count = np.argsort(-counts, kind="stable")
     cx16 = cx.view(np.uint16)
     acc, rows16 = a.scratch(shmemx.get_block_idx())  # [REDUCE_CHUNK, H] float32 and uint16, kept per block
-    for c0 in range(0, t1 - t0, REDUCE_CHUNK):
+    for c0 in range(0, len(gather), REDUCE_CHUNK):
         toks = by_count[c0:c0 + REDUCE_CHUNK]
         g = gather[toks]
         part, got = acc[:len(g)], rows16[:len(g)]
@@ -155,11 +174,6 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
             np.take(cx16, g[:, j], axis=0, out=got, mode="clip")  # no temporaries: no page faults per call
             np.add(part, got.view(bf16), out=part, casting="unsafe")
         a.out_x[t0 + toks] = part  # one rounding to bfloat16 (round to nearest even)
-    if a.out_weights is not None:
-        w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
-        for j in range(width):
-            w += cw[gather[:, j]]
-        a.out_weights[t0:t1] = w
 
 
 def combine_kernel(a: CombineArgs) -> None:

@@ -6,7 +6,8 @@ this rank's lower channels), in token order. Per round of the plan (see ``schedu
 
 1. route scan (once): ``is_token_in_rank[b[c]:b[c+1]]`` -> the token list of each destination;
 2. per unit (destination r, QP q): packs what it sends into its staging area (with ``aggregate``: the hidden
-   rows too, so that they go in one WQE; without it, one WQE per token reads the row straight from ``x``), builds
+   rows too, so that they go in one WQE; without it, one WQE per run of consecutive tokens reads the rows straight
+   from ``x``: no staging copy), builds
    the unit's WQEs in one numpy operation and posts them with one doorbell; the lane's closer appends the
    lane's completion (record and signal, fenced: ``lanes``) to that batch; rows for this PE itself are copied
    directly;
@@ -137,8 +138,7 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
         if a.aggregate:
             writes.range(rbase + x_off + pos * rb, lbase + a.region_offsets["send_x"] + spos * rb, n * rb)
         else:
-            xva = lanes.local_va(peer, q, a.xb)
-            writes.rows(rbase + x_off + pos * rb, np.uint64(xva) + toks.astype(np.uint64) * np.uint64(rb), rb)
+            writes.runs(rbase + x_off + pos * rb, lanes.local_va(peer, q, a.xb), toks, rb)
         for region, staging, _ in meta:
             item = v[region].itemsize * (v[region].size // v[region].shape[0])
             writes.range(rbase + a.region_offsets[region] + pos * item, lbase + a.region_offsets[staging] + spos * item,

@@ -41,12 +41,18 @@ class Writes:
         self._sge.append(np.array([sge], np.uint64))
         self._len.append(np.array([nbytes], np.uint64))
 
-    def rows(self, rmt: int, sge: np.ndarray, row_bytes: int) -> None:
-        """One WQE per row: into consecutive rows from ``rmt`` on, out of the rows at local VAs ``sge``."""
-        n = len(sge)
-        self._rmt.append(np.uint64(rmt) + np.arange(n, dtype=np.uint64) * np.uint64(row_bytes))
-        self._sge.append(sge.astype(np.uint64))
-        self._len.append(np.full(n, row_bytes, np.uint64))
+    def runs(self, rmt: int, sge: int, toks: np.ndarray, row_bytes: int) -> None:
+        """One WQE per run of consecutive tokens: rows ``toks`` (ascending) of the local array at ``sge`` into
+        consecutive rows from ``rmt`` on, each run of tokens ``t, t + 1, ...`` read and written in one piece."""
+        n = len(toks)
+        if not n:
+            return
+        first = np.flatnonzero(np.diff(toks, prepend=toks[0] - 2) != 1)  # where each run starts, in toks
+        count = np.diff(first, append=n).astype(np.uint64)
+        rb = np.uint64(row_bytes)
+        self._rmt.append(np.uint64(rmt) + first.astype(np.uint64) * rb)
+        self._sge.append(np.uint64(sge) + toks[first].astype(np.uint64) * rb)
+        self._len.append(count * rb)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not self._rmt:

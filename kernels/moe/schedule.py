@@ -50,8 +50,9 @@ class Schedule:
         qp_policy: one of ``QP_POLICIES``.
         rotate: source-rank rotation of the peer order.
         aggregate: True = a channel's rows for a peer are packed contiguously and sent with one WQE;
-            False = one WQE per (token, peer) for the hidden rows (the small per-token metadata is packed either
-            way).
+            False = no staging copy: the hidden rows go straight from ``x``, one WQE per run of consecutive
+            tokens (the small per-token metadata is packed either way). Combine sends each unit's rows (contiguous
+            on both sides) with one WQE either way.
         name: the kernel, one of ``SCHEDULES``: ``fullmesh`` (this module's rounds), ``groups`` (MoonEP's group
             waves, ``groups.py``), ``hierarchy`` (HiSilicon's layered relay, ``hierarchy.py``).
         routing: ``"scan"`` (the ``[T, P]`` mask) or ``"compact"`` (per-token destination lists): ``routes``.
