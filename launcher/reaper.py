@@ -25,6 +25,7 @@ import ctypes
 import os
 import shutil
 import signal
+import sys
 import time
 
 from shmemx.observe.jobs import pid_alive
@@ -62,16 +63,26 @@ class Reaper:
         """The launcher removed the segments itself: the reaper exits (waited for, so no zombie is left)."""
         if self.fd >= 0:
             self._say("done")
-            os.close(self.fd)
-            self.fd = -1
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
                 pass
 
     def _say(self, line: str) -> None:
-        if self.fd >= 0:
+        if self.fd < 0:
+            return
+        try:
             os.write(self.fd, line.encode() + b"\n")
+        except BrokenPipeError:  # the reaper was killed (e.g. by a pkill of the launcher's command line)
+            os.close(self.fd)
+            self.fd = -1
+            if line != "done":
+                print(f"shmemx: the job's reaper (pid {self.pid}) is gone; only the launcher itself will remove "
+                      f"the job's segments now (`shmemx clean --stale` removes what a killed launcher leaves)",
+                      file=sys.stderr)
 
 
 def _reap(job_id: str, read_fd: int, write_fd: int) -> None:

@@ -225,6 +225,21 @@ def test_kill_9_of_the_launcher_leaves_no_segment(scripts, command):
     assert not [pid for pid in rank_pids if _alive(pid)], "rank processes outlived the launcher"
 
 
+def test_a_killed_reaper_costs_only_the_safety_net(capfd):
+    """A reaper killed before its job ends (e.g. by ``pkill -f`` of the launcher's command line, which the forked
+    reaper shares): the launcher goes on, says once on stderr that the safety net is gone, and ``done`` is quiet."""
+    from shmemx.launcher.reaper import Reaper
+
+    reaper = Reaper("testkilledreaper")
+    os.kill(reaper.pid, signal.SIGKILL)
+    os.waitpid(reaper.pid, 0)
+    reaper.watch(os.getpid())  # the pipe's reader is gone: no BrokenPipeError
+    reaper.trace_dir("/nonexistent")
+    reaper.done()
+    err = capfd.readouterr().err
+    assert err.count("reaper") == 1 and "is gone" in err, err
+
+
 def test_a_reader_that_goes_away_costs_only_the_output(scripts):
     """``shmemx run ... | head -1``: the launcher's stdout pipe closes while ranks still print; the job runs to its
     end (here: every rank fails after printing), reports on stderr, and leaves no segment."""
