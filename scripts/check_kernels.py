@@ -1,13 +1,15 @@
 """Run the project's kernels under ``--check`` and say which have findings (there must be none).
 
     flock /tmp/shmemx-heavy.lock python scripts/check_kernels.py           # everything (a few minutes)
-    python scripts/check_kernels.py --only examples                        # a part: examples, moe, cam, bench
+    python scripts/check_kernels.py --only examples                        # a part: examples, moe, cam, ...
 
 * examples: every script of ``scripts/examples`` (4 PEs; ``hang_demo.py`` with ``--timeout``, it hangs on purpose);
 * moe: ``moe_demo.py`` on 8 PEs with every QP policy (the cached and zero-copy paths run in ``tests/test_check.py``);
 * cam: ``cam_moe_demo.py`` on 8 PEs (the quantised path runs in ``tests/test_check.py``);
 * schedules: every schedule of ``tests/test_schedules.py`` (fullmesh, groups, hierarchy; scan and compact
   routing; uniform and zipf skews) at 8 and 16 PEs;
+* deep_ep: DeepEP's three tests ported (``scripts/deep_ep``: intranode, internode as 2 servers x 4, low latency)
+  on 8 PEs in the test suite's CI sizes (skipped without torch);
 * bench: the kernels of ``bench_rma``, ``bench_sync``, ``bench_trace``, ``bench_moe`` and ``bench_cam`` in their
   ``--quick`` shapes, each ``launch`` of theirs run with ``check=True``.
 
@@ -125,7 +127,28 @@ def schedules(directory: str):
         yield f"schedules at {n} PEs ({server_size} per server)", code, _findings(directory)
 
 
-PARTS = {"examples": examples, "moe": moe, "cam": cam, "schedules": schedules, "bench": bench}
+# the sizes tests/test_deep_ep.py runs them at (DeepEP's own sizes take minutes per run here)
+DEEP_EP_SIZES = {
+    "test_intranode.py": ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4", "--num-experts", "32",
+                          "--no-tune"],
+    "test_internode.py": ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4", "--num-experts", "32",
+                          "--no-tune"],
+    "test_low_latency.py": ["--num-tokens", "16", "--hidden", "512", "--num-topk", "4", "--num-experts", "16",
+                            "--no-bench"],
+}
+
+
+def deep_ep(directory: str):
+    try:
+        import torch  # noqa: F401 (the ported tests take torch tensors)
+    except ImportError:
+        print("deep_ep  skipped: torch is not installed (pip install -e '.[torch]')")
+        return
+    for script, args in DEEP_EP_SIZES.items():
+        yield _command(script, ["-n", "8", os.path.join(HERE, "deep_ep", script), *args], directory)
+
+
+PARTS = {"examples": examples, "moe": moe, "cam": cam, "schedules": schedules, "deep_ep": deep_ep, "bench": bench}
 
 
 def main(argv=None) -> int:
