@@ -1452,11 +1452,12 @@ def test_raw_path_reserve_write_ring_poll_with_wrap(run_ok, n):
 
 
 def _raw_post():
+    """RawQueue.post: WRITEs (build_writes: the bytes of build_write_batch) and a WRITE_WITH_NOTIFY built
+    beforehand, posted with one call (wrapping the ring), store the same bytes, sidecar words and counts as
+    reserve + write + ring_doorbell, and execute; a batch with another opcode (an FAA) takes the Python path and
+    executes too."""
     from shmemx.udma.rings import Api
 
-    """RawQueue.post: WRITEs (build_writes: the bytes of build_write_batch) and a WRITE_WITH_NOTIFY built beforehand, posted with one call (wrapping the ring),
-    store the same bytes, sidecar words and counts as reserve + write + ring_doorbell, and execute; a batch with
-    another opcode (an FAA) takes the Python path and executes too."""
     shmemx.init(sq_depth=32)
     me, n = shmemx.my_pe(), shmemx.n_pes()
     nxt, prev = (me + 1) % n, (me - 1) % n
@@ -1471,7 +1472,8 @@ def _raw_post():
     step = np.arange(12, dtype=np.uint64) * np.uint64(64)
     for b, via_post in enumerate((True, False)):
         writes = q.build_writes(rmt_va=q.remote_va(dst[b]) + step, sge_len=64, sge_va=q.local_va(src[b]) + step)
-        close = q.build(Opcode.WRITE_WITH_NOTIFY, 0x2e, q.remote_va(dst[b, 0]), sge_len=64, sge_va=q.local_va(src[b, 0]),
+        close = q.build(Opcode.WRITE_WITH_NOTIFY, 0x2e, q.remote_va(dst[b, 0]), sge_len=64,
+                        sge_va=q.local_va(src[b, 0]),
                         notify_tid=int(rmi["tid"]), notify_token=int(rmi["rmt_token_value"]),
                         notify_va=q.remote_va(sig[b:b + 1]), notify_value=b + 1)
         data = np.concatenate([writes.view(np.uint8).reshape(-1), np.frombuffer(close, np.uint8)])

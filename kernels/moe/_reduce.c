@@ -31,8 +31,9 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
 
 /* acc[h] += row[h] for each row in order, four (then two, one) rows per pass over acc: the adds of one column
  * stay in row order, the accumulator is loaded and stored once per pass. */
-static inline __attribute__((always_inline)) void add_rows(float *restrict acc, const uint16_t *restrict src, const int64_t *restrict rows, int64_t count,
-                     Py_ssize_t hidden) {
+static inline __attribute__((always_inline)) void add_rows(float *restrict acc, const uint16_t *restrict src,
+                                                           const int64_t *restrict rows, int64_t count,
+                                                           Py_ssize_t hidden) {
     int64_t j = 0;
     for (; j + 4 <= count; j += 4) {
         const uint16_t *restrict r0 = src + rows[j] * hidden, *restrict r1 = src + rows[j + 1] * hidden;

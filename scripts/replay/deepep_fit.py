@@ -430,7 +430,8 @@ def main() -> None:
             if not B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999:
                 fitted_points = set()
         print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
-              + f" (the file: intra 160, inter 50 GB/s, wqe 0.05 us, kernel 0 us; fitted in {time.perf_counter() - t:.0f} s)")
+              + " (the file: intra 160, inter 50 GB/s, wqe 0.05 us, kernel 0 us;"
+              + f" fitted in {time.perf_counter() - t:.0f} s)")
         bounded = [k for k, v in over.items() if k.endswith("GBps") and not B_RANGE[0] * 1.001 < v < B_RANGE[1] * 0.999]
         if bounded:
             note = (note + "; " if note else "") + f"{', '.join(bounded)} at the bound of {B_RANGE} GB/s: no " \

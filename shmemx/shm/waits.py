@@ -30,8 +30,8 @@ before comparing the word, so a writer whose bump came later reads the count aft
 announcement needs no fence of its own: a PE's own threads count themselves in ``n_sleepers`` with plain stores
 made while holding the interpreter lock (a memoryview ``+=``, or ``_native.sleep`` before it lets the lock go and
 after it takes it back); other PEs' threads waiting on this PE's memory count themselves in ``n_remote_sleepers``
-with atomic adds. (The DMA engine, which runs without the lock, only reads the counts.) The backstop timeout only bounds how
-long a dead peer or an abort goes unnoticed.
+with atomic adds. (The DMA engine, which runs without the lock, only reads the counts.) The backstop timeout only
+bounds how long a dead peer or an abort goes unnoticed.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from ..errors import PeerFailedError, WaitTimeoutError
 from . import _native
 from .futex import futex_wait
 
-__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words", "thread_slot", "set_thread_slot",
-           "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
+__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words", "thread_slot",
+           "set_thread_slot", "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically

@@ -247,7 +247,8 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
                 c->starve_since[q] = now;
                 c->starve_quiet[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_QUIET, q, ci, 0)));
                 engine_log(e, LOG_STARVE, q, ci, c->starve_quiet[q], 0);
-            } else if (unit(draw(c, S_ARRIVE, q, ci, 0)) < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
+            } else if (unit(draw(c, S_ARRIVE, q, ci, 0))
+                       < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
                 hold(c, e, q, ci, S_ARRIVE, HOLD_MIN_NS);
             } else if (!held(c, q)) {
                 double lo = log((double)GATHER_MIN_NS), hi = log((double)GATHER_MAX_NS);
