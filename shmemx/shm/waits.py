@@ -231,29 +231,9 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
             return v
         if adaptive:
             state.spin_misses += 1
-    ctl = rt.ctl
-    slot_idx = _tls.slot
-    call_idx = _record(rt, slot_idx, wait)
-    pe = wait.pe if sleep_pe is None else sleep_pe
-    own = pe == rt.my_pe and _PLAIN_SLEEPERS
-    count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
-    start = time.monotonic()
-    deadline = start + rt.timeout
-    try:
-        while True:
-            code, v = _native.sleep(addr, kind, cmp, target, mask, ctl.wake_addrs[pe], count_addr, not own,
-                                    deadline - time.monotonic(), _state_addr(ctl), _ABORTING, _BACKSTOP)
-            if code == 0:
-                return v
-            now = time.monotonic()
-            if code == 1 and now >= deadline:
-                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
-            if code == 2:
-                failed = int(ctl.header["failed_pe"])
-                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
-    finally:
-        ctl.words[call_idx] = 0  # WaitCall.NONE
-        _add_wait_time(rt, slot_idx, started)
+    return _sleep_native(rt, wait, describe, started, sleep_pe,
+                         lambda wake, count, remote, left, state: _native.sleep(
+                             addr, kind, cmp, target, mask, wake, count, remote, left, state, _ABORTING, _BACKSTOP))
 
 
 def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
@@ -269,6 +249,17 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     if _spin_until(rt, pred, rt.spin):
         _add_wait_time(rt, _tls.slot, started)
         return
+    _sleep_native(rt, wait, describe, started, sleep_pe,
+                  lambda wake, count, remote, left, state: _native.sleep_all(
+                      addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
+                      _BACKSTOP))
+
+
+def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep):
+    """The sleeping part of ``block_on_word`` / ``block_on_words``: record the wait in this thread's slot, then
+    call ``sleep(wake word, sleeper count, remote, seconds left, state word)`` (one of the native sleeps, which
+    returns (0, value) when met, (1, _) at its deadline or backstop, (2, _) on an abort) until it is met, the
+    job's timeout passes or the job aborts; returns the value."""
     ctl = rt.ctl
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)
@@ -279,10 +270,9 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     deadline = start + rt.timeout
     try:
         while True:
-            code, _ = _native.sleep_all(addr, stride, active, kind, cmp, target, ctl.wake_addrs[pe], count_addr,
-                                        not own, deadline - time.monotonic(), _state_addr(ctl), _ABORTING, _BACKSTOP)
+            code, v = sleep(ctl.wake_addrs[pe], count_addr, not own, deadline - time.monotonic(), _state_addr(ctl))
             if code == 0:
-                return
+                return v
             now = time.monotonic()
             if code == 1 and now >= deadline:
                 raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
