@@ -127,24 +127,16 @@ def schedules(directory: str):
         yield f"schedules at {n} PEs ({server_size} per server)", code, _findings(directory)
 
 
-# the sizes tests/test_deep_ep.py runs them at (DeepEP's own sizes take minutes per run here)
-DEEP_EP_SIZES = {
-    "test_intranode.py": ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4", "--num-experts", "32",
-                          "--no-tune"],
-    "test_internode.py": ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4", "--num-experts", "32",
-                          "--no-tune"],
-    "test_low_latency.py": ["--num-tokens", "16", "--hidden", "512", "--num-topk", "4", "--num-experts", "16",
-                            "--no-bench"],
-}
-
-
 def deep_ep(directory: str):
     try:
         import torch  # noqa: F401 (the ported tests take torch tensors)
     except ImportError:
         print("deep_ep  skipped: torch is not installed (pip install -e '.[torch]')")
         return
-    for script, args in DEEP_EP_SIZES.items():
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from test_deep_ep import _CI_SIZES  # the sizes the test suite runs them at (DeepEP's take minutes each here)
+
+    for script, args in _CI_SIZES.items():
         yield _command(script, ["-n", "8", os.path.join(HERE, "deep_ep", script), *args], directory)
 
 
