@@ -116,6 +116,19 @@ static PyObject *spin(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One sleep of sleep_on / sleep_all's loop, not met yet: 1 past the deadline, 2 when the job is aborting, else a
+ * futex wait on the wake word (while it still reads ``seen``, at most ``backstop`` ns) and 0. */
+static int nap(uint32_t *wake, uint32_t seen, int64_t deadline, int64_t backstop, uint32_t *state,
+               unsigned int aborting) {
+    int64_t now = now_ns();
+    if (now >= deadline) return 1;
+    if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) return 2;
+    int64_t ns = deadline - now < backstop ? deadline - now : backstop;
+    struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+    syscall(SYS_futex, wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+    return 0;
+}
+
 /* sleep(addr, kind, cmp, target, mask, wake_addr, count_addr, atomic, timeout_s, state_addr, aborting,
  *       backstop_s) -> (code, value): code 0 met (value: the word), 1 deadline passed, 2 the job is aborting.
  * Announces itself in the sleeper count at count_addr, then loops {read the wake word, read the word, compare,
@@ -144,12 +157,7 @@ static PyObject *sleep_on(PyObject *self, PyObject *args) {
         uint32_t seen = __atomic_load_n(wake, __ATOMIC_SEQ_CST);
         raw = load_word(&c);
         if (met(&c, raw)) { code = 0; break; }
-        int64_t now = now_ns();
-        if (now >= deadline) { code = 1; break; }
-        if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) { code = 2; break; }
-        int64_t ns = deadline - now < backstop ? deadline - now : backstop;
-        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
-        syscall(SYS_futex, wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+        if ((code = nap(wake, seen, deadline, backstop, state, aborting))) break;
     }
     if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
     Py_END_ALLOW_THREADS
@@ -211,12 +219,7 @@ static PyObject *sleep_all(PyObject *self, PyObject *args) {
             }
             if (first == n) { code = 0; break; }
         }
-        int64_t now = now_ns();
-        if (now >= deadline) { code = 1; break; }
-        if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) { code = 2; break; }
-        int64_t ns = deadline - now < backstop ? deadline - now : backstop;
-        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
-        syscall(SYS_futex, wake, FUTEX_WAIT, seen, &ts, NULL, 0);
+        if ((code = nap(wake, seen, deadline, backstop, state, aborting))) break;
     }
     if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
     Py_END_ALLOW_THREADS
