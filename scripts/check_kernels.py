@@ -19,6 +19,7 @@ Exit status 1 when any run has a finding (warnings are listed, they do not fail)
 
 With ``--chaos N`` every run goes under ``--chaos SEED`` (the engine's chaos scheduler and the threads' jitter)
 instead of ``--check``, for seeds 1..N: each must exit 0 with correct results (the kernels check themselves).
+``--first-seed K`` starts the sweep at seed K (a sweep stopped after seed 9 resumes with ``--first-seed 10``).
 """
 
 from __future__ import annotations
@@ -147,10 +148,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=sorted(PARTS), action="append")
     ap.add_argument("--chaos", type=int, default=0, metavar="N", help="run under --chaos 1..N instead of --check")
+    ap.add_argument("--first-seed", type=int, default=1, metavar="K",
+                    help="with --chaos N: start at seed K (to resume a sweep: --chaos 20 --first-seed 10)")
     args = ap.parse_args(argv)
     bad = 0
     modes = [(f"--chaos {seed}", {"cli": ["--chaos", str(seed)], "launch": {"chaos": seed}})
-             for seed in range(1, args.chaos + 1)] or [("--check", dict(MODE))]
+             for seed in range(args.first_seed, args.chaos + 1)] or [("--check", dict(MODE))]
     with tempfile.TemporaryDirectory(prefix="shmemx_check_kernels_") as directory:
         for (mode, flags), part in ((m, p) for m in modes for p in args.only or list(PARTS)):
             MODE.update(flags)
