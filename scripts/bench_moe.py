@@ -498,6 +498,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cam", action="store_true", help="skip the CAM window-mode rows")
     ap.add_argument("--zero-copy", choices=("both", "on", "off"), default="both",
                     help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
+    ap.add_argument("--aggregate", choices=("both", "on", "off"), default="both",
+                    help="dispatch packing each unit's rows into one WQE (aggregate), per-token runs, or both")
     ap.add_argument("--scale", type=int, nargs="+", metavar="P",
                     help="instead: the default Buffer at these job sizes (e.g. 8 128), T=64 H=1024 K=8 E=128 "
                          "unless given, per-rank time beside the first size's")
@@ -521,7 +523,8 @@ def main(argv=None) -> int:
         args.T, args.H, args.K, args.E, args.P, args.iters, args.warmup = 64, 1024, 4, 32, 4, 1, 1
         policies, args.channels = args.policies or ["one", "four_rr"], [4]
     zero = {"both": (False, True), "on": (True,), "off": (False,)}[args.zero_copy]
-    configs = [(c, p, True, a, z) for z in zero for c in args.channels for p in policies for a in (True, False)]
+    aggs = {"both": (True, False), "on": (True,), "off": (False,)}[args.aggregate]
+    configs = [(c, p, True, a, z) for z in zero for c in args.channels for p in policies for a in aggs]
     from shmemx.kernels.moe import Buffer
 
     d = Buffer.__init__.__kwdefaults__  # the defaults' row first: moe.Buffer(T, H, K, E) with no options
