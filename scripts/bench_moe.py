@@ -114,14 +114,14 @@ def _job(cfg: dict, out_path: str) -> None:
         del d
     shmemx.aclshmem_barrier_all()
     buffers = {}
-    for ci, (channels, policy, rotate, aggregate, zero_copy) in enumerate(configs):
+    for ci, (channels, policy, rotate, aggregate, zero_copy, lanes) in enumerate(configs):
         if ci in cfg.get("default_rows", ()):  # the Buffer a user gets with no options (the defaults' row)
             for b in buffers.values():
                 b.close()
             buf = moe.Buffer(T, H, K, E)
             got = (buf.num_channels, buf.schedule.qp_policy, buf.schedule.rotate, buf.schedule.aggregate,
-                   buf.zero_copy)
-            assert got == (channels, policy, rotate, aggregate, zero_copy), (got, configs[0])
+                   buf.zero_copy, buf.shared_lanes)
+            assert got == (channels, policy, rotate, aggregate, zero_copy, lanes), (got, configs[0])
             buffers = {"default": buf}
         elif (channels, zero_copy) not in buffers:
             for b in buffers.values():
@@ -131,6 +131,7 @@ def _job(cfg: dict, out_path: str) -> None:
         buf = buffers["default"] if "default" in buffers else buffers[channels, zero_copy]
         if "default" not in buffers:
             buf.set_schedule(qp_policy=policy, rotate=rotate, aggregate=aggregate)
+            buf.shared_lanes = lanes
         seconds = probe()
         if me < 2:
             probes[ci, 0, me] = seconds
@@ -367,13 +368,14 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
     v = np.array(raw["vecs"])  # [configs, P, 2, vlen]
     bytes_per_rank = np.array(raw["rows"]) * cfg["H"] * 2
     out = []
-    for ci, (channels, policy, rotate, aggregate, zero_copy) in enumerate(cfg["configs"]):
+    for ci, (channels, policy, rotate, aggregate, zero_copy, lanes) in enumerate(cfg["configs"]):
         d_avg, c_avg = (float(np.median(t[ci, :, :, k].mean(0))) for k in (0, 1))
         d_max, c_max = (float(np.median(t[ci, :, :, k].max(0))) for k in (0, 1))
         stats = [[CallStats.unpack(v[ci, p, k], 4) for k in (0, 1)] for p in range(cfg["P"])]
         wqes = sum(s[k]["qp_wqes"] for s in stats for k in (0, 1))
         nbytes = sum(s[k]["qp_bytes"] for s in stats for k in (0, 1))
         out.append(dict(channels=channels, policy=policy, rotate=rotate, aggregate=aggregate, zero_copy=zero_copy,
+                        lanes=lanes,
                         dispatch_ms=d_avg * 1e3, dispatch_max_ms=d_max * 1e3, combine_ms=c_avg * 1e3,
                         combine_max_ms=c_max * 1e3, pair_max_ms=(d_max + c_max) * 1e3,
                         dispatch_gbps=float(bytes_per_rank.mean()) / d_avg / 1e9,
@@ -401,7 +403,9 @@ def fold(runs: list[dict]) -> dict:
 
 def _name(r: dict) -> str:
     return (("default: " if r.get("default") else "") + f"{r['policy']}, "
-            f"{'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch" + (", zero-copy" if r["zero_copy"] else ""))
+            f"{'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch"
+            + (", rounds" if r["lanes"] == "rounds" and r["channels"] > 1 else "")
+            + (", zero-copy" if r["zero_copy"] else ""))
 
 
 def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, payload_mb: float, mpi, cam) -> dict:
@@ -500,6 +504,9 @@ def main(argv=None) -> int:
                     help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
     ap.add_argument("--aggregate", choices=("both", "on", "off"), default="both",
                     help="dispatch packing each unit's rows into one WQE (aggregate), per-token runs, or both")
+    ap.add_argument("--lanes", choices=("both", "batch", "rounds"), default="batch",
+                    help="with more than one channel: shared lanes batched by one block (Buffer(shared_lanes="
+                         "'batch')), taken in rounds, or both")
     ap.add_argument("--scale", type=int, nargs="+", metavar="P",
                     help="instead: the default Buffer at these job sizes (e.g. 8 128), T=64 H=1024 K=8 E=128 "
                          "unless given, per-rank time beside the first size's")
@@ -524,11 +531,14 @@ def main(argv=None) -> int:
         policies, args.channels = args.policies or ["one", "four_rr"], [4]
     zero = {"both": (False, True), "on": (True,), "off": (False,)}[args.zero_copy]
     aggs = {"both": (True, False), "on": (True,), "off": (False,)}[args.aggregate]
-    configs = [(c, p, True, a, z) for z in zero for c in args.channels for p in policies for a in aggs]
+    lane_modes = {"both": ("batch", "rounds"), "batch": ("batch",), "rounds": ("rounds",)}[args.lanes]
+    configs = [(c, p, True, a, z, m) for z in zero for c in args.channels for m in (lane_modes if c > 1 else ("batch",))
+               for p in policies for a in aggs]
     from shmemx.kernels.moe import Buffer
 
     d = Buffer.__init__.__kwdefaults__  # the defaults' row first: moe.Buffer(T, H, K, E) with no options
-    configs.insert(0, (d["num_channels"], d["qp_policy"], d["rotate"], d["aggregate"], d["zero_copy"]))
+    configs.insert(0, (d["num_channels"], d["qp_policy"], d["rotate"], d["aggregate"], d["zero_copy"],
+                       d["shared_lanes"]))
     n_base = len(configs)
     repeat = max(args.repeat, 1)
     cfg = dict(T=args.T, H=args.H, K=args.K, E=args.E, P=args.P, iters=args.iters, warmup=args.warmup,

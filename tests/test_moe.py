@@ -279,18 +279,20 @@ def _expected_qp_totals(buf, is_token_in_rank, schedule, metadata_wqes: int, row
     """WQEs and bytes per QP that a dispatch must post: from the channel counts and the policy."""
     me, n = shmemx.my_pe(), shmemx.n_pes()
     rows = channel_counts(is_token_in_rank, buf.num_channels)  # [P, C]
-    plan = plan_rounds(me, n, rows.T, schedule)
+    plan = plan_rounds(me, n, rows.T, schedule, buf.shared_lanes == "batch")
     wqes = np.zeros(schedule.num_qps, np.int64)
     nbytes = np.zeros(schedule.num_qps, np.int64)
     bounds = channel_bounds(is_token_in_rank.shape[0], buf.num_channels)
     for u in plan.units:
         if u.peer == me:
             continue
-        if u.rows:
-            toks = np.flatnonzero(is_token_in_rank[bounds[u.channel]:bounds[u.channel + 1], u.peer])
+        for c0, c1, part_rows in u.parts():  # a batched lane: one range per run of consecutive channels
+            if not part_rows:
+                continue
+            toks = np.flatnonzero(is_token_in_rank[bounds[c0]:bounds[c1], u.peer])
             runs = 1 + int((np.diff(toks) != 1).sum())  # per-token mode: a WQE per run of consecutive tokens
             wqes[u.qp] += (1 if schedule.aggregate else runs) + metadata_wqes
-            nbytes[u.qp] += u.rows * (row_bytes + meta_bytes)
+            nbytes[u.qp] += part_rows * (row_bytes + meta_bytes)
         if u.closes:
             wqes[u.qp] += 1
             nbytes[u.qp] += 32

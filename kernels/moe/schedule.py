@@ -125,6 +125,12 @@ class Unit:
     rows: int
     round: int
     closes: bool = False
+    segments: tuple = ()  # batched lanes: ((first channel, end channel, rows), ...) this unit carries
+
+    def parts(self) -> tuple:
+        """``((c0, c1, rows), ...)``: the runs of consecutive channels whose rows this unit sends (its own channel
+        alone, unless a batched lane gave it every sharer's rows)."""
+        return self.segments or ((self.channel, self.channel + 1, self.rows),)
 
 
 @dataclass
@@ -169,7 +175,7 @@ def _assign_qps(schedule: Schedule, rows: np.ndarray) -> np.ndarray:
     return qps
 
 
-def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False) -> Plan:
     """Assign the units of one call to blocks and rounds.
 
     Args:
@@ -177,21 +183,39 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Pl
         n_pes: P.
         rows: ``[C, P]`` rows channel c sends to peer r (``[C, P]`` int).
         schedule: policy, rotation, aggregation.
+        batch: shared lanes are *batched* instead of taken in turns: the rows of every channel that shares a
+            lane are posted by one of those channels' blocks (the lane's owner: sharer ``l mod m``, l the peer's
+            logical index) as one unit, one doorbell, closed by its completion signal; the plan has one round.
+            The lane's WQEs are those the turns would post (a run of consecutive channels is one range of the
+            destination, so its per-token runs join across the channel bounds), with no quiet and no
+            ``sync_all`` between the channels. This PE's own rows stay one local copy per channel.
 
     Returns:
-        A ``Plan``. Invariants (tested): every unit with rows > 0 appears once; no lane has two blocks in a
-        round; every lane to another PE has exactly one closing unit, in its last round.
+        A ``Plan``. Invariants (tested): every (channel, peer) with rows > 0 is sent once; no lane has two blocks
+        in a round; every lane to another PE has exactly one closing unit, in its last round.
     """
     rows = np.asarray(rows, np.int64)
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
     if n_channels == 1:
         return _plan_one_channel(me, n_pes, rows[0], schedule)
-    return _plan_general(me, n_pes, rows, schedule)
+    return _plan_general(me, n_pes, rows, schedule, batch)
 
 
-def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
-    """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation, the closers."""
+def _segments(sharers: list[int], rows: np.ndarray) -> tuple:
+    """``((c0, c1, rows), ...)``: ``sharers`` (ascending) as runs of consecutive channels, with their rows."""
+    out = []
+    for c in sharers:
+        if out and out[-1][1] == c:
+            out[-1] = (out[-1][0], c + 1, out[-1][2] + int(rows[c]))
+        else:
+            out.append((c, c + 1, int(rows[c])))
+    return tuple(out)
+
+
+def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False) -> Plan:
+    """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation (or one batched unit
+    per lane), the closers."""
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
     qps = _assign_qps(schedule, rows)
@@ -203,6 +227,17 @@ def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> 
             sharers = [c for c in range(n_channels) if qps[c, peer] == q and rows[c, peer] > 0]
             lane_rows[peer, q] = int(rows[sharers, peer].sum()) if sharers else 0
             m = len(sharers)
+            if batch and peer != me and m:
+                owner = sharers[logical[peer] % m]
+                units.append(Unit(owner, peer, q, int(lane_rows[peer, q]), 0, True,
+                                  _segments(sharers, rows[:, peer])))
+                continue
+            if batch:  # this PE's own rows (one local copy per channel) or a lane without rows: round 0
+                lane = [Unit(c, peer, q, int(rows[c, peer]), 0) for c in sharers]
+                if peer != me:
+                    lane = [Unit((logical[peer] * n_qps + q) % n_channels, peer, q, 0, 0, True)]
+                units.extend(lane)
+                continue
             lane = [Unit(c, peer, q, int(rows[c, peer]), (logical[peer] - j) % m) for j, c in enumerate(sharers)]
             if peer != me:
                 if not lane:  # nothing to send on this lane: an empty unit carries its completion signal
