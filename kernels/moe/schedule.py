@@ -22,6 +22,17 @@ The number of rounds is the largest number of sharers of a lane: 8 for ``one`` w
 ``four_rr``. ``rotate`` makes logical index ``l = (peer - me) mod P`` (each source rank starts at itself and
 wraps, so the ranks do not all hit peer 0 first); without it ``l = peer``.
 
+*Batched lanes* (``plan_rounds(..., batch=True)``, ``Buffer(shared_lanes="batch")``, the Buffer's default): a
+shared lane is not taken in turns; one of its sharers (sharer ``l mod m``) posts every sharer's rows of it as one
+unit (its ``segments``: the sharers as runs of consecutive channels; a run is one contiguous range of the
+destination), one doorbell, closed by the lane's completion signal. The plan is one round, with no quiet and no
+``sync_all`` between the sharers: what a lane carries (rows, record, signal) is the same, and each SQ still has
+one submitter. With ``one`` and C channels each block posts about (P - 1) / C whole lanes; with ``two_3_1`` the QP 0
+lanes go to channels 0-2 and the QP 1 lanes to channel 3, the same rows per block as the turns.
+
+The last round ends with its quiets and no ``sync_all`` (no block takes a lane over after it); dispatch copies
+this PE's own rows out after the blocks' one ``sync_all`` of the receive side (every channel writes its own).
+
 Each lane gets exactly one completion signal per call, posted by its *closer*: the unit of the lane's last round
 (a lane with no rows gets an empty closer unit). The closer posts its rows and then the signal, with a fence, on
 the same QP; since the earlier rounds' units of that lane were quieted before the closer's round began, the
