@@ -56,11 +56,11 @@ class Buffer:
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
         num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
-            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py``
-            compares 4, 2 and 1; README "Performance"). An emulated PE's blocks are threads of one process on a
-            host with few cores, so more blocks add rounds (channels that share a QP take turns: with the
-            default ``one`` policy C channels need C rounds, each ending in a quiet and a ``sync_all``) and
-            thread hand-offs, not parallelism; the data itself is copied without the interpreter lock either way.
+            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py
+            --repeat``; README "Performance"). An emulated PE's blocks are threads of one process on a host with
+            few cores, so more blocks add thread hand-offs, per-block waits and ``sync_all`` s, not parallelism
+            (the data itself is copied without the interpreter lock either way); channels that share a QP no
+            longer take rounds (``shared_lanes="batch"``).
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default

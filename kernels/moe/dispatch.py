@@ -105,15 +105,31 @@ def _gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
 
 
 def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
-    """Rows for this PE itself: copied straight into its own workspace (no QP)."""
+    """Channel c's rows for this PE itself (no QP): straight into the outputs at the rows they take there (the
+    receive row of a source's row is its workspace row), top-k experts made local as ``copy_out`` does; the hidden
+    rows into the workspace instead with zero copy (recv_x is the workspace), and everything into the workspace when
+    the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
     me, rb = a.me, a.row_bytes
     pos = int(a.rank_base[me] + a.channel_start[me, c])
     n = len(toks)
-    v = a.views
-    _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
-    v["src_idx"][pos:pos + n] = toks
-    for region, _, src in _meta(a)[1:]:
-        _gather(src, toks, v[region][pos:pos + n])
+    v, out = a.views, a.out
+    if out is None:
+        _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
+        v["src_idx"][pos:pos + n] = toks
+        for region, _, src in _meta(a)[1:]:
+            _gather(src, toks, v[region][pos:pos + n])
+        return
+    x = v["x"][pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
+    _gather(a.xb, toks, x)
+    out.src_idx[pos:pos + n] = toks
+    if out.topk_idx is not None:
+        raw = a.topk_idx[toks]
+        local = raw - me * a.num_local_experts
+        mine = (raw >= 0) & (local >= 0) & (local < a.num_local_experts)
+        out.topk_idx[pos:pos + n] = np.where(mine, local, -1)
+        out.topk_weights[pos:pos + n] = np.where(mine, a.topk_weights[toks], 0)
+    if out.scales is not None:
+        _gather(a.scales, toks, out.scales[pos:pos + n])
 
 
 def _post_unit(a: DispatchArgs, u, segs: list, timer, t: float) -> float:
@@ -205,7 +221,7 @@ def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
                                f"{int(want[i])} rows notify announced for call #{a.seq}")
-    for s in peers:  # this PE's own rows are copied out after the blocks' sync_all (every channel wrote its own)
+    for s in peers:  # this PE's own rows went straight into the outputs (``_local``)
         t = copy_out(a, s, timer, t, credit=False)
     return t
 
@@ -276,12 +292,8 @@ def dispatch_kernel(a: DispatchArgs) -> None:
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = range(c, a.n_pes, len(a.bounds) - 1)
     t = _receive_all(a, sources, timer, t)
-    # every block's copy-out is done before any source gets its credit (``give_credit``), and every channel's
-    # rows for this PE itself are in (no sync closes the last round of posting)
-    shmemx.sync_all()
+    shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
     t = timer.lap("sync", t)
-    if a.me in sources:
-        t = copy_out(a, a.me, timer, t, credit=False)
     for s in sources:
         give_credit(a, s, timer)
