@@ -461,7 +461,8 @@ def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, paylo
         print("\nevery configuration: slowest block per phase, pe 0 (ms; the repeat with the median pair)")
         for r in rows:
             for label, ph in zip(("dispatch", "combine"), r["phases"]):
-                print(f"  {_name(r):<37} {label:<8} " + "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0))
+                times = "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0)
+                print(f"  {_name(r):<37} {label:<8} {times}")
     if mpi is not None:
         ratio, limit, what = best["pair_max_ms"] / (mpi["dispatch_max_ms"] + mpi["combine_max_ms"]), 1.0, "MPI"
     else:
