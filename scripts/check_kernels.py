@@ -4,7 +4,8 @@
     python scripts/check_kernels.py --only examples                        # a part: examples, moe, cam, ...
 
 * examples: every script of ``scripts/examples`` (4 PEs; ``hang_demo.py`` with ``--timeout``, it hangs on purpose);
-* moe: ``moe_demo.py`` on 8 PEs with every QP policy (the cached and zero-copy paths run in ``tests/test_check.py``);
+* moe: ``moe_demo.py`` on 8 PEs with every QP policy, and with two_3_1 on 4 channels (batched lanes and rounds;
+  the cached and zero-copy paths run in ``tests/test_check.py``);
 * cam: ``cam_moe_demo.py`` on 8 PEs (the quantised path runs in ``tests/test_check.py``);
 * schedules: every schedule of ``tests/test_schedules.py`` (fullmesh, groups, hierarchy; scan and compact
   routing; uniform and zipf skews) at 8 and 16 PEs;
@@ -82,6 +83,10 @@ def moe(directory: str):
     for policy in moe_pkg.QP_POLICIES:
         yield _command(f"moe_demo.py --policy {policy}", ["-n", "8", os.path.join(EXAMPLES, "moe_demo.py"),
                                                           "--policy", policy], directory)
+    for lanes in ("batch", "rounds"):  # 4 channels, 3 of them sharing QP 0: both ways of sharing a lane
+        yield _command(f"moe_demo.py --policy two_3_1 --channels 4 --lanes {lanes}",
+                       ["-n", "8", os.path.join(EXAMPLES, "moe_demo.py"), "--policy", "two_3_1", "--channels", "4",
+                        "--lanes", lanes], directory)
 
 
 def cam(directory: str):

@@ -150,6 +150,46 @@ def test_plan_rounds_invariants(schedule):
                     assert plan.lane_rows[peer, q] == sum(u.rows for u in lane)
 
 
+@pytest.mark.parametrize("schedule", ALL_SCHEDULES, ids=str)
+def test_batched_lanes_plan(schedule):
+    """shared_lanes='batch': one round; each remote lane is one closing unit, posted by one of its sharers, whose
+    parts are the sharers' channels as runs of consecutive channels with their rows; this PE's own rows stay one
+    local unit per channel; the same lane rows as the rounds plan."""
+    rng = np.random.default_rng(4)
+    for n_pes, n_ch in ((1, 1), (2, 8), (4, 3), (8, 8), (8, 4), (5, 1)):
+        for me in {0, n_pes - 1}:
+            rows = rng.integers(0, 5, (n_ch, n_pes))
+            rows[0, :] = 0
+            plan = plan_rounds(me, n_pes, rows, schedule, batch=True)
+            turns = plan_rounds(me, n_pes, rows, schedule)
+            assert plan.rounds == 1
+            np.testing.assert_array_equal(plan.lane_rows, turns.lane_rows)
+            sent = {}
+            lanes = {}
+            for c in range(n_ch):
+                for u in plan.by_block[c][0]:
+                    assert u.channel == c and u.round == 0
+                    if u.peer == me:
+                        assert not u.closes and not u.segments and u.rows
+                    else:
+                        assert u.closes and (u.peer, u.qp) not in lanes
+                        lanes[u.peer, u.qp] = u
+                    assert sum(r for _, _, r in u.parts()) == u.rows
+                    for c0, c1, r in u.parts() if u.rows else ():  # (a lane without rows: an empty closer)
+                        assert c0 < c1 and r == int(rows[c0:c1, u.peer].sum())
+                        for ch in range(c0, c1):
+                            if rows[ch, u.peer]:
+                                assert (ch, u.peer) not in sent
+                                sent[ch, u.peer] = u.qp
+                    if u.segments:  # the owner is one of the sharers; runs are maximal
+                        assert any(c0 <= c < c1 for c0, c1, _ in u.segments)
+                        assert all(a[1] < b[0] for a, b in zip(u.segments, u.segments[1:]))
+            assert set(sent) == {(c, r) for c in range(n_ch) for r in range(n_pes) if rows[c, r]}
+            if schedule.qp_policy != "bytes":
+                assert all(q == channel_qp(schedule.qp_policy, c) for (c, _), q in sent.items())
+            assert set(lanes) == {(r, q) for r in range(n_pes) if r != me for q in range(schedule.num_qps)}
+
+
 def test_bytes_policy_balances_each_peer():
     rows = np.array([[10, 1], [1, 1], [6, 1], [5, 1]])
     plan = plan_rounds(0, 2, rows, Schedule("bytes"))
@@ -279,18 +319,20 @@ def _expected_qp_totals(buf, is_token_in_rank, schedule, metadata_wqes: int, row
     """WQEs and bytes per QP that a dispatch must post: from the channel counts and the policy."""
     me, n = shmemx.my_pe(), shmemx.n_pes()
     rows = channel_counts(is_token_in_rank, buf.num_channels)  # [P, C]
-    plan = plan_rounds(me, n, rows.T, schedule)
+    plan = plan_rounds(me, n, rows.T, schedule, buf.shared_lanes == "batch")
     wqes = np.zeros(schedule.num_qps, np.int64)
     nbytes = np.zeros(schedule.num_qps, np.int64)
     bounds = channel_bounds(is_token_in_rank.shape[0], buf.num_channels)
     for u in plan.units:
         if u.peer == me:
             continue
-        if u.rows:
-            toks = np.flatnonzero(is_token_in_rank[bounds[u.channel]:bounds[u.channel + 1], u.peer])
+        for c0, c1, part_rows in u.parts():  # a batched lane: one range per run of consecutive channels
+            if not part_rows:
+                continue
+            toks = np.flatnonzero(is_token_in_rank[bounds[c0]:bounds[c1], u.peer])
             runs = 1 + int((np.diff(toks) != 1).sum())  # per-token mode: a WQE per run of consecutive tokens
             wqes[u.qp] += (1 if schedule.aggregate else runs) + metadata_wqes
-            nbytes[u.qp] += u.rows * (row_bytes + meta_bytes)
+            nbytes[u.qp] += part_rows * (row_bytes + meta_bytes)
         if u.closes:
             wqes[u.qp] += 1
             nbytes[u.qp] += 32
@@ -395,7 +437,7 @@ def _check_quantised(buf, allin):
         assert diff < tol, (cast.__name__, diff)
 
 
-def _moe_job(schedules, variants, quantised, errors):
+def _moe_job(schedules, variants, quantised, errors, lanes=("batch",)):
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
@@ -404,7 +446,9 @@ def _moe_job(schedules, variants, quantised, errors):
         allin = [_inputs(r, n, variant) for r in range(n)]
         for schedule in schedules:
             buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
-            _check_dispatch_combine(buf, allin, schedule)
+            for mode in lanes:
+                buf.shared_lanes = mode
+                _check_dispatch_combine(buf, allin, schedule)
     if quantised:
         _check_quantised(buf, [_inputs(r, n) for r in range(n)])
     if errors:
@@ -479,7 +523,8 @@ def test_zero_copy_dispatch_returns_workspace_rows(run_ok, n):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dispatch_combine_against_reference(run_ok, n):
-    run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, timeout=150)
+    """Both ways of sharing a lane (batched, the default, and rounds) on every CI schedule."""
+    run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, ("batch", "rounds"), timeout=150)
 
 
 @pytest.mark.parametrize("n", [2, 8])

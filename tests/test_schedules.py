@@ -230,8 +230,8 @@ def _metrics_job():
         fm, hi, gr = out["fullmesh"], out["hierarchy"], out["groups"]
         # fullmesh, 1 channel, QP policy one: one lane per remote peer, 3 metadata WQEs + the rows + the closer
         assert fm["wqes"] == [15] and fm["peers"] == [3] and fm["cross"] == 3 * 2 * H
-        # (two syncs: the end of the round, and every block's copy-out before the credits)
-        assert (fm["quiets"], fm["so_writes"], fm["flag_writes"], fm["credit_writes"], fm["syncs"]) == (3, 3, 3, 3, 2)
+        # (one sync: every block's copy-out before the credits; the last round of posting ends without one)
+        assert (fm["quiets"], fm["so_writes"], fm["flag_writes"], fm["credit_writes"], fm["syncs"]) == (3, 3, 3, 3, 1)
         assert fm["route_reads"] == 4 * 4 and fm["barriers"] == 0
         # hierarchy: 2 records (tokens 1 and 2) to rank 2 and the end flag; own token 2 to rank 1 and rank 2's
         # token 2 for rank 1 forwarded (4 copies each: row, source index, top-k experts, weights); one barrier

@@ -56,11 +56,11 @@ class Buffer:
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
         num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
-            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py``
-            compares 4, 2 and 1; README "Performance"). An emulated PE's blocks are threads of one process on a
-            host with few cores, so more blocks add rounds (channels that share a QP take turns: with the
-            default ``one`` policy C channels need C rounds, each ending in a quiet and a ``sync_all``) and
-            thread hand-offs, not parallelism; the data itself is copied without the interpreter lock either way.
+            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py
+            --repeat``; README "Performance"). An emulated PE's blocks are threads of one process on a host with
+            few cores, so more blocks add thread hand-offs, per-block waits and ``sync_all`` s, not parallelism
+            (the data itself is copied without the interpreter lock either way); channels that share a QP no
+            longer take rounds (``shared_lanes="batch"``).
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
@@ -77,6 +77,12 @@ class Buffer:
         group_width, token_blocks, weight_blocks: the groups schedule's width (default min(P, 16)), lane
             worker blocks (default one per lane) and metadata blocks (default 0; > 0 needs ``qp_num`` one more
             than the QP policy's QPs).
+        shared_lanes: how the fullmesh kernel's channels use a lane (peer, QP) that several of them share (with
+            ``one``, every lane when C > 1): ``"batch"`` (default): one of them, the lane's owner, posts every
+            sharer's rows in one batch (one unit, one doorbell, one round: no quiet and no ``sync_all`` between
+            the channels); ``"rounds"``: the sharers take turns, one round each, a quiet and a ``sync_all``
+            between rounds (``schedule.plan_rounds``). A local choice of each PE (the lanes carry the same rows,
+            records and completion signals either way); settable as ``buffer.shared_lanes``.
         history: how many recent ``CallStats`` to keep.
         zero_copy: dispatch returns ``recv_x`` (and its scales stay copies) as a view of the workspace's receive
             rows instead of a fresh array, as the Ascend port does (``MakeShmemTensor``): one copy of every
@@ -92,8 +98,9 @@ class Buffer:
                  aggregate: bool = False, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
                  group_width: int | None = None, token_blocks: int | None = None,
-                 weight_blocks: int | None = None):
+                 weight_blocks: int | None = None, shared_lanes: str = "batch"):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
+        self.shared_lanes = shared_lanes
         for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
                                 ("num_experts", num_experts, 1), ("num_channels", num_channels, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
@@ -160,6 +167,17 @@ class Buffer:
     @property
     def schedule(self) -> Schedule:
         return self._schedule
+
+    @property
+    def shared_lanes(self) -> str:
+        """``"batch"`` or ``"rounds"``: how channels that share a lane post on it (see the class docstring)."""
+        return self._shared_lanes
+
+    @shared_lanes.setter
+    def shared_lanes(self, value: str) -> None:
+        if value not in ("batch", "rounds"):
+            raise ValueError(f"pe {self.me}: moe.Buffer: shared_lanes must be 'batch' or 'rounds', got {value!r}")
+        self._shared_lanes = value
 
     def set_schedule(self, *, qp_policy: str | None = None, rotate: bool | None = None,
                      aggregate: bool | None = None, schedule: str | None = None, routing: str | None = None,
@@ -367,7 +385,7 @@ class Buffer:
                 dests_from_mask(routing.is_token_in_rank, self.num_topk)
         plan, waves = None, None
         if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched)
+            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched, self._shared_lanes == "batch")
             rounds, blocks, n_qps = plan.rounds, self.num_channels, plan.lane_rows.shape[1]
         elif sched.name == "groups":
             waves = self._waves()
@@ -496,7 +514,7 @@ class Buffer:
         out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
         plan, waves = None, None
         if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, (ends - starts).T, sched)
+            plan = plan_rounds(me, n_pes, (ends - starts).T, sched, self._shared_lanes == "batch")
             rounds, blocks, n_qps = plan.rounds, n_ch, plan.lane_rows.shape[1]
         elif sched.name == "groups":
             waves = self._waves()

@@ -86,12 +86,16 @@ def _local(a: CombineArgs, u) -> None:
 
 
 def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
+    """Post one unit: per run of consecutive channels it carries (one, or a batched lane's), one WQE of rows and
+    one of weights; the closer also signals."""
     peer, q, rb = u.peer, u.qp, a.xb.shape[1]
     lanes = a.lanes
     writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
-    if u.rows:
-        lo, dst = _unit_range(a, u)
-        n = u.rows
+    for c0, _, n in u.parts():
+        if not n:
+            continue
+        start = int(a.recv_channel_start[peer, c0])
+        lo, dst = int(a.recv_lo[peer]) + start, int(a.dest_base[peer]) + start
         rbase = int(lanes.remote_base[peer])
         xva = lanes.local_va(peer, q, a.xb)
         xrow = rbase + a.region_offsets["combine_x"] + dst * rb
@@ -192,7 +196,7 @@ def combine_kernel(a: CombineArgs) -> None:
             t = _post_unit(a, u, timer, t)
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
-        t = a.lanes.end_round(posted, timer, t)
+        t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
     _wait_sources(a, sources)
     t = timer.lap("wait", t)

@@ -105,23 +105,53 @@ def _gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
 
 
 def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
-    """Rows for this PE itself: copied straight into its own workspace (no QP)."""
+    """Channel c's rows for this PE itself (no QP): straight into the outputs at the rows they take there (the
+    receive row of a source's row is its workspace row), top-k experts made local as ``copy_out`` does; the hidden
+    rows into the workspace instead with zero copy (recv_x is the workspace), and everything into the workspace when
+    the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
     me, rb = a.me, a.row_bytes
     pos = int(a.rank_base[me] + a.channel_start[me, c])
     n = len(toks)
-    v = a.views
-    _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
-    v["src_idx"][pos:pos + n] = toks
-    for region, _, src in _meta(a)[1:]:
-        _gather(src, toks, v[region][pos:pos + n])
+    v, out = a.views, a.out
+    if out is None:
+        _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
+        v["src_idx"][pos:pos + n] = toks
+        for region, _, src in _meta(a)[1:]:
+            _gather(src, toks, v[region][pos:pos + n])
+        return
+    x = v["x"][pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
+    _gather(a.xb, toks, x)
+    out.src_idx[pos:pos + n] = toks
+    if out.topk_idx is not None:
+        raw = a.topk_idx[toks]
+        local = raw - me * a.num_local_experts
+        mine = (raw >= 0) & (local >= 0) & (local < a.num_local_experts)
+        out.topk_idx[pos:pos + n] = np.where(mine, local, -1)
+        out.topk_weights[pos:pos + n] = np.where(mine, a.topk_weights[toks], 0)
+    if out.scales is not None:
+        _gather(a.scales, toks, out.scales[pos:pos + n])
 
 
-def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
-    """Pack, build and post one unit (channel u.channel -> peer u.peer on QP u.qp); the closer also signals."""
-    peer, q, c, rb = u.peer, u.qp, u.channel, a.row_bytes
+def _post_unit(a: DispatchArgs, u, segs: list, timer, t: float) -> float:
+    """Pack, build and post one unit (peer u.peer on QP u.qp, from block u.channel): ``segs`` = [(first channel
+    of a run of consecutive channels, its tokens for the peer)], one for a plain unit, one per run for a batched
+    lane; all of them in one post; the closer also signals."""
+    peer, q, lanes = u.peer, u.qp, a.lanes
+    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
+    for c, toks in segs:
+        t = _pack_segment(a, peer, q, c, toks, writes, timer, t)
+    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=0 if u.closes else None, seq=a.seq,
+                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
+    return timer.lap("submit", t)
+
+
+def _pack_segment(a: DispatchArgs, peer: int, q: int, c: int, toks: np.ndarray, writes: Writes, timer,
+                  t: float) -> float:
+    """Stage the metadata of ``toks`` (channel c's first, then the run's next channels' tokens for ``peer``) and add
+    their WRITEs to ``writes``."""
+    rb = a.row_bytes
     n = len(toks)
     v, lanes = a.views, a.lanes
-    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
     if n:
         pos = int(a.rank_base[peer] + a.channel_start[peer, c])
         spos = int(a.send_base[peer] + a.channel_start[peer, c])
@@ -144,11 +174,26 @@ def _post_unit(a: DispatchArgs, u, toks: np.ndarray, timer, t: float) -> float:
             writes.range(rbase + a.region_offsets[region] + pos * item, lbase + a.region_offsets[staging] + spos * item,
                          n * item)
         t = timer.lap("build", t)
-    if n:
         a.stats.peer_hidden_bytes[peer] += n * rb
-    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=0 if u.closes else None, seq=a.seq,
-                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
-    return timer.lap("submit", t)
+    return t
+
+
+def _wide_tokens(a: DispatchArgs, c: int, timer):
+    """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit of block c (one route scan
+    of their tokens)."""
+    segs = [seg for k in range(a.plan.rounds) for u in a.plan.by_block[c][k] for seg in u.segments]
+    lo, hi = int(a.bounds[min(s[0] for s in segs)]), int(a.bounds[max(s[1] for s in segs)])
+    toks, split, reads = peer_tokens(lo, hi, a.n_pes, routing=a.routing, mask=a.is_token_in_rank, dests=a.dests)
+    timer.count("route_reads", reads)
+    return toks, split
+
+
+def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray:
+    """Channels [c0, c1)'s tokens for ``peer`` (ascending), from ``_wide_tokens``."""
+    toks, split = wide
+    mine = toks[split[peer]:split[peer + 1]]
+    i, j = np.searchsorted(mine, (a.bounds[c0], a.bounds[c1]))
+    return mine[i:j]
 
 
 def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
@@ -176,7 +221,7 @@ def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
                                f"{int(want[i])} rows notify announced for call #{a.seq}")
-    for s in sources:
+    for s in peers:  # this PE's own rows went straight into the outputs (``_local``)
         t = copy_out(a, s, timer, t, credit=False)
     return t
 
@@ -226,22 +271,29 @@ def dispatch_kernel(a: DispatchArgs) -> None:
                                      mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
     t = timer.lap("route", t)
+    wide = None  # batched lanes: the tokens of the channels this block posts for, by peer
     for k in range(a.plan.rounds):
         posted = []
         for u in a.plan.by_block[c][k]:
-            mine = toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0]
-            assert len(mine) == u.rows, (u, len(mine))
+            if u.segments:
+                if wide is None:
+                    wide = _wide_tokens(a, c, timer)
+                segs = [(c0, _tokens_in(a, wide, u.peer, c0, c1)) for c0, c1, _ in u.segments]
+            else:
+                segs = [(c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])]
+            assert sum(len(s) for _, s in segs) == u.rows, (u, [len(s) for _, s in segs])
             if u.peer == a.me:
-                _local(a, c, mine)
+                _local(a, c, segs[0][1])
                 t = timer.lap("pack", t)
                 continue
-            t = _post_unit(a, u, mine, timer, t)
+            t = _post_unit(a, u, segs, timer, t)
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
-        t = a.lanes.end_round(posted, timer, t)
+        t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = range(c, a.n_pes, len(a.bounds) - 1)
     t = _receive_all(a, sources, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
+    t = timer.lap("sync", t)
     for s in sources:
         give_credit(a, s, timer)

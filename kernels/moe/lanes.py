@@ -155,13 +155,17 @@ class Lanes:
     def quiet(self, peer: int, qp: int) -> None:
         shmemx.aclshmemx_udma_qp_quiet(peer, qp)
 
-    def end_round(self, posted: list[tuple[int, int]], timer, t: float) -> float:
+    def end_round(self, posted: list[tuple[int, int]], timer, t: float, last: bool = False) -> float:
         """The end of a block's round: quiet every (peer, qp) it posted to (which releases the lane to the block
-        that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases."""
+        that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases.
+        ``last``: the call's last round: no block takes a lane over after it, so no SyncAll (the quiets stay:
+        the WQEs read the caller's arrays, and the lane is free for the next launch)."""
         for peer, qp in posted:
             self.quiet(peer, qp)
         timer.count("quiets", len(posted))
         t = timer.lap("quiet", t)
+        if last:
+            return t
         shmemx.sync_all()
         timer.count("syncs")
         return timer.lap("sync", t)

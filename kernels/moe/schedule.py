@@ -22,6 +22,17 @@ The number of rounds is the largest number of sharers of a lane: 8 for ``one`` w
 ``four_rr``. ``rotate`` makes logical index ``l = (peer - me) mod P`` (each source rank starts at itself and
 wraps, so the ranks do not all hit peer 0 first); without it ``l = peer``.
 
+*Batched lanes* (``plan_rounds(..., batch=True)``, ``Buffer(shared_lanes="batch")``, the Buffer's default): a
+shared lane is not taken in turns; one of its sharers (sharer ``l mod m``) posts every sharer's rows of it as one
+unit (its ``segments``: the sharers as runs of consecutive channels; a run is one contiguous range of the
+destination), one doorbell, closed by the lane's completion signal. The plan is one round, with no quiet and no
+``sync_all`` between the sharers: what a lane carries (rows, record, signal) is the same, and each SQ still has
+one submitter. With ``one`` and C channels each block posts about (P - 1) / C whole lanes; with ``two_3_1`` the QP 0
+lanes go to channels 0-2 and the QP 1 lanes to channel 3, the same rows per block as the turns.
+
+The last round ends with its quiets and no ``sync_all`` (no block takes a lane over after it); dispatch copies
+this PE's own rows out after the blocks' one ``sync_all`` of the receive side (every channel writes its own).
+
 Each lane gets exactly one completion signal per call, posted by its *closer*: the unit of the lane's last round
 (a lane with no rows gets an empty closer unit). The closer posts its rows and then the signal, with a fence, on
 the same QP; since the earlier rounds' units of that lane were quieted before the closer's round began, the
@@ -125,6 +136,12 @@ class Unit:
     rows: int
     round: int
     closes: bool = False
+    segments: tuple = ()  # batched lanes: ((first channel, end channel, rows), ...) this unit carries
+
+    def parts(self) -> tuple:
+        """``((c0, c1, rows), ...)``: the runs of consecutive channels whose rows this unit sends (its own channel
+        alone, unless a batched lane gave it every sharer's rows)."""
+        return self.segments or ((self.channel, self.channel + 1, self.rows),)
 
 
 @dataclass
@@ -169,7 +186,7 @@ def _assign_qps(schedule: Schedule, rows: np.ndarray) -> np.ndarray:
     return qps
 
 
-def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False) -> Plan:
     """Assign the units of one call to blocks and rounds.
 
     Args:
@@ -177,21 +194,39 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Pl
         n_pes: P.
         rows: ``[C, P]`` rows channel c sends to peer r (``[C, P]`` int).
         schedule: policy, rotation, aggregation.
+        batch: shared lanes are *batched* instead of taken in turns: the rows of every channel that shares a
+            lane are posted by one of those channels' blocks (the lane's owner: sharer ``l mod m``, l the peer's
+            logical index) as one unit, one doorbell, closed by its completion signal; the plan has one round.
+            The lane's WQEs are those the turns would post (a run of consecutive channels is one range of the
+            destination, so its per-token runs join across the channel bounds), with no quiet and no
+            ``sync_all`` between the channels. This PE's own rows stay one local copy per channel.
 
     Returns:
-        A ``Plan``. Invariants (tested): every unit with rows > 0 appears once; no lane has two blocks in a
-        round; every lane to another PE has exactly one closing unit, in its last round.
+        A ``Plan``. Invariants (tested): every (channel, peer) with rows > 0 is sent once; no lane has two blocks
+        in a round; every lane to another PE has exactly one closing unit, in its last round.
     """
     rows = np.asarray(rows, np.int64)
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
     if n_channels == 1:
         return _plan_one_channel(me, n_pes, rows[0], schedule)
-    return _plan_general(me, n_pes, rows, schedule)
+    return _plan_general(me, n_pes, rows, schedule, batch)
 
 
-def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
-    """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation, the closers."""
+def _segments(sharers: list[int], rows: np.ndarray) -> tuple:
+    """``((c0, c1, rows), ...)``: ``sharers`` (ascending) as runs of consecutive channels, with their rows."""
+    out = []
+    for c in sharers:
+        if out and out[-1][1] == c:
+            out[-1] = (out[-1][0], c + 1, out[-1][2] + int(rows[c]))
+        else:
+            out.append((c, c + 1, int(rows[c])))
+    return tuple(out)
+
+
+def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False) -> Plan:
+    """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation (or one batched unit
+    per lane), the closers."""
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
     qps = _assign_qps(schedule, rows)
@@ -203,6 +238,17 @@ def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> 
             sharers = [c for c in range(n_channels) if qps[c, peer] == q and rows[c, peer] > 0]
             lane_rows[peer, q] = int(rows[sharers, peer].sum()) if sharers else 0
             m = len(sharers)
+            if batch and peer != me and m:
+                owner = sharers[logical[peer] % m]
+                units.append(Unit(owner, peer, q, int(lane_rows[peer, q]), 0, True,
+                                  _segments(sharers, rows[:, peer])))
+                continue
+            if batch:  # this PE's own rows (one local copy per channel) or a lane without rows: round 0
+                lane = [Unit(c, peer, q, int(rows[c, peer]), 0) for c in sharers]
+                if peer != me:
+                    lane = [Unit((logical[peer] * n_qps + q) % n_channels, peer, q, 0, 0, True)]
+                units.extend(lane)
+                continue
             lane = [Unit(c, peer, q, int(rows[c, peer]), (logical[peer] - j) % m) for j, c in enumerate(sharers)]
             if peer != me:
                 if not lane:  # nothing to send on this lane: an empty unit carries its completion signal

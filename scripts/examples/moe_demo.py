@@ -24,6 +24,8 @@ ap.add_argument("--hidden", type=int, default=1024)
 ap.add_argument("--topk", type=int, default=8)
 ap.add_argument("--experts", type=int, default=64)
 ap.add_argument("--policy", default="two_3_1", choices=moe.QP_POLICIES)
+ap.add_argument("--channels", type=int, default=None, help="AIV blocks per kernel (default: the Buffer's)")
+ap.add_argument("--lanes", default=None, choices=("batch", "rounds"), help="shared lanes (default: the Buffer's)")
 args = ap.parse_args()
 T, H, K, E = args.tokens, args.hidden, args.topk, args.experts
 
@@ -42,7 +44,8 @@ def inputs(rank):
 
 everyone = [inputs(r) for r in range(n)]  # every rank can compute every rank's inputs: the reference needs them
 x, topk, weights = everyone[me]
-buf = moe.Buffer(T, H, topk.shape[1], E, qp_policy=args.policy)
+opts = {k: v for k, v in (("num_channels", args.channels), ("shared_lanes", args.lanes)) if v is not None}
+buf = moe.Buffer(T, H, topk.shape[1], E, qp_policy=args.policy, **opts)
 
 layout = buf.get_dispatch_layout(topk)
 got = buf.dispatch(x, topk_idx=topk, topk_weights=weights, num_tokens_per_rank=layout.num_tokens_per_rank,
