@@ -481,6 +481,9 @@ def test_deep_ep_low_latency_replays_without_warnings(record):
     wq = prog.wqes[0]
     flags = {(int(op), int(f)) for op, f in zip(wq.opcode, wq.flag)}
     assert flags == {(shmemx.Opcode.WRITE, 0x21), (shmemx.Opcode.WRITE_WITH_NOTIFY, 0x26)}, flags
+    # a call not hooked is one kernel of as many blocks as QPs (2 here): each block posts its QPs' lanes
+    posters = {slot for slot, ops in prog.threads[0].items() if any(op[0] == Ev.POST for op in ops)}
+    assert posters == {0, 1}, posters
     # each call is one kernel call: host.kernel_us adds to each of the three dispatches of every PE (and the
     # shifted calls may wait a little differently for each other's credits: within a doorbell or so)
     more = replay(path, "h800_cx7", {"ranks_per_server": 2, "host.kernel_us": 10.0})
