@@ -8,8 +8,8 @@ equal times is too. What each part does:
   its WQEs become ready at the doorbell. ``compute`` annotations add their time. A wait blocks until the words
   it watches meet its condition (``memory``); a quiet until the CQEs it waits for; a barrier until its
   dissemination pattern completes; ``sync_all`` and a launch's join until every block arrived.
-* **Engines**, one per PE: a WQE takes ``wqe_us`` of the engine (``intra_wqe_us`` to a rank of its server); queues are FIFO and served round-robin among
-  those whose head is ready. A fenced WQE waits until every earlier WQE of its queue was acknowledged.
+* **Engines**, one per PE: a WQE takes ``wqe_us`` of the engine (``intra_wqe_us`` to a rank of its server);
+  queues are FIFO and served round-robin among those whose head is ready. A fenced WQE waits until every earlier WQE of its queue was acknowledged.
 * **The network** (``network``): the WQE's transfer from its sender's egress to its target's ingress;
   ``landed`` when the last byte arrived: signals and atomics apply then, the CQE is one latency later (a
   READ's CQE at the arrival of its data, which left the peer one latency after the request).
