@@ -221,6 +221,35 @@ def test_rotation_starts_each_rank_at_itself():
         assert first == [me] and plain == [0]
 
 
+def test_tier_order_feeds_every_receiver_at_every_step():
+    """Told the servers, the one-channel full mesh orders its peers per tier: every peer once, both tiers from
+    the start, and at every step the ranks of a server reach distinct ranks of the other servers (no convoy at
+    one receiver's inter-server ingress); the units are those of the rotated plan, in another order."""
+    from shmemx.kernels.moe.schedule import tier_order
+
+    for n_pes, size in ((16, 8), (32, 8), (12, 4)):
+        servers = np.arange(n_pes) // size
+        orders = [tier_order(me, servers) for me in range(n_pes)]
+        for me, order in enumerate(orders):
+            assert order[0] == me and sorted(order) == list(range(n_pes))
+            head = order[1:2 + (n_pes - size) // (size - 1)]  # both tiers from the start, in proportion
+            assert servers[order[1]] != servers[me] and servers[me] in servers[head]
+        for sv in range(n_pes // size):
+            senders = [orders[me] for me in range(n_pes) if servers[me] == sv]
+            inter = [[p for p in o if servers[p] != sv] for o in senders]
+            for step in range(len(inter[0])):
+                assert len({o[step] for o in inter}) == size, (n_pes, sv, step)
+        rows = np.arange(n_pes)[None, :] % 3
+        for me in range(n_pes):
+            told = plan_rounds(me, n_pes, rows, Schedule("two_3_1"), servers=servers)
+            plain = plan_rounds(me, n_pes, rows, Schedule("two_3_1"))
+            peers = list(dict.fromkeys(u.peer for u in told.by_block[0][0] if u.peer != me))
+            assert peers == orders[me][1:]
+            assert sorted(told.units, key=repr) == sorted(plain.units, key=repr)
+    one = plan_rounds(3, 8, np.ones((1, 8), np.int64), Schedule("one"), servers=np.zeros(8, np.int64))  # one server
+    assert [u.peer for u in one.by_block[0][0]] == [3, 4, 5, 6, 7, 0, 1, 2]
+
+
 def test_workspace_regions_do_not_overlap():
     ws = plan_workspace(n_pes=8, max_tokens=512, hidden=7168, num_topk=8, num_experts=256, num_channels=8,
                         qp_num=4)

@@ -294,6 +294,23 @@ def test_put_and_quiet_closed_form(record, tier):
     assert close(sum(cp["breakdown"].values()), doc["makespan_us"])
 
 
+def test_engine_time_per_tier(record):
+    """``engine.intra_wqe_us`` is the engine's time for a WQE to a rank of the same server (default: wqe_us)."""
+    nbytes = 256 << 10
+    path = record(2, put_quiet_body, nbytes)
+    for over, tier, wqe in (({"engine.intra_wqe_us": 0.0}, "intra", 0.0), ({"engine.intra_wqe_us": 0.0}, "inter", WQE),
+                            ({"engine.intra_wqe_us": 1.0, "engine.wqe_us": 0.5}, "intra", 1.0),
+                            ({"engine.wqe_us": 0.5}, "intra", 0.5)):
+        doc = replay(path, overrides=dict(over, **(ACROSS if tier == "inter" else {})))
+        want = POST + DB + wqe + L[tier] + nbytes / B[tier] + L[tier]
+        assert close(doc["regions"]["rma"]["max_us"], want), (over, tier, doc["regions"], want)
+    assert load_topology("ascend950").engine_us == (WQE, WQE)
+    assert "intra_wqe_us" not in load_topology("ascend950").as_dict()["engine"]
+    h800 = load_topology("h800_cx7")
+    assert h800.engine_us == (0.0, h800.wqe_us)  # NVLink peers are reached by the GPU's stores, not by the NIC
+    assert load_topology(h800, {"engine.wqe_us": 0.2}).engine_us == (0.0, 0.2)
+
+
 def test_get_and_quiet_closed_form(record):
     nbytes = 100_000
     doc = replay(record(2, put_quiet_body, nbytes, True))
@@ -464,6 +481,9 @@ def test_deep_ep_low_latency_replays_without_warnings(record):
     wq = prog.wqes[0]
     flags = {(int(op), int(f)) for op, f in zip(wq.opcode, wq.flag)}
     assert flags == {(shmemx.Opcode.WRITE, 0x21), (shmemx.Opcode.WRITE_WITH_NOTIFY, 0x26)}, flags
+    # a call not hooked is one kernel of as many blocks as QPs (2 here): each block posts its QPs' lanes
+    posters = {slot for slot, ops in prog.threads[0].items() if any(op[0] == Ev.POST for op in ops)}
+    assert posters == {0, 1}, posters
     # each call is one kernel call: host.kernel_us adds to each of the three dispatches of every PE (and the
     # shifted calls may wait a little differently for each other's credits: within a doorbell or so)
     more = replay(path, "h800_cx7", {"ranks_per_server": 2, "host.kernel_us": 10.0})

@@ -24,8 +24,14 @@ Every rank sends to every (rank, local expert) pair, always, so that the receive
   send phase does not wait for acknowledgements): a call's lanes are quieted once its receive side has everything
   (so that no call leaves unretired WQEs behind; their acknowledgements are mostly in by then).
 
+* **blocks**: a call not hooked is one kernel of up to ``blocks`` AIV blocks (``shmemx.launch``; the largest
+  divisor of the QP count up to 8): block b posts the lanes of the QPs q with q % blocks == b (each lane has one
+  submitter), all blocks at once, as DeepEP's warps post for their experts in parallel; block 0 then receives,
+  and every block quiets its own lanes before it returns.
+
 The own rank is served by direct copies and stores (no QP), as DeepEP's NVLink path serves local peers.
-``return_recv_hook=True`` posts and returns a hook that receives (the outputs are filled when it is called).
+``return_recv_hook=True`` posts from the calling thread and returns a hook that receives (the outputs are filled
+when it is called) and quiets the lanes.
 """
 
 from __future__ import annotations
@@ -112,10 +118,12 @@ class LowLatency:
     Args:
         me, n_pes: this rank and P.
         budget: ``num_rdma_bytes``: the most heap bytes the workspace may take.
+        blocks: the most AIV blocks that post a call's lanes in parallel (``shmemx.launch``; the largest divisor
+            of the QP count up to it: one submitter per lane).
     """
 
-    def __init__(self, me: int, n_pes: int, budget: int):
-        self.me, self.n_pes, self.budget = me, n_pes, budget
+    def __init__(self, me: int, n_pes: int, budget: int, blocks: int = 8):
+        self.me, self.n_pes, self.budget, self.blocks = me, n_pes, budget, max(1, int(blocks))
         self.shape: tuple[int, int, int] | None = None
         self.block = None
         self.views: dict = {}
@@ -208,6 +216,43 @@ class LowLatency:
         lanes.post(peer, qp, base + rmt.astype(np.uint64), np.uint64(lanes.local_base) + sge.astype(np.uint64),
                    np.full(len(rmt), nbytes, np.uint64), close=(sig + 8, src, 8, sig, seq), flag=RO, close_flag=SO)
 
+    def _send(self, lanes: list, half: int, seq: int, recv: "_Pending", hooked: bool) -> None:
+        """Post every lane ``(peer, qp, rmt, sge, nbytes, signal index, record index)`` of a call, in the order
+        given, then (unless ``hooked``) run its receive side ``recv``.
+
+        Hooked, or with one block: the calling thread posts, and the receive side (now or in the hook) quiets the
+        lanes once it has everything. Otherwise the call is one kernel of ``_blocks()`` AIV blocks, as DeepEP's
+        warps post for their experts in parallel: block b posts the lanes of the QPs q with q % blocks == b (one
+        submitter per lane), block 0 then runs the receive side, and each block quiets its own lanes before it
+        returns (a kernel leaves no unretired WQEs behind)."""
+        nb = 1 if hooked else self._blocks()
+        if nb == 1:
+            for peer, qp, rmt, sge, nbytes, sig, rec in lanes:
+                self._post(peer, qp, rmt, sge, nbytes, sig, rec, half, seq)
+            self.unquieted[half] = {(peer, qp) for peer, qp, *_ in lanes}
+            if not hooked:
+                recv()
+            return
+        self.unquieted[half] = set()
+
+        def body() -> None:
+            b = shmemx.get_block_idx()
+            mine = sorted({(peer, qp) for peer, qp, *_ in lanes if qp % nb == b})
+            for peer, qp, rmt, sge, nbytes, sig, rec in lanes:
+                if qp % nb == b:
+                    self._post(peer, qp, rmt, sge, nbytes, sig, rec, half, seq)
+            if b == 0:
+                recv()
+            for peer, qp in mine:
+                self.lanes.quiet(peer, qp)
+
+        shmemx.launch(body, nb)
+
+    def _blocks(self) -> int:
+        """How many AIV blocks post a call's lanes: the largest divisor of the QP count up to ``self.blocks``."""
+        qps = self.lanes.qp_num
+        return max(b for b in range(1, min(self.blocks, qps) + 1) if qps % b == 0)
+
     # --- dispatch ----------------------------------------------------------------------------------------------
 
     def dispatch(self, x: np.ndarray, topk_idx: np.ndarray, max_tokens: int, num_experts: int, *, stats=None,
@@ -243,7 +288,7 @@ class LowLatency:
                 toks = np.flatnonzero((idx == d * local + e).any(1))
                 records[d, e] = len(toks)
                 targets.append((d, e, toks))
-        posted = set()
+        remote = []
         for d, e, toks in targets:
             if d == me:
                 recv_view[e, me, :len(toks)] = send[toks]
@@ -252,15 +297,11 @@ class LowLatency:
                 continue
             rmt = self._va(f"recv{half}", ((e * n + me) * max_tokens) * msg) + np.arange(len(toks)) * msg
             sge = self._va(f"send{half}") + toks * msg
-            qp = e % self.lanes.qp_num
-            self._post(d, qp, rmt, sge, used, e * n + me, (d, e), half, seq)
-            posted.add((d, qp))
-        self.unquieted[half] = posted
+            remote.append((d, e % self.lanes.qp_num, rmt, sge, used, e * n + me, (d, e)))
         out = self._dispatch_outputs(local, slots, hidden, use_fp8, use_ue8m0)
         recv = self.pending[half] = _Pending(
             lambda: self._dispatch_recv(out, seq, half, max_tokens, hidden, use_fp8, use_ue8m0, stats, wait_stats))
-        if not return_recv_hook:
-            recv()
+        self._send(remote, half, seq, recv, return_recv_hook)
         recv_x = (out["x"], out["scales"]) if use_fp8 else out["x"]
         handle = LowLatencyHandle(out["src_info"], out["layout_range"], max_tokens, hidden, num_experts)
         return recv_x, out["count"], handle, (recv if return_recv_hook else None)
@@ -324,7 +365,7 @@ class LowLatency:
                 out["x"][e, :rows].view(np.uint8).reshape(rows, -1)[...] = msgs[:, HEADER:HEADER + 2 * hidden]
         if stats is not None:
             stats += out["count"].astype(stats.dtype)
-        self._quiet(half)
+        self._quiet(half)  # (the lanes posted by the calling thread; blocks quiet their own)
         self._credit(seq, half)
 
     # --- combine -----------------------------------------------------------------------------------------------
@@ -364,7 +405,7 @@ class LowLatency:
         records = self.views[f"records{half}"]
         recv_rows = self.views[f"recv{half}"][:num_experts * max_tokens * 2 * hidden].view(bf16) \
             .reshape(num_experts, max_tokens, hidden)
-        posted = set()
+        remote = []
         row_bytes = 2 * hidden
         for e in range(local):  # expert-major, as the dispatch
             for s in [(me + i) % n for i in range(n)]:
@@ -381,15 +422,11 @@ class LowLatency:
                     continue
                 rmt = self._va(f"recv{half}", g * max_tokens * row_bytes) + toks * row_bytes
                 sge = self._va(f"send{half}", (e * slots + b) * row_bytes) + np.arange(c) * row_bytes
-                qp = e % self.lanes.qp_num
-                self._post(s, qp, rmt, sge, row_bytes, g, (s, e), half, seq)
-                posted.add((s, qp))
-        self.unquieted[half] = posted
+                remote.append((s, e % self.lanes.qp_num, rmt, sge, row_bytes, g, (s, e)))
         result = out if out is not None else np.empty((n_tok, hidden), bf16)
         recv = self.pending[half] = _Pending(
             lambda: self._combine_recv(result, topk_idx, topk_weights, seq, half, wait_stats))
-        if not return_recv_hook:
-            recv()
+        self._send(remote, half, seq, recv, return_recv_hook)
         return result, (recv if return_recv_hook else None)
 
     def _combine_recv(self, result: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, seq: int, half: int,
@@ -420,5 +457,5 @@ class LowLatency:
                 if ok.any():
                     part[ok] += w[t0:t1, k][ok, None] * rows[g[ok], toks[ok]].astype(np.float32)
             result[t0:t1] = part
-        self._quiet(half)
+        self._quiet(half)  # (the lanes posted by the calling thread; blocks quiet their own)
         self._credit(seq, half)

@@ -126,6 +126,9 @@ class Buffer:
         if self.topology.n_pes != self.n_pes:
             raise ValueError(f"pe {self.me}: moe.Buffer: the topology has {self.topology.n_pes} ranks, the job "
                              f"{self.n_pes}")
+        # the full mesh orders its peers per tier when told the servers (``schedule.tier_order``)
+        told = server_size is not None or topology is not None
+        self._servers = self.topology.server if told and self.topology.num_servers > 1 else None
         self._hier = None  # the hierarchy schedule's own allocation, made when first used
         self.layout = plan_workspace(n_pes=self.n_pes, max_tokens=self.max_tokens, hidden=self.hidden,
                                      num_topk=self.num_topk, num_experts=self.num_experts,
@@ -385,7 +388,8 @@ class Buffer:
                 dests_from_mask(routing.is_token_in_rank, self.num_topk)
         plan, waves = None, None
         if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched, self._shared_lanes == "batch")
+            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched, self._shared_lanes == "batch",
+                               servers=self._servers)
             rounds, blocks, n_qps = plan.rounds, self.num_channels, plan.lane_rows.shape[1]
         elif sched.name == "groups":
             waves = self._waves()
@@ -514,7 +518,8 @@ class Buffer:
         out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
         plan, waves = None, None
         if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, (ends - starts).T, sched, self._shared_lanes == "batch")
+            plan = plan_rounds(me, n_pes, (ends - starts).T, sched, self._shared_lanes == "batch",
+                               servers=self._servers)
             rounds, blocks, n_qps = plan.rounds, n_ch, plan.lane_rows.shape[1]
         elif sched.name == "groups":
             waves = self._waves()

@@ -36,6 +36,17 @@ two points (the dispatch figures), every other point predicted; ``--fit`` choose
 
 Each bandwidth is solved by the secant method on 1/B (the modelled time is nearly linear in it), the WQE cost by
 bisection on its logarithm around that.
+
+Measured (2026-12-01, EP 8/16/32/64; EP128/256 do not fit this machine's memory), error at the points not fitted:
+
+* ll, ``cost`` (host.kernel_us = 27.4 on EP16, NVLink 160 / CX7 50 GB/s as the file has them): dispatch -6.4% /
+  +2.8% / +3.1% at EP8/32/64, combine -1.9 .. +4.7% at every EP; ``kernel`` (CX7 54.7 GB/s, host.kernel_us = 34.7
+  on EP16 and EP64): dispatch +3.1% / +0.4% at EP8/32, combine -6.5 .. +4.5%. Both within 10% everywhere.
+* normal, ``--kernel moe`` (the full mesh, 256 tokens), ``tiers`` (NVLink 146.8 on EP8, RDMA 84.0 GB/s on EP16):
+  dispatch -15.5% / -13.0% at EP32/64, combine -10.3 .. +7.0% (+0.2% at EP8). The full mesh sends a token once per
+  destination rank, DeepEP's internode kernel once per destination node: the bytes per rank differ from DeepEP's
+  by a factor that changes with EP (kernel / DeepEP-counted bytes 1.64 / 1.50 / 1.64 at EP16/32/64), which one
+  fitted bandwidth cannot follow. See README "Modelled time" for the tables.
 """
 
 import argparse

@@ -112,7 +112,9 @@ def render(doc: dict, *, top: int = 8) -> str:
     lines = [f"replay of {doc['recording'].get('script', '?')} ({len(doc['pes'])} PEs) on {topo['name']}: "
              f"{topo['ranks_per_server']} ranks/server, intra {topo['intra']['bandwidth_GBps']:g} GB/s "
              f"{topo['intra']['latency_us']:g} us, inter {topo['inter']['bandwidth_GBps']:g} GB/s "
-             f"{topo['inter']['latency_us']:g} us, wqe {topo['engine']['wqe_us']:g} us, post "
+             f"{topo['inter']['latency_us']:g} us, wqe {topo['engine']['wqe_us']:g} us"
+             + (f" (intra {topo['engine']['intra_wqe_us']:g} us)" if "intra_wqe_us" in topo["engine"] else "")
+             + f", post "
              f"{topo['host']['post_us']:g} us, doorbell {topo['host']['doorbell_us']:g} us, {topo['network']['sharing']}",
              f"makespan {doc['makespan_us']:.3f} us (pe {doc['max_pe']}), mean PE end {doc['mean_end_us']:.3f} us; "
              f"{doc['wqes']:,} WQEs, {doc['events']:,} events"]

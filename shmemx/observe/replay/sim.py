@@ -8,8 +8,8 @@ equal times is too. What each part does:
   its WQEs become ready at the doorbell. ``compute`` annotations add their time. A wait blocks until the words
   it watches meet its condition (``memory``); a quiet until the CQEs it waits for; a barrier until its
   dissemination pattern completes; ``sync_all`` and a launch's join until every block arrived.
-* **Engines**, one per PE: a WQE takes ``wqe_us`` of the engine; queues are FIFO and served round-robin among
-  those whose head is ready. A fenced WQE waits until every earlier WQE of its queue was acknowledged.
+* **Engines**, one per PE: a WQE takes ``wqe_us`` of the engine (``intra_wqe_us`` to a rank of its server);
+  queues are FIFO and served round-robin among those whose head is ready. A fenced WQE waits until every earlier WQE of its queue was acknowledged.
 * **The network** (``network``): the WQE's transfer from its sender's egress to its target's ingress;
   ``landed`` when the last byte arrived: signals and atomics apply then, the CQE is one latency later (a
   READ's CQE at the arrival of its data, which left the peer one latency after the request).
@@ -109,6 +109,7 @@ class Sim(Collectives):
         self.n_pes = n = prog.n_pes
         self.bw = [topo.intra.bytes_per_us, topo.inter.bytes_per_us]
         self.lat = [topo.intra.latency_us, topo.inter.latency_us]
+        self.wqe = list(topo.engine_us)  # engine time per WQE, by tier
         self.rps = topo.ranks_per_server
         self.events: list = []
         self.seq = 0
@@ -400,8 +401,9 @@ class Sim(Collectives):
             th.clock += topo.post_us + topo.doorbell_us
             t = th.clock
             self.w_ready[gid] = self.w_s[gid] = t
-            self.w_T[gid] = self.w_x[gid] = t + topo.wqe_us
-            self.w_arr[gid] = self.w_done[gid] = self.w_ack[gid] = t + topo.wqe_us + self.lat[self.w_tier[gid]]
+            tier = self.w_tier[gid]
+            self.w_T[gid] = self.w_x[gid] = t + self.wqe[tier]
+            self.w_arr[gid] = self.w_done[gid] = self.w_ack[gid] = t + self.wqe[tier] + self.lat[tier]
         self.at(self.w_done[gid], self._deliver, gid)
         return True
 
@@ -532,7 +534,7 @@ class Sim(Collectives):
             elif eng.last_gid >= 0:
                 self.w_pred_eng[gid] = eng.last_gid
         self.w_s[gid] = t
-        end = t + self.topo.wqe_us
+        end = t + self.wqe[q.tier]
         self.w_T[gid] = end
         eng.last, eng.last_gid, eng.busy, eng.free_at = q.index, gid, True, end
         q.unacked += 1

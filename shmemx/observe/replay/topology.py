@@ -6,6 +6,8 @@ A topology file is TOML (read with the standard library's ``tomllib``)::
     [intra]  bandwidth_GBps = 150.0   latency_us = 0.5     # per rank port, each direction
     [inter]  bandwidth_GBps = 22.5    latency_us = 2.0
     [engine] wqe_us = 0.05                                  # per WQE at the engine
+             intra_wqe_us = 0.05                            # per WQE to a rank of the same server (optional,
+                                                            #   default wqe_us)
     [host]   post_us = 0.02   doorbell_us = 0.1             # per WQE built, per doorbell
              kernel_us = 0.0                                # per kernel call (optional, default 0)
     [network] sharing = "fcfs"                              # or "maxmin" (max-min fair flows, for validation)
@@ -17,6 +19,12 @@ share a server when ``a // ranks_per_server == b // ranks_per_server``.
 ``host.kernel_us`` is the fixed time of one kernel call beyond what it posts and waits for (launch, grid syncs,
 the per-call work it does not post): the replay charges it at every ``shmemx.compute(..., name="kernel")``
 annotation, on top of the annotation's own time (a kernel marks its calls that way; nothing else does).
+
+``engine.intra_wqe_us`` is the engine's time for a WQE to a rank of the same server, when that differs from
+``wqe_us``: on ``h800_cx7`` it is 0, since a GPU reaches the GPUs of its node through NVLink with its own stores
+(DeepEP's low-latency kernels copy to NVLink peers through P2P pointers instead of posting to the NIC), so such a
+WQE costs its poster ``post_us`` and its bytes at the NVLink ports, but no NIC time. Without the key it is
+``wqe_us`` (one engine for both tiers, as the Ascend default has it).
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "topologies")
 _SHARING = ("fcfs", "maxmin")
 # every key a file may set, and its type
 _KEYS = {"name": str, "ranks_per_server": int, "intra.bandwidth_GBps": float, "intra.latency_us": float,
-         "inter.bandwidth_GBps": float, "inter.latency_us": float, "engine.wqe_us": float, "host.post_us": float,
+         "inter.bandwidth_GBps": float, "inter.latency_us": float, "engine.wqe_us": float,
+         "engine.intra_wqe_us": float, "host.post_us": float,
          "host.doorbell_us": float, "host.kernel_us": float, "network.sharing": str}
 _OPTIONAL = {"host.kernel_us": 0.0}  # keys a file may leave out, and their value then
+_SAME_AS = {"engine.intra_wqe_us": "engine.wqe_us"}  # optional keys that default to another key's value
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,12 @@ class Topology:
     doorbell_us: float
     sharing: str = "fcfs"
     kernel_us: float = 0.0
+    intra_wqe_us: float | None = None  # None: wqe_us
+
+    @property
+    def engine_us(self) -> tuple[float, float]:
+        """The engine's time per WQE to a rank of the same server (INTRA) and of another (INTER)."""
+        return (self.wqe_us if self.intra_wqe_us is None else self.intra_wqe_us), self.wqe_us
 
     def tier(self, a: int, b: int) -> int:
         """INTRA when ranks ``a`` and ``b`` share a server, else INTER."""
@@ -74,9 +90,12 @@ class Topology:
         return self.intra, self.inter
 
     def as_dict(self) -> dict:
+        engine = {"wqe_us": self.wqe_us}
+        if self.intra_wqe_us is not None and self.intra_wqe_us != self.wqe_us:
+            engine["intra_wqe_us"] = self.intra_wqe_us
         return {"name": self.name, "ranks_per_server": self.ranks_per_server,
                 "intra": dataclasses.asdict(self.intra), "inter": dataclasses.asdict(self.inter),
-                "engine": {"wqe_us": self.wqe_us}, "host": {"post_us": self.post_us, "doorbell_us": self.doorbell_us,
+                "engine": engine, "host": {"post_us": self.post_us, "doorbell_us": self.doorbell_us,
                                                                "kernel_us": self.kernel_us},
                 "network": {"sharing": self.sharing}}
 
@@ -146,6 +165,10 @@ def _build(flat: dict, where: str) -> Topology:
     if unknown:
         raise ValueError(f"topology {where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}")
     flat = dict(_OPTIONAL, **flat)
+    for key, other in _SAME_AS.items():
+        if key not in flat and other in flat:
+            flat[key] = flat[other]
+    same = {key for key, other in _SAME_AS.items() if flat.get(key) == flat.get(other)}
     missing = sorted(set(_KEYS) - set(flat))
     if missing:
         raise ValueError(f"topology {where}: missing key(s) {', '.join(missing)}")
@@ -172,4 +195,5 @@ def _build(flat: dict, where: str) -> Topology:
                     inter=Tier(vals["inter.bandwidth_GBps"], vals["inter.latency_us"]),
                     wqe_us=vals["engine.wqe_us"], post_us=vals["host.post_us"],
                     doorbell_us=vals["host.doorbell_us"], sharing=vals["network.sharing"],
-                    kernel_us=vals["host.kernel_us"])
+                    kernel_us=vals["host.kernel_us"],
+                    intra_wqe_us=None if "engine.intra_wqe_us" in same else vals["engine.intra_wqe_us"])
