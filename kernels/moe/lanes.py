@@ -221,8 +221,11 @@ class Lanes:
         that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases.
         ``last``: the call's last round: no block takes a lane over after it, so no SyncAll (the quiets stay:
         the WQEs read the caller's arrays, and the lane is free for the next launch)."""
-        for peer, qp in posted:
-            self.quiet(peer, qp)
+        if self.batched and posted:  # one native call for all of them
+            self.batch.quiet(self.lane_of[tuple(np.array(posted, np.intp).T)])
+        else:
+            for peer, qp in posted:
+                self.quiet(peer, qp)
         timer.count("quiets", len(posted))
         t = timer.lap("quiet", t)
         if last:

@@ -28,6 +28,7 @@ from ..udma.layout import M32, NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, Opcode, bui
 from ..udma.rings import Api
 from ..udma.queues import QueuePair
 from .checks import check_target
+from .rma import aclshmemx_udma_qp_quiet
 
 __all__ = ["RawQueue", "RawQueues", "aclshmemx_udma_raw_queue"]
 
@@ -272,7 +273,7 @@ class RawQueues:
                 n = int(bbs[i]) * 64
                 heads[i] = self.queues[int(which[i])].post(data[at:at + n], cqes=int(cqes[i]))
                 at += n
-        pinned = self._pinned.pop(threading.get_ident(), None)
+        pinned = self._pinned.pop(threading.get_ident(), None)  # (after the posts: see local_va)
         if pinned:  # as ring_doorbell: used by WQEs up to each queue's new head at most
             uses = dict(zip(self.index[which].tolist(), heads.tolist()))
             key = self._pin_key()
@@ -280,6 +281,21 @@ class RawQueues:
                 for reg in pinned:
                     reg.uses.update(uses)
                     reg.uses.pop(key, None)
+
+    def quiet(self, which) -> None:
+        """``aclshmemx_udma_qp_quiet`` of ``queues[which[0]]``, ``queues[which[1]]``, ... in that order: while
+        ``fast``, by one native call as long as each queue's CQEs are all in (or come within a quiet's spin) and
+        none failed, with one retire step for all of them; any other queue (and those after it) by the quiet call
+        itself, which waits asleep and raises on an error CQE."""
+        which = np.asarray(which, np.intp)
+        done = 0
+        udma = self._udma
+        if udma.poster is not None and len(which):
+            done = udma.quiet_many_fast(np.ascontiguousarray(self.index[which]))
+        if done < len(which):
+            for i in which[done:].tolist():
+                q = self.queues[i]
+                aclshmemx_udma_qp_quiet(q.peer, q.qp_idx)
 
 
 def aclshmemx_udma_raw_queue(pe: int, qp_idx: int = 0) -> RawQueue:

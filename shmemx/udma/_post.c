@@ -469,21 +469,15 @@ static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
  * queue's rung WQEs itself when the engine is not at them (shmemx_engine_assist) and spinning for them up to
  * spin_ns, without the interpreter lock; anything else is the Python path's (which sleeps,
  * records the wait, raises). */
-static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+/* The quiet of queue index ``q`` (not this PE's own): the bits of ``quiet``, or -1. */
+static int quiet_one(Poster *p, uint32_t q, long long spin_ns) {
     Engine *e = p->engine;
     const Layout *L = &e->L;
-    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
-    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
-    long long spin_ns = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
-    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
-    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
     int64_t *st = p->st + (uint64_t)q * ST_WORDS;
     uint32_t *hw = hw_of(e, q);
     uint32_t t = (uint32_t)st[ST_CQ_TAIL], target = (uint32_t)st[ST_CQE_CNT];
     uint32_t n = target - t;
-    if (n > e->cq_depth || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+    if (n > e->cq_depth || ld32(hw + L->hw_state)) return -1;
     int bits = 0;
     if (n) {
         uint32_t last = target - 1;
@@ -514,12 +508,12 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
                 }
             }
             Py_END_ALLOW_THREADS
-            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return PyLong_FromLong(-1);
+            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return -1;
         }
-        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return -1;
         uint32_t *cq = cq_of(e, q);
         for (uint32_t pos = t; pos != target; pos++)
-            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return PyLong_FromLong(-1);
+            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return -1;
         uint32_t entry_idx = cq[16 * (uint64_t)(last % e->cq_depth) + L->c_entry_idx] & 0xFFFF;
         uint32_t tail = (uint32_t)st[ST_TAIL];
         tail = tail + ((entry_idx - tail) & 0xFFFF);
@@ -532,7 +526,48 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
     }
     if (st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() && (uint32_t)st[ST_TAIL] == (uint32_t)st[ST_HEAD])
         bits |= 2;
-    return PyLong_FromLong(bits);
+    return bits;
+}
+
+static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
+    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
+    return PyLong_FromLong(quiet_one(p, (uint32_t)(pe * e->qp_num + qp_idx), spin_ns));
+}
+
+/* quiet_many(queues, bits, spin_ns) -> how many queues were quieted (a prefix): ``quiet`` of queue index
+ * ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
+ * ``queues``, ``bits``: C-contiguous int64 buffers of one length. */
+static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet_many takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer qv, bv;
+    if (PyObject_GetBuffer(args[0], &qv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) { PyBuffer_Release(&qv); return NULL; }
+    if (qv.len % 8 || bv.len != qv.len) {
+        PyBuffer_Release(&qv); PyBuffer_Release(&bv);
+        PyErr_SetString(PyExc_ValueError, "quiet_many: queues and bits must be int64 of one length");
+        return NULL;
+    }
+    const int64_t *qs = qv.buf;
+    int64_t *bits = bv.buf;
+    Py_ssize_t m = qv.len / 8, done = 0;
+    for (; done < m; done++) {
+        int64_t q = qs[done];
+        if (q < 0 || q >= (int64_t)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe) break;
+        int b = quiet_one(p, (uint32_t)q, spin_ns);
+        if (b < 0) break;
+        bits[done] = b;
+    }
+    PyBuffer_Release(&qv); PyBuffer_Release(&bv);
+    return PyLong_FromSsize_t(done);
 }
 
 /* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
@@ -651,6 +686,8 @@ static PyMethodDef Poster_methods[] = {
     {"wqes_many", (PyCFunction)(void (*)(void))Poster_wqes_many, METH_FASTCALL,
      "Post built WQEs to many queues, a doorbell each, one kick; returns how many segments."},
     {"quiet", (PyCFunction)(void (*)(void))Poster_quiet, METH_FASTCALL, "Quiet a queue whose CQEs are all in."},
+    {"quiet_many", (PyCFunction)(void (*)(void))Poster_quiet_many, METH_FASTCALL,
+     "Quiet queues in turn while their CQEs are all in; returns how many."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
     {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},
