@@ -284,6 +284,16 @@ def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
                                f"{int(want[i])} rows notify announced for call #{a.seq}")
+    if a.lanes.batched:  # the peers' rows in as few contiguous spans as they make (own rows: ``_local``)
+        if not peers:
+            return t
+        lo, hi = a.recv_lo[peers], a.recv_hi[peers]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        cut = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+        for l0, h0 in zip(np.split(lo, cut), np.split(hi, cut)):
+            _copy_rows(a, int(l0[0]), int(h0[-1]))
+        return timer.lap("epilogue", t)
     for s in peers:  # this PE's own rows went straight into the outputs (``_local``)
         t = copy_out(a, s, timer, t, credit=False)
     return t
@@ -293,8 +303,16 @@ def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> f
     """Source s's rows are all here: copy them out of the workspace into the outputs (top-k experts made local),
     then give s its credit (every schedule's receive side ends with this; ``credit=False``: the caller gives it
     with ``give_credit`` once every block has copied out)."""
+    _copy_rows(a, int(a.recv_lo[s]), int(a.recv_hi[s]))
+    t = timer.lap("epilogue", t)
+    if credit:
+        give_credit(a, s, timer)
+    return t
+
+
+def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
+    """Rows [lo, hi) of the receive region into the outputs (``copy_out``)."""
     v, me = a.views, a.me
-    lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     out = a.out
     if out is not None and hi > lo:
         rb = a.row_bytes
@@ -309,10 +327,6 @@ def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> f
             out.topk_weights[lo:hi] = np.where(mine, v["topk_weights"][lo:hi], 0)
         if out.scales is not None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
-    t = timer.lap("epilogue", t)
-    if credit:
-        give_credit(a, s, timer)
-    return t
 
 
 def give_credit(a: DispatchArgs, s: int, timer) -> None:
@@ -323,6 +337,18 @@ def give_credit(a: DispatchArgs, s: int, timer) -> None:
     if s != a.me and (a.out is None or a.out.credit):
         shmemx.aclshmemx_signal_op(a.views["credits"][0, a.me, 0:1], a.seq, SET, s)
         timer.count("credit_writes")
+
+
+def give_credits(a: DispatchArgs, sources, timer) -> None:
+    """``give_credit`` of every source in ``sources``, through one view of the credit word (the signal call
+    resolves a view once and then finds it in its cache)."""
+    if a.out is not None and not a.out.credit:
+        return
+    word = a.views["credits"][0, a.me, 0:1]
+    for s in sources:
+        if s != a.me:
+            shmemx.aclshmemx_signal_op(word, a.seq, SET, s)
+            timer.count("credit_writes")
 
 
 def dispatch_kernel(a: DispatchArgs) -> None:
@@ -371,5 +397,4 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
     t = timer.lap("sync", t)
-    for s in sources:
-        give_credit(a, s, timer)
+    give_credits(a, sources, timer)
