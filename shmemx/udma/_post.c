@@ -550,7 +550,10 @@ static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t 
     if (PyErr_Occurred()) return NULL;
     Py_buffer qv, bv;
     if (PyObject_GetBuffer(args[0], &qv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) { PyBuffer_Release(&qv); return NULL; }
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&qv);
+        return NULL;
+    }
     if (qv.len % 8 || bv.len != qv.len) {
         PyBuffer_Release(&qv); PyBuffer_Release(&bv);
         PyErr_SetString(PyExc_ValueError, "quiet_many: queues and bits must be int64 of one length");
