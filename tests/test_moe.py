@@ -585,10 +585,12 @@ def _batched_rings_job(vectorize: bool, out_dir: str):
     allin = [_inputs(r, n) for r in range(n)]
     x, idx, w = allin[me]
     rings = {}
-    for channels, schedules in ((1, [Schedule("one", True, False)]),
-                                (CHANNELS, [Schedule("two_1_1", False, True), Schedule("bytes", True, False),
-                                            Schedule("four_rr", True, True)])):
-        buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4)
+    for channels, lanes, schedules in (
+            (1, "batch", [Schedule("one", True, False)]),
+            (CHANNELS, "rounds", [Schedule("two_1_1", False, True), Schedule("bytes", True, False),
+                                  Schedule("four_rr", True, True)]),
+            (CHANNELS, "batch", [Schedule("two_3_1", True, False)])):  # its units carry several channels: unit by unit
+        buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4, shared_lanes=lanes)
         buf.lanes.vectorize = vectorize
         assert buf.lanes.batched == vectorize
         for schedule in schedules:
@@ -597,10 +599,10 @@ def _batched_rings_job(vectorize: bool, out_dir: str):
             out = buf.combine(res.recv_x, res.handle, topk_weights=res.recv_topk_weights)[0]
             again = buf.dispatch(x, handle=res.handle)
             np.testing.assert_array_equal(again.recv_x.view(np.uint16), res.recv_x.view(np.uint16))
-            rings[f"out {channels} {schedule}"] = out.view(np.uint16)
+            rings[f"out {channels} {lanes} {schedule}"] = out.view(np.uint16)
         for (peer, q), queue in buf.lanes.queues.items():
             assert queue.head < queue.depth
-            rings[f"ring {channels} {peer} {q}"] = _job_free(queue, queue.sq_words[:queue.head].copy())
+            rings[f"ring {channels} {lanes} {peer} {q}"] = _job_free(queue, queue.sq_words[:queue.head].copy())
         buf.close()
     np.savez(os.path.join(out_dir, f"pe{me}.npz"), **rings)
     shmemx.finalize()

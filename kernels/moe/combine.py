@@ -221,8 +221,9 @@ def combine_kernel(a: CombineArgs) -> None:
     timer = a.stats.timer(c)
     t = timer.mark()
     for k in range(a.plan.rounds):
-        if a.lanes.batched:  # every unit of the round at once
-            units = a.plan.by_block[c][k]
+        units = a.plan.by_block[c][k]
+        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
+            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -232,7 +233,7 @@ def combine_kernel(a: CombineArgs) -> None:
                 t = _post_round(a, remote, timer, t)
             posted = [(u.peer, u.qp) for u in remote]
             a.stats.round_dsts[k, [u.peer for u in remote]] = True
-            t = a.lanes.end_round(posted, timer, t)
+            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
             continue
         posted = []
         for u in a.plan.by_block[c][k]:

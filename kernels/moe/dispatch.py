@@ -362,8 +362,9 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     t = timer.lap("route", t)
     wide = None  # batched lanes: the tokens of the channels this block posts for, by peer
     for k in range(a.plan.rounds):
-        if a.lanes.batched:  # every unit of the round at once
-            units = a.plan.by_block[c][k]
+        units = a.plan.by_block[c][k]
+        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
+            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -373,7 +374,7 @@ def dispatch_kernel(a: DispatchArgs) -> None:
                 t = _post_round(a, remote, toks, split, timer, t)
             posted = [(u.peer, u.qp) for u in remote]
             a.stats.round_dsts[k, [u.peer for u in remote]] = True
-            t = a.lanes.end_round(posted, timer, t)
+            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
             continue
         posted = []
         for u in a.plan.by_block[c][k]:
