@@ -36,7 +36,7 @@ from .api.udma_atomics import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_
                                aclshmemx_udma_atomic_set, aclshmemx_udma_atomic_swap, aclshmemx_udma_atomic_xor)
 from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub,
                          launch, sync_all)
-from .api.raw import RawQueue, aclshmemx_udma_raw_queue
+from .api.raw import RawQueue, RawQueues, aclshmemx_udma_raw_queue
 from .api.inspection import compute, count, region, stats
 from .observe.counters import JobStats
 from .api.host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
@@ -85,7 +85,7 @@ __all__ = [
     "launch", "get_block_idx", "get_block_num", "sync_all", "get_ub", "aclshmemx_sync_vec_all",
     "aclshmemx_barrier_all_vec",
     # raw WQE path
-    "RawQueue", "aclshmemx_udma_raw_queue",
+    "RawQueue", "RawQueues", "aclshmemx_udma_raw_queue",
     # inspection: trace regions, counters
     "region", "count", "stats", "JobStats", "compute",
 ]

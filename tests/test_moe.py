@@ -550,6 +550,78 @@ def test_zero_copy_dispatch_returns_workspace_rows(run_ok, n):
     run_ok(n, _zero_copy_job, timeout=120)
 
 
+def _job_free(queue, words: np.ndarray) -> np.ndarray:
+    """A ring's WQEs with the words that differ from job to job zeroed: the queue's TP, tokenId, EID and token,
+    and a WRITE_WITH_NOTIFY's notify tokenId and token (checked against the queue's own first), and the source VAs
+    of registered local arrays (their place in a page follows the array's address; the outputs check that they
+    read the right rows)."""
+    from shmemx.udma.layout import NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, Opcode
+    from shmemx.udma.segment import LOCAL_VA_BASE
+
+    mine = queue.build_writes(rmt_va=0, sge_len=0, sge_va=0)[0, 1:5]
+    info = queue.remote_mem_info
+    key = np.uint64(int(info["tid"]) | int(info["rmt_token_value"]) << 32)
+    k = 0
+    while k < len(words):
+        np.testing.assert_array_equal(words[k, 1:5], mine)
+        words[k, 1:5] = 0
+        notify = (int(words[k, 0]) >> 40) & 0xFF == Opcode.WRITE_WITH_NOTIFY
+        if notify:
+            assert words[k, NOTIFY_CTX_OFFSET // 8] == key
+            words[k, NOTIFY_CTX_OFFSET // 8] = 0
+        sge = words.reshape(-1)[8 * k + (NOTIFY_SGE_OFFSET // 8 + 1 if notify else 7):][:1]
+        if sge[0] >= LOCAL_VA_BASE:
+            sge[0] = 0
+        k += 2 if notify else 1
+    return words
+
+
+def _batched_rings_job(vectorize: bool, out_dir: str):
+    """Dispatch + combine (and a cached dispatch) with a round's units posted all at once (``vectorize``, the
+    fast path while unobserved) or unit by unit; writes every send queue's ring bytes and the call's counts."""
+    shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
+    shmemx.init(sq_depth=1024)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    allin = [_inputs(r, n) for r in range(n)]
+    x, idx, w = allin[me]
+    rings = {}
+    for channels, lanes, schedules in (
+            (1, "batch", [Schedule("one", True, False)]),
+            (CHANNELS, "rounds", [Schedule("two_1_1", False, True), Schedule("bytes", True, False),
+                                  Schedule("four_rr", True, True)]),
+            (CHANNELS, "batch", [Schedule("two_3_1", True, False)])):  # its units carry several channels: unit by unit
+        buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4, shared_lanes=lanes)
+        buf.lanes.vectorize = vectorize
+        assert buf.lanes.batched == vectorize
+        for schedule in schedules:
+            buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
+            res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+            out = buf.combine(res.recv_x, res.handle, topk_weights=res.recv_topk_weights)[0]
+            again = buf.dispatch(x, handle=res.handle)
+            np.testing.assert_array_equal(again.recv_x.view(np.uint16), res.recv_x.view(np.uint16))
+            rings[f"out {channels} {lanes} {schedule}"] = out.view(np.uint16)
+        for (peer, q), queue in buf.lanes.queues.items():
+            assert queue.head < queue.depth
+            rings[f"ring {channels} {lanes} {peer} {q}"] = _job_free(queue, queue.sq_words[:queue.head].copy())
+        buf.close()
+    np.savez(os.path.join(out_dir, f"pe{me}.npz"), **rings)
+    shmemx.finalize()
+
+
+def test_batched_rounds_post_the_same_wqes(run_ok, tmp_path):
+    """A round's units built and posted all at once (and notify's WQEs of every peer in one batch) leave the
+    same WQE bytes in every send queue, in the same order, as posting unit by unit (the observed runs' path)."""
+    n = 4
+    for mode in ("each", "batch"):
+        (tmp_path / mode).mkdir()
+        run_ok(n, _batched_rings_job, mode == "batch", str(tmp_path / mode), timeout=120)
+    for pe in range(n):
+        each, batch = (np.load(tmp_path / mode / f"pe{pe}.npz") for mode in ("each", "batch"))
+        assert sorted(each.files) == sorted(batch.files)
+        for key in each.files:
+            np.testing.assert_array_equal(each[key], batch[key], err_msg=f"pe {pe}: {key}")
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dispatch_combine_against_reference(run_ok, n):
     """Both ways of sharing a lane (batched, the default, and rounds) on every CI schedule."""

@@ -1513,6 +1513,81 @@ def test_raw_post_is_reserve_write_ring(run_ok, n):
     run_ok(n, _raw_post)
 
 
+def _raw_queues():
+    """RawQueues: WRITEs and WRITE_WITH_NOTIFYs for every peer built in one step (the bytes each queue's own
+    build_writes / build makes), posted as one segment per peer (one native call; a segment with an FAA takes
+    that queue's post, and the segments after it too) and quieted with one call; they execute."""
+    shmemx.init(sq_depth=64)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    peers = [(me + i) % n for i in range(1, n)]
+    dst = shmemx.zeros((n, 4, 8), np.int64, name="dst")
+    sig = shmemx.zeros(n, np.int64, name="sig")
+    word = shmemx.zeros(n, np.int64, name="word")
+    src = np.stack([_stamp(me, p, np.arange(4 * 8)).reshape(4, 8) for p in range(n)])  # a local array
+    shmemx.aclshmem_barrier_all()
+    queues = [shmemx.aclshmemx_udma_raw_queue(p, 0) for p in peers]
+    batch = shmemx.RawQueues(queues)
+    assert batch.fast and len(batch) == n - 1
+    va = batch.local_va(src)
+    for q in queues:
+        assert q.local_va(src) == va  # the same registration
+    for round_ in range(2):  # the second round posts past the first (heads move on)
+        va = batch.local_va(src)  # registered until the WQEs of this thread's next post retired
+        which = np.repeat(np.arange(len(peers)), 3)
+        rows = np.tile(np.arange(3), len(peers))
+        rmt = np.array([queues[i].remote_va(dst[me, r]) for i, r in zip(which, rows)], np.uint64)
+        sge = np.uint64(va) + (np.array(peers)[which] * 256 + rows * 64).astype(np.uint64)
+        writes = batch.build_writes(which, rmt_va=rmt, sge_len=64, sge_va=sge, flag=0x20)
+        for i, q in enumerate(queues):  # the bytes of each queue's own builder
+            np.testing.assert_array_equal(writes[which == i], q.build_writes(rmt_va=rmt[which == i], sge_len=64,
+                                                                             sge_va=sge[which == i]))
+        last = np.arange(len(peers))
+        close = batch.build_notifies(
+            last, flag=0x2e, rmt_va=[q.remote_va(dst[me, 3]) for q in queues], sge_len=64,
+            sge_va=np.uint64(va) + (np.array(peers) * 256 + 192).astype(np.uint64),
+            notify_va=[q.remote_va(sig[me:me + 1]) for q in queues], notify_value=round_ + 1)
+        for i, q in enumerate(queues):
+            rmi = q.remote_mem_info
+            assert bytes(close[i]) == q.build(Opcode.WRITE_WITH_NOTIFY, 0x2e, q.remote_va(dst[me, 3]), sge_len=64,
+                                              sge_va=va + peers[i] * 256 + 192, notify_tid=int(rmi["tid"]),
+                                              notify_token=int(rmi["rmt_token_value"]),
+                                              notify_va=q.remote_va(sig[me:me + 1]), notify_value=round_ + 1)
+        data = np.concatenate([np.concatenate([writes[which == i], close[i].reshape(2, 8)]) for i in last])
+        parts = [data]
+        bbs, cqes = [5] * len(peers), [4] * len(peers)
+        if round_:  # an FAA on the last peer's queue: its segment (and only it) takes the queue's own post
+            q = queues[-1]
+            faa = q.build(Opcode.FAA, 0x20, q.remote_va(word[me:me + 1]), sge_len=8, sge_va=int(q.wq_ctx["amo_addr"]),
+                          operand=5)
+            parts.append(np.frombuffer(faa, np.uint64).reshape(-1, 8))
+            bbs.append(len(faa) // 64)
+            cqes.append(1)
+            last = np.append(last, len(peers) - 1)
+        heads = [q.head for q in queues]
+        batch.post(last, bbs, np.concatenate(parts), cqes=cqes)
+        for i, q in enumerate(queues):
+            grew = 5 + (len(faa) // 64 if round_ and i == len(peers) - 1 else 0)
+            assert q.head == heads[i] + grew
+            got = q.sq_words[(heads[i] + np.arange(5)) % q.depth]
+            np.testing.assert_array_equal(got, data[5 * i:5 * i + 5])
+        batch.quiet(np.arange(len(peers)))
+        for q in queues:
+            assert q.cqe_cnt == runtime().udma.qp(q.peer, 0).cq_tail  # every CQE consumed
+        shmemx.aclshmem_barrier_all()
+        for p in range(n):
+            if p != me:
+                np.testing.assert_array_equal(dst[p], _stamp(p, me, np.arange(32)).reshape(4, 8))
+                assert sig[p] == round_ + 1
+        shmemx.aclshmem_barrier_all()
+    assert word[(me + 1) % n] == 5  # from the next PE (its last peer is this one)
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_raw_queues_build_post_quiet(run_ok, n):
+    run_ok(n, _raw_queues)
+
+
 def _mixed_batch():
     """WRITE, WRITE_WITH_NOTIFY and FAA interleaved on one QP, written into the ring (wrapping) and rung once:
     they execute in program order (only order gives the final values checked)."""

@@ -338,7 +338,7 @@ class Buffer:
                       num_topk=self.num_topk)
         note = notify_dispatch(self.views, self.me, self.n_pes, seq, num_tokens_per_rank=layout.num_tokens_per_rank,
                                num_tokens_per_expert=layout.num_tokens_per_expert, channel_counts=per_channel,
-                               header=header, expert_alignment=expert_alignment)
+                               header=header, expert_alignment=expert_alignment, lanes=self.lanes)
         t_notify = time.perf_counter() - t_notify
         routing = Routing(layout.is_token_in_rank, per_channel, note.rank_prefix_matrix, note.channel_prefix_matrix,
                            note.recv_channel_prefix_matrix)

@@ -111,6 +111,40 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
     return timer.lap("submit", t)
 
 
+def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
+    """``_post_unit`` of every unit of a round (none for this PE) at once: their WQEs built in one numpy
+    operation and posted with one call (``Lanes.submit_units``): the same WQEs, in the same order per lane."""
+    lanes, rb, u64 = a.lanes, a.xb.shape[1], np.uint64
+    m = len(units)
+    peers = np.fromiter((u.peer for u in units), np.intp, m)
+    qps = np.fromiter((u.qp for u in units), np.intp, m)
+    chans = np.fromiter((u.channel for u in units), np.intp, m)
+    ns = np.fromiter((u.rows for u in units), np.int64, m)
+    has = np.flatnonzero(ns)
+    start = a.recv_channel_start[peers[has], chans[has]]
+    lo, dst, n = a.recv_lo[peers[has]] + start, a.dest_base[peers[has]] + start, ns[has]
+    rbase = lanes.remote_base[peers[has]]
+    units_of = [has]
+    rmt = [rbase + u64(a.region_offsets["combine_x"]) + (dst * rb).astype(u64)]
+    sge = [u64(lanes.batch.local_va(a.xb)) + (lo * rb).astype(u64)] if len(has) else [np.zeros(0, u64)]
+    length = [(n * rb).astype(u64)]
+    if a.weights is not None and len(has):
+        wb = a.weights.shape[1] * 4
+        units_of.append(has)
+        rmt.append(rbase + u64(a.region_offsets["combine_weights"]) + (dst * wb).astype(u64))
+        sge.append(u64(lanes.batch.local_va(a.weights)) + (lo * wb).astype(u64))
+        length.append((n * wb).astype(u64))
+    wu = np.concatenate(units_of)
+    order = np.argsort(wu, kind="stable")  # unit by unit: its rows, then its weights
+    np.add.at(a.stats.peer_hidden_bytes, peers, ns * rb)
+    t = timer.lap("build", t)
+    closes = np.fromiter((u.closes for u in units), bool, m)
+    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], wu[order],
+                       *(np.concatenate(x)[order] for x in (rmt, sge, length)), a.stats, close_kind=1, seq=a.seq,
+                       timer=timer)
+    return timer.lap("submit", t)
+
+
 def _wait_sources(a: CombineArgs, sources: list[int]) -> None:
     """Wait for the lanes of every rank in ``sources`` (one wait per QP over their completion signals, asleep
     until the last lands) and check their records in one numpy operation."""
@@ -187,6 +221,20 @@ def combine_kernel(a: CombineArgs) -> None:
     timer = a.stats.timer(c)
     t = timer.mark()
     for k in range(a.plan.rounds):
+        units = a.plan.by_block[c][k]
+        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
+            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
+            remote = [u for u in units if u.peer != a.me]
+            for u in units:
+                if u.peer == a.me:
+                    _local(a, u)
+                    t = timer.lap("pack", t)
+            if remote:
+                t = _post_round(a, remote, timer, t)
+            posted = [(u.peer, u.qp) for u in remote]
+            a.stats.round_dsts[k, [u.peer for u in remote]] = True
+            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
+            continue
         posted = []
         for u in a.plan.by_block[c][k]:
             if u.peer == a.me:
@@ -212,6 +260,7 @@ def combine_kernel(a: CombineArgs) -> None:
 
 def give_credits(a: CombineArgs, peers, timer) -> None:
     """The returned rows of ``peers`` were reduced: their regions here may be written again."""
+    word = a.views["credits"][1, a.me, 0:1]  # one view: the signal call finds it in its cache after the first
     for r in peers:
-        shmemx.aclshmemx_signal_op(a.views["credits"][1, a.me, 0:1], a.seq, SET, r)
+        shmemx.aclshmemx_signal_op(word, a.seq, SET, r)
         timer.count("credit_writes")

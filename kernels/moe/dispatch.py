@@ -196,6 +196,69 @@ def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray
     return mine[i:j]
 
 
+def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, timer, t: float) -> float:
+    """``_post_unit`` of every unit of a round (none for this PE) at once: the staging rows of all of them packed,
+    their WQEs built in one numpy operation and posted with one call (``Lanes.submit_units``): the same rows,
+    WQEs and per-lane order as unit by unit."""
+    v, lanes, rb = a.views, a.lanes, a.row_bytes
+    m = len(units)
+    peers = np.fromiter((u.peer for u in units), np.intp, m)
+    qps = np.fromiter((u.qp for u in units), np.intp, m)
+    chans = np.fromiter((u.channel for u in units), np.intp, m)
+    lo = split[peers]
+    want = np.fromiter((u.rows for u in units), np.int64, m)
+    ns = np.where(want > 0, split[peers + 1] - lo, 0)  # a unit without rows (an empty closer) takes no tokens
+    assert (ns == want).all(), (units, ns)
+    total = int(ns.sum())
+    unit_of = np.repeat(np.arange(m), ns)
+    within = np.arange(total) - np.repeat(np.cumsum(ns) - ns, ns)  # row index inside its unit
+    sel = toks[np.repeat(lo, ns) + within]  # the tokens, unit after unit
+    pos = a.rank_base[peers] + a.channel_start[peers, chans]
+    spos = a.send_base[peers] + a.channel_start[peers, chans]
+    srow = np.repeat(spos, ns) + within  # their staging rows
+    meta = _meta(a)
+    if a.aggregate:
+        staged = v["send_x"][:v["send_x"].size // rb * rb].reshape(-1, rb)
+        staged[srow] = a.xb[sel]
+    v["send_src_idx"][srow] = sel
+    for _, staging, src in meta[1:]:
+        v[staging][srow] = src[sel]
+    t = timer.lap("pack", t)
+    rbase = lanes.remote_base[peers]
+    lbase = np.uint64(lanes.local_base)
+    has = np.flatnonzero(ns)  # units with rows: their WQEs (the others send only their closer, if any)
+    u64 = np.uint64
+    x_off = u64(a.region_offsets["x"])
+    kinds = []  # (unit of each WQE, remote VA, local VA, length) per kind, in a unit's WQE order
+    if a.aggregate:
+        kinds.append((has, rbase[has] + x_off + (pos[has] * rb).astype(u64),
+                      lbase + u64(a.region_offsets["send_x"]) + (spos[has] * rb).astype(u64),
+                      (ns[has] * rb).astype(u64)))
+    elif total:
+        brk = np.ones(total, bool)  # a run of consecutive tokens ends at a gap or at the end of its unit
+        brk[1:] = (np.diff(sel) != 1) | (unit_of[1:] != unit_of[:-1])
+        starts = np.flatnonzero(brk)
+        count = np.diff(starts, append=total)
+        ru = unit_of[starts]
+        xva = u64(lanes.batch.local_va(a.xb))
+        kinds.append((ru, rbase[ru] + x_off + ((pos[ru] + within[starts]) * rb).astype(u64),
+                      xva + (sel[starts] * rb).astype(u64), (count * rb).astype(u64)))
+    for region, staging, _ in meta:
+        item = v[region].itemsize * (v[region].size // v[region].shape[0])
+        kinds.append((has, rbase[has] + u64(a.region_offsets[region]) + (pos[has] * item).astype(u64),
+                      lbase + u64(a.region_offsets[staging]) + (spos[has] * item).astype(u64),
+                      (ns[has] * item).astype(u64)))
+    wu = np.concatenate([k[0] for k in kinds])
+    order = np.argsort(wu, kind="stable")  # unit by unit, each unit's WQEs in kind order
+    rmt, sge, length = (np.concatenate([k[i] for k in kinds])[order] for i in (1, 2, 3))
+    np.add.at(a.stats.peer_hidden_bytes, peers, ns * rb)
+    t = timer.lap("build", t)
+    closes = np.fromiter((u.closes for u in units), bool, m)
+    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], wu[order], rmt, sge, length, a.stats,
+                       close_kind=0, seq=a.seq, timer=timer)
+    return timer.lap("submit", t)
+
+
 def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
     """Wait for the lanes of every source in ``sources`` (this PE's own rows are local), check their records,
     then copy each source's rows out (the credits come after ``sync_all``).
@@ -221,6 +284,16 @@ def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
             raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
                                f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
                                f"{int(want[i])} rows notify announced for call #{a.seq}")
+    if a.lanes.batched:  # the peers' rows in as few contiguous spans as they make (own rows: ``_local``)
+        if not peers:
+            return t
+        lo, hi = a.recv_lo[peers], a.recv_hi[peers]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        cut = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+        for l0, h0 in zip(np.split(lo, cut), np.split(hi, cut)):
+            _copy_rows(a, int(l0[0]), int(h0[-1]))
+        return timer.lap("epilogue", t)
     for s in peers:  # this PE's own rows went straight into the outputs (``_local``)
         t = copy_out(a, s, timer, t, credit=False)
     return t
@@ -230,8 +303,16 @@ def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> f
     """Source s's rows are all here: copy them out of the workspace into the outputs (top-k experts made local),
     then give s its credit (every schedule's receive side ends with this; ``credit=False``: the caller gives it
     with ``give_credit`` once every block has copied out)."""
+    _copy_rows(a, int(a.recv_lo[s]), int(a.recv_hi[s]))
+    t = timer.lap("epilogue", t)
+    if credit:
+        give_credit(a, s, timer)
+    return t
+
+
+def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
+    """Rows [lo, hi) of the receive region into the outputs (``copy_out``)."""
     v, me = a.views, a.me
-    lo, hi = int(a.recv_lo[s]), int(a.recv_hi[s])
     out = a.out
     if out is not None and hi > lo:
         rb = a.row_bytes
@@ -246,10 +327,6 @@ def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> f
             out.topk_weights[lo:hi] = np.where(mine, v["topk_weights"][lo:hi], 0)
         if out.scales is not None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
-    t = timer.lap("epilogue", t)
-    if credit:
-        give_credit(a, s, timer)
-    return t
 
 
 def give_credit(a: DispatchArgs, s: int, timer) -> None:
@@ -260,6 +337,18 @@ def give_credit(a: DispatchArgs, s: int, timer) -> None:
     if s != a.me and (a.out is None or a.out.credit):
         shmemx.aclshmemx_signal_op(a.views["credits"][0, a.me, 0:1], a.seq, SET, s)
         timer.count("credit_writes")
+
+
+def give_credits(a: DispatchArgs, sources, timer) -> None:
+    """``give_credit`` of every source in ``sources``, through one view of the credit word (the signal call
+    resolves a view once and then finds it in its cache)."""
+    if a.out is not None and not a.out.credit:
+        return
+    word = a.views["credits"][0, a.me, 0:1]
+    for s in sources:
+        if s != a.me:
+            shmemx.aclshmemx_signal_op(word, a.seq, SET, s)
+            timer.count("credit_writes")
 
 
 def dispatch_kernel(a: DispatchArgs) -> None:
@@ -273,6 +362,20 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     t = timer.lap("route", t)
     wide = None  # batched lanes: the tokens of the channels this block posts for, by peer
     for k in range(a.plan.rounds):
+        units = a.plan.by_block[c][k]
+        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
+            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
+            remote = [u for u in units if u.peer != a.me]
+            for u in units:
+                if u.peer == a.me:
+                    _local(a, c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])
+                    t = timer.lap("pack", t)
+            if remote:
+                t = _post_round(a, remote, toks, split, timer, t)
+            posted = [(u.peer, u.qp) for u in remote]
+            a.stats.round_dsts[k, [u.peer for u in remote]] = True
+            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
+            continue
         posted = []
         for u in a.plan.by_block[c][k]:
             if u.segments:
@@ -295,5 +398,4 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
     t = timer.lap("sync", t)
-    for s in sources:
-        give_credit(a, s, timer)
+    give_credits(a, sources, timer)

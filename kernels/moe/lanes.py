@@ -89,6 +89,12 @@ class Lanes:
                     raise ValueError(f"pe {me}: moe.Buffer(qp_num={qp_num}) needs {qp_num} QPs per peer: call "
                                      f"shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, {qp_num}) "
                                      f"before shmemx.init() ({exc})") from None
+        order = sorted(self.queues)
+        self.batch = shmemx.RawQueues([self.queues[k] for k in order])  # every lane, for posts of many at once
+        self.lane_of = np.full((n_pes, qp_num), -1, np.intp)  # (peer, qp) -> its queue's index in ``batch``
+        for i, (peer, q) in enumerate(order):
+            self.lane_of[peer, q] = i
+        self.vectorize = True  # False: a round's units post one by one even while ``batch.fast`` (tests compare)
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
         self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap
@@ -152,6 +158,61 @@ class Lanes:
         stats.lane_wqes[peer, qp] += self.post(peer, qp, rmt_va, sge_va, length, close)
         stats.lane_bytes[peer, qp] += nbytes + (32 if close else 0)
 
+    @property
+    def batched(self) -> bool:
+        """Whether a round's units are built and posted all at once (``submit_units``): while no recorder needs
+        per-event calls; observed runs post unit by unit (``submit``), as every event's hook expects."""
+        return self.vectorize and self.batch.fast
+
+    def submit_units(self, peers: np.ndarray, qps: np.ndarray, closes: np.ndarray, lane_rows: np.ndarray,
+                     wqe_unit: np.ndarray, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray, stats, *,
+                     close_kind: int, seq: int, timer=None) -> None:
+        """``submit`` of many units at once, unit i on lane (peers[i], qps[i]) (each lane at most once): the
+        one-BB WRITEs ``(rmt_va, sge_va, length)[j]`` of unit ``wqe_unit[j]`` (grouped by unit, each unit's in
+        its order), then, where ``closes[i]``, its lane's completion (record: ``lane_rows[i]`` rows, bytes,
+        WQEs, seq; signal ``signals[close_kind, me, qp]`` = seq). The WQEs of all units are built in one numpy
+        operation and posted with one ``RawQueues.post`` (a doorbell per lane): the same WQE bytes, in the same
+        order per lane, as ``submit`` of each unit."""
+        m, n = len(peers), len(wqe_unit)
+        lanes = self.lane_of[peers, qps]
+        w = np.bincount(wqe_unit, minlength=m)
+        nbytes = np.zeros(m, np.int64)
+        if n:
+            np.add.at(nbytes, wqe_unit, length.astype(np.int64))
+        closes = np.asarray(closes, bool)
+        c = np.flatnonzero(closes)
+        bbs = w + 2 * closes
+        offs = np.cumsum(bbs) - bbs  # each unit's first BB in the batch
+        data = np.empty((int(bbs.sum()), 8), np.uint64)
+        if n:
+            first = np.cumsum(w) - w
+            rows = offs[wqe_unit] + (np.arange(n) - first[wqe_unit])
+            data[rows] = self.batch.build_writes(lanes[wqe_unit], rmt_va=rmt_va, sge_len=length, sge_va=sge_va,
+                                                 flag=_FLAG)
+        if len(c):
+            cp, cq = peers[c], qps[c]
+            record = self.views["send_record"]
+            record[cp, cq, :4] = np.stack([lane_rows[c], stats.lane_bytes[cp, cq] + nbytes[c] + 32,
+                                           stats.lane_wqes[cp, cq] + w[c] + 1, np.full(len(c), seq)], axis=1)
+            slot = (self.offsets["signals"]
+                    + ((close_kind * self.n_pes + self.me) * self.qp_num + cq) * SIGNAL_WORDS * 8).astype(np.uint64)
+            sig = self.remote_base[cp] + slot
+            src = np.uint64(self.local_base + self.offsets["send_record"]) + (cp * self.qp_num + cq).astype(
+                np.uint64) * np.uint64(64)
+            close = self.batch.build_notifies(lanes[c], flag=FENCE_SO.flag, rmt_va=sig + np.uint64(RECORD_WORD * 8),
+                                              sge_len=32, sge_va=src, notify_va=sig, notify_value=seq)
+            at = offs[c] + w[c]
+            data[at] = close[:, :8]
+            data[at + 1] = close[:, 8:]
+            if timer is not None:
+                timer.count("so_writes", len(c))
+                timer.count("flag_writes", len(c))
+        keep = np.flatnonzero(bbs)
+        if len(keep):
+            self.batch.post(lanes[keep], bbs[keep], data, cqes=(w + closes)[keep])
+        stats.lane_wqes[peers, qps] += w + closes
+        stats.lane_bytes[peers, qps] += nbytes + 32 * closes
+
     def quiet(self, peer: int, qp: int) -> None:
         shmemx.aclshmemx_udma_qp_quiet(peer, qp)
 
@@ -160,8 +221,11 @@ class Lanes:
         that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases.
         ``last``: the call's last round: no block takes a lane over after it, so no SyncAll (the quiets stay:
         the WQEs read the caller's arrays, and the lane is free for the next launch)."""
-        for peer, qp in posted:
-            self.quiet(peer, qp)
+        if self.batched and posted:  # one native call for all of them
+            self.batch.quiet(self.lane_of[tuple(np.array(posted, np.intp).T)])
+        else:
+            for peer, qp in posted:
+                self.quiet(peer, qp)
         timer.count("quiets", len(posted))
         t = timer.lap("quiet", t)
         if last:

@@ -56,26 +56,59 @@ class NotifyResult:
     num_recv_tokens_per_expert_list: list
 
 
-def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, prefixes: np.ndarray) -> None:
+def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, prefixes: np.ndarray,
+            lanes=None) -> None:
     width, n_channels = records.shape[1], prefixes.shape[1]
     peers = [(me + i) % n_pes for i in range(1, n_pes)]
-    for peer in peers:
-        if n_channels:
-            shmemx.aclshmemx_udma_qp_put_nbi(views["recv_channel_prefix"][me], prefixes[peer], n_channels, peer, 0)
-        shmemx.aclshmemx_udma_qp_put_signal_nbi(views["notify"][me], records[peer], width,
-                                                views["notify_signal"][me, 0:1], seq, peer, 0, config=FENCE_SO)
+    if peers and lanes is not None and lanes.batched:
+        _post_all(views, me, seq, records, prefixes, peers, lanes)
+    else:
+        for peer in peers:
+            if n_channels:
+                shmemx.aclshmemx_udma_qp_put_nbi(views["recv_channel_prefix"][me], prefixes[peer], n_channels, peer,
+                                                 0)
+            shmemx.aclshmemx_udma_qp_put_signal_nbi(views["notify"][me], records[peer], width,
+                                                    views["notify_signal"][me, 0:1], seq, peer, 0, config=FENCE_SO)
     views["notify"][me] = records[me]
     views["recv_channel_prefix"][me] = prefixes[me]
-    for peer in peers:
-        shmemx.aclshmemx_udma_qp_quiet(peer, 0)
+    if peers and lanes is not None and lanes.batched:
+        lanes.batch.quiet(lanes.lane_of[peers, 0])
+    else:
+        for peer in peers:
+            shmemx.aclshmemx_udma_qp_quiet(peer, 0)
     if peers:
         shmemx.aclshmem_wait_until_all(views["notify_signal"][:, 0], shmemx.ACLSHMEM_CMP_GE, seq,
                                        status=(np.arange(n_pes) == me).astype(np.int32))
 
 
+def _post_all(views: dict, me: int, seq: int, records: np.ndarray, prefixes: np.ndarray, peers: list, lanes) -> None:
+    """The loop of put_nbi + put_signal_nbi per peer as one batch (``Lanes.batch``): both WQEs of every peer
+    built in one numpy operation (the bytes those calls post) and posted with one call, a doorbell per peer."""
+    u64 = np.uint64
+    width, n_channels = records.shape[1], prefixes.shape[1]
+    p = np.array(peers, np.intp)
+    which = lanes.lane_of[p, 0]
+    rbase = lanes.remote_base[p]
+    notify_rmt = rbase + u64(views["notify"][me].ctypes.data - lanes.block.ctypes.data)
+    signal_rmt = rbase + u64(views["notify_signal"][me, 0:1].ctypes.data - lanes.block.ctypes.data)
+    prefix_va = u64(lanes.batch.local_va(prefixes)) if n_channels else None  # registered first, as the loop does
+    close = lanes.batch.build_notifies(which, flag=FENCE_SO.flag, rmt_va=notify_rmt, sge_len=width * 4,
+                                       sge_va=u64(lanes.batch.local_va(records)) + (p * width * 4).astype(u64),
+                                       notify_va=signal_rmt, notify_value=seq)
+    if n_channels:
+        prefix_rmt = rbase + u64(views["recv_channel_prefix"][me].ctypes.data - lanes.block.ctypes.data)
+        put = lanes.batch.build_writes(which, rmt_va=prefix_rmt, sge_len=n_channels * 4,
+                                       sge_va=prefix_va + (p * n_channels * 4).astype(u64),
+                                       flag=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag)
+        data = np.concatenate([put, close], axis=1)  # [peers, 24]: the put, then the put_signal's two BBs
+        lanes.batch.post(which, np.full(len(p), 3), data, cqes=np.full(len(p), 2))
+    else:
+        lanes.batch.post(which, np.full(len(p), 2), close, cqes=np.full(len(p), 1))
+
+
 def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_per_rank: np.ndarray,
                     num_tokens_per_expert: np.ndarray, channel_counts: np.ndarray, header: dict,
-                    expert_alignment: int = 1) -> NotifyResult:
+                    expert_alignment: int = 1, lanes=None) -> NotifyResult:
     """Run the notify kernel and compute the prefix matrices (collective: every PE of the buffer calls it).
 
     Args:
@@ -86,6 +119,7 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
         channel_counts: ``[P, C]`` tokens each channel sends to each destination.
         header: the values of ``HEADER_FIELDS`` but seq.
         expert_alignment: round each local expert's count up to a multiple of this.
+        lanes: the buffer's ``Lanes``: while ``lanes.batched``, every peer's two WQEs go in one batch.
 
     Raises:
         ValueError: a peer's header disagrees with this PE's (schedule, row size, payload kind, ...).
@@ -101,7 +135,7 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
         np.asarray(num_tokens_per_expert).reshape(n_pes, local)
     excl = np.cumsum(channel_counts, axis=1) - channel_counts
     prefixes = np.ascontiguousarray(excl, np.int32)
-    shmemx.launch(_kernel, 1, views, me, n_pes, seq, records, prefixes)
+    shmemx.launch(_kernel, 1, views, me, n_pes, seq, records, prefixes, lanes)
 
     got = views["notify"].copy()
     for name in _CHECKED:

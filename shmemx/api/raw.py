@@ -18,16 +18,19 @@ ranges) and reports a malformed WQE with an error CQE, as the hardware would.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..runtime import runtime
 from ..shm.waits import thread_slot
-from ..udma.layout import M32, Opcode, build_write_batch
+from ..udma.layout import M32, NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, Opcode, build_write_batch
 from ..udma.rings import Api
 from ..udma.queues import QueuePair
 from .checks import check_target
+from .rma import aclshmemx_udma_qp_quiet
 
-__all__ = ["RawQueue", "aclshmemx_udma_raw_queue"]
+__all__ = ["RawQueue", "RawQueues", "aclshmemx_udma_raw_queue"]
 
 
 class RawQueue:
@@ -155,6 +158,144 @@ class RawQueue:
         """Consume CQEs up to ``target`` (default cqe_cnt): the quiet of this queue."""
         q = self._qp
         q.poll(q.cqe_cnt if target is None else target, "raw poll")
+
+
+class RawQueues:
+    """Many raw queues of this PE used as one batch: the WQEs for all of them built in one numpy operation
+    (``build_writes`` / ``build_notifies``, ``which`` = the queue of each WQE, an index into ``queues``) and posted
+    with one call (``post``: a segment per queue, a doorbell each). The WQE bytes are those each queue's own
+    ``build_writes`` / ``build`` makes, and ``post`` is each segment's ``RawQueue.post`` (same bytes, sidecar words,
+    counts); while no recorder needs per-event calls (``fast``) the segments are stored by one native call that
+    kicks the engine once, else (and for a segment the native path refuses) by each queue's ``post``.
+
+        batch = shmemx.RawQueues([shmemx.aclshmemx_udma_raw_queue(pe, 0) for pe in peers])
+        wqes = batch.build_writes([0, 0, 1], rmt_va=rmt, sge_len=nbytes, sge_va=src)   # [3, 8] uint64
+        batch.post([0, 1], [2, 1], wqes, cqes=[2, 1])                    # 2 WQEs to peers[0], 1 to peers[1]
+    """
+
+    def __init__(self, queues):
+        self.queues = list(queues)
+        if not self.queues:
+            raise ValueError("RawQueues needs at least one queue")
+        udma = {id(q._qp.udma) for q in self.queues}
+        if len(udma) != 1:
+            raise ValueError("RawQueues: every queue must belong to this PE's data plane")
+        self._udma = self.queues[0]._qp.udma
+        self.index = np.array([q._qp.index for q in self.queues], np.int64)  # the queues' slot indices
+        self._writes: dict = {}  # (flag, opcode) -> [n_queues, 5] uint64: words 0-4 of each queue's one-BB WQE
+        self._notifies: dict = {}  # flag -> [n_queues, 16] uint64: each queue's WRITE_WITH_NOTIFY, fields zero
+        self._pinned: dict = {}  # thread -> registrations local_va handed it since its last post (blocks share this)
+
+    def __len__(self) -> int:
+        return len(self.queues)
+
+    @property
+    def fast(self) -> bool:
+        """Whether ``post`` stores natively (no recorder that needs per-event calls is on)."""
+        return self._udma.poster is not None
+
+    def local_va(self, arr: np.ndarray, *, writable: bool = False) -> int:
+        """Local VA of ``arr`` as a WQE source on any queue of the batch (``RawQueue.local_va``): a registered
+        array stays registered until the WQEs of the calling thread's next ``post`` that used it retired."""
+        # pinned under a key of the calling thread's own (no queue has it, so it never reads as retired) until its
+        # post records the real uses: blocks share the batch and post to different queues
+        va, reg = self._udma.registry.va_of(arr, writable, "raw local_va argument", pin=(self._pin_key(), 1))
+        if reg is not None:
+            self._pinned.setdefault(threading.get_ident(), []).append(reg)
+        return va
+
+    @staticmethod
+    def _pin_key() -> int:
+        return -1 - threading.get_ident()
+
+    def build_writes(self, which, *, rmt_va, sge_len, sge_va, flag: int = 0x20,
+                     opcode: int = Opcode.WRITE) -> np.ndarray:
+        """``[n, 8] uint64`` one-BB WQEs, WQE i for ``queues[which[i]]`` (its TP, tokenId, EID and token)."""
+        key = (int(flag), int(opcode))
+        head = self._writes.get(key)
+        if head is None:
+            head = self._writes[key] = np.stack([
+                q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=key[0], opcode=key[1])[0, :5]
+                for q in self.queues])
+        which = np.asarray(which, np.intp)
+        out = np.empty((len(which), 8), np.uint64)
+        np.take(head, which, axis=0, out=out[:, :5])
+        out[:, 5] = rmt_va
+        out[:, 6] = np.asarray(sge_len, np.uint64) & np.uint64(0xFFFF_FFFF)
+        out[:, 7] = sge_va
+        return out
+
+    def build_notifies(self, which, *, flag: int, rmt_va, sge_len, sge_va, notify_va, notify_value) -> np.ndarray:
+        """``[n, 16] uint64`` WRITE_WITH_NOTIFY WQEs (two BBs each), WQE i for ``queues[which[i]]``, its signal
+        on that queue's peer heap (the notify tokenId and token of its ``remote_mem_info``)."""
+        key = int(flag)
+        tmpl = self._notifies.get(key)
+        if tmpl is None:
+            rows = []
+            for q in self.queues:
+                info = q.remote_mem_info
+                rows.append(np.frombuffer(q.build(Opcode.WRITE_WITH_NOTIFY, key, 0, sge_len=0, sge_va=0,
+                                                  notify_tid=int(info["tid"]),
+                                                  notify_token=int(info["rmt_token_value"]), notify_va=0,
+                                                  notify_value=0), np.uint64))
+            tmpl = self._notifies[key] = np.stack(rows)
+        which = np.asarray(which, np.intp)
+        out = np.take(tmpl, which, axis=0)
+        out[:, 5] = rmt_va
+        ctx, sge = NOTIFY_CTX_OFFSET // 8, NOTIFY_SGE_OFFSET // 8
+        out[:, ctx + 1] = notify_va
+        out[:, ctx + 2] = np.asarray(notify_value, np.int64).astype(np.uint64)
+        out[:, sge] = np.asarray(sge_len, np.uint64) & np.uint64(0xFFFF_FFFF)
+        out[:, sge + 1] = sge_va
+        return out
+
+    def post(self, which, bbs, wqes, *, cqes) -> None:
+        """Post segment after segment of ``wqes`` (whole BBs, ``[n, 8] uint64`` or bytes): segment i is the next
+        ``bbs[i]`` BBs, for ``queues[which[i]]``, ``cqes[i]`` of them with a CQE, with one doorbell: what
+        ``queues[which[i]].post`` of it does, in that order."""
+        data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        which = np.asarray(which, np.intp)
+        bbs = np.ascontiguousarray(bbs, np.int64)
+        cqes = np.ascontiguousarray(cqes, np.int64)
+        if not (len(which) == len(bbs) == len(cqes)) or int(bbs.sum()) * 64 != data.nbytes:
+            raise ValueError(f"RawQueues.post: {len(which)} queues, {len(bbs)} BB counts, {len(cqes)} CQE counts "
+                             f"and {data.nbytes} bytes of WQEs ({int(bbs.sum())} BBs expected) do not match")
+        heads = np.zeros(len(which), np.int64)
+        done = 0
+        poster = self._udma.poster
+        if poster is not None and len(which):
+            done = poster.wqes_many(np.ascontiguousarray(self.index[which]), bbs, cqes, data, heads, Api.RAW,
+                                    thread_slot())
+        if done < len(which):
+            at = int(bbs[:done].sum()) * 64
+            for i in range(done, len(which)):
+                n = int(bbs[i]) * 64
+                heads[i] = self.queues[int(which[i])].post(data[at:at + n], cqes=int(cqes[i]))
+                at += n
+        pinned = self._pinned.pop(threading.get_ident(), None)  # (after the posts: see local_va)
+        if pinned:  # as ring_doorbell: used by WQEs up to each queue's new head at most
+            uses = dict(zip(self.index[which].tolist(), heads.tolist()))
+            key = self._pin_key()
+            with self._udma.registry._lock:  # a collect of another thread may be reading the uses
+                for reg in pinned:
+                    reg.uses.update(uses)
+                    reg.uses.pop(key, None)
+
+    def quiet(self, which) -> None:
+        """``aclshmemx_udma_qp_quiet`` of ``queues[which[0]]``, ``queues[which[1]]``, ... in that order: while
+        ``fast``, by one native call as long as each queue's CQEs are all in (or come within a quiet's spin) and
+        none failed, with one retire step for all of them; any other queue (and those after it) by the quiet call
+        itself, which waits asleep and raises on an error CQE."""
+        which = np.asarray(which, np.intp)
+        done = 0
+        udma = self._udma
+        if udma.poster is not None and len(which):
+            done = udma.quiet_many_fast(np.ascontiguousarray(self.index[which]))
+        if done < len(which):
+            for i in which[done:].tolist():
+                q = self.queues[i]
+                aclshmemx_udma_qp_quiet(q.peer, q.qp_idx)
 
 
 def aclshmemx_udma_raw_queue(pe: int, qp_idx: int = 0) -> RawQueue:

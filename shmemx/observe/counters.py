@@ -114,6 +114,13 @@ class StatsSegment:
         w[i] += wqes
         w[i + 1] += nbytes
 
+    def add_posted_many(self, slot: int, queues: np.ndarray, wqes: np.ndarray, nbytes: np.ndarray) -> None:
+        """``add_posted`` for many queues (distinct indices) at once."""
+        i = self._base(slot) - HEADER_SIZE // 8 + N_TIMERS + MAX_USER + 2 * np.asarray(queues, np.int64)
+        row = self.records.reshape(-1)  # ``words`` from the first record on
+        row[i] += np.asarray(wqes, np.uint64)
+        row[i + 1] += np.asarray(nbytes, np.uint64)
+
     def add_time(self, slot: int, timer: int, ns: int) -> None:
         """Add one call of ``ns`` nanoseconds to timer ``timer`` (T_QUIET, T_BARRIER, T_WAIT, T_REGION)."""
         i = self._base(slot) + timer

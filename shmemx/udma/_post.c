@@ -338,27 +338,16 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     return publish(p, &t, w, 2, flag, api);
 }
 
-/* wqes(q, data, cqes, api, slot) -> the BB position after them, or -1: take the Python path (RawQueue.post =
- * reserve + write + ring_doorbell). ``data``: whole BBs of already built WQEs for queue index ``q`` (a
- * C-contiguous buffer), each a one-BB WRITE / READ or a two-BB WRITE_WITH_NOTIFY (any other opcode, a WQE cut
- * at the end, no room or another submitter: -1 before touching anything). Stores them at the head (wrapping
- * BB by BB, as RawQueue.write does), every BB's sidecar word, head, cqe_cnt += cqes and the doorbell (last),
- * kicks the engine once, and counts the WQEs and their SGE bytes as ring_doorbell's scan does. */
-static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "wqes takes 5 arguments"); return NULL; }
+/* Store ``bbs`` BBs of built WQEs (``src``) for queue index ``q``: each a one-BB WRITE / READ or a two-BB
+ * WRITE_WITH_NOTIFY (any other opcode, a WQE cut at the end, no room or another submitter: -1 before touching
+ * anything). Stores them at the head (wrapping BB by BB, as RawQueue.write does), every BB's sidecar word, head,
+ * cqe_cnt += cqes and the doorbell (last), and counts the WQEs and their SGE bytes as ring_doorbell's scan does;
+ * the caller kicks the engine. Returns the BB position after them. */
+static int64_t store_wqes(Poster *p, long q, const uint8_t *src, uint32_t bbs, long cqes, long api, long slot) {
     Engine *e = p->engine;
     const Layout *L = &e->L;
-    long q = PyLong_AsLong(args[0]), cqes = PyLong_AsLong(args[2]), api = PyLong_AsLong(args[3]);
-    long slot = PyLong_AsLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    if (q < 0 || q >= (long)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe || cqes < 0)
-        return PyLong_FromLong(-1);
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) { PyErr_Clear(); return PyLong_FromLong(-1); }
-    PyObject *result = NULL;
-    uint32_t bbs = (uint32_t)(view.len / 64);
-    if (view.len % 64 || !bbs || view.len / 64 >= e->sq_depth || !room(p, (uint32_t)q, bbs)) goto python;
-    const uint8_t *src = view.buf;
+    if (q < 0 || q >= (long)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe || cqes < 0) return -1;
+    if (!bbs || bbs >= e->sq_depth || !room(p, (uint32_t)q, bbs)) return -1;
     int64_t n_wqes = 0, nbytes = 0;
     for (uint32_t k = 0; k < bbs;) {
         uint32_t dw1;
@@ -372,7 +361,7 @@ static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs)
             memcpy(&len, src + 64 * (uint64_t)k + L->notify_sge, 4);
             k += 2;
         } else {
-            goto python;
+            return -1;
         }
         n_wqes++;
         nbytes += len;
@@ -383,7 +372,7 @@ static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs)
         st[ST_OWNER] = me;
         st[ST_OWNER_BLOCK] = slot;
     }
-    if (st[ST_OWNER] != me) goto python;
+    if (st[ST_OWNER] != me) return -1;
     uint32_t head = (uint32_t)st[ST_HEAD], mask = e->sq_depth - 1;
     uint8_t *ring = sq_of(e, (uint32_t)q);
     uint32_t *sidecar = (uint32_t *)(e->seg + p->sidecar_off) + (uint64_t)q * e->sq_depth;
@@ -401,15 +390,72 @@ static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs)
         wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
     }
     st32(hw_of(e, (uint32_t)q) + L->hw_sq_db, next); /* the doorbell, last */
-    kick(e);
     st[ST_N_POSTED] += n_wqes;
     st[ST_B_POSTED] += nbytes;
-    result = PyLong_FromUnsignedLong(next);
+    return next;
+}
+
+/* wqes(q, data, cqes, api, slot) -> the BB position after them, or -1: take the Python path (RawQueue.post =
+ * reserve + write + ring_doorbell). ``data``: whole BBs of already built WQEs for queue index ``q`` (a
+ * C-contiguous buffer), stored as store_wqes does; one kick. */
+static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "wqes takes 5 arguments"); return NULL; }
+    long q = PyLong_AsLong(args[0]), cqes = PyLong_AsLong(args[2]), api = PyLong_AsLong(args[3]);
+    long slot = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    int64_t next = -1;
+    if (view.len % 64 == 0 && view.len / 64 < p->engine->sq_depth)
+        next = store_wqes(p, q, view.buf, (uint32_t)(view.len / 64), cqes, api, slot);
     PyBuffer_Release(&view);
-    return result;
-python:
-    PyBuffer_Release(&view);
-    return PyLong_FromLong(-1);
+    if (next < 0) return PyLong_FromLong(-1);
+    kick(p->engine);
+    return PyLong_FromLongLong(next);
+}
+
+/* wqes_many(queues, bbs, cqes, data, heads, api, slot) -> how many segments were posted (a prefix). ``data``:
+ * whole BBs of built WQEs, segment after segment; segment i (``bbs[i]`` BBs, ``cqes[i]`` of them with a CQE)
+ * goes to queue index ``queues[i]`` with one doorbell, as ``wqes`` posts it; ``heads[i]`` receives the BB
+ * position after it. ``queues``, ``bbs``, ``cqes``, ``heads``: C-contiguous int64 buffers of one length. Stops
+ * at the first segment ``wqes`` would refuse (the caller posts the rest through RawQueue.post, which takes the
+ * Python path where needed); one kick for everything posted. */
+static PyObject *Poster_wqes_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "wqes_many takes 7 arguments"); return NULL; }
+    long api = PyLong_AsLong(args[5]), slot = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer v[5];
+    int got = 0;
+    for (; got < 5; got++) {
+        int flags = got == 4 ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS;
+        if (PyObject_GetBuffer(args[got], &v[got], flags) < 0) break;
+    }
+    Py_ssize_t done = 0;
+    if (got < 5) {
+        for (int k = 0; k < got; k++) PyBuffer_Release(&v[k]);
+        return NULL;
+    }
+    Py_ssize_t m = v[0].len / 8;
+    if (v[0].len % 8 || v[1].len != v[0].len || v[2].len != v[0].len || v[4].len != v[0].len || v[3].len % 64) {
+        PyErr_SetString(PyExc_ValueError, "wqes_many: queues, bbs, cqes and heads must be int64 of one length, "
+                                          "data whole BBs");
+        for (int k = 0; k < 5; k++) PyBuffer_Release(&v[k]);
+        return NULL;
+    }
+    const int64_t *qs = v[0].buf, *bbs = v[1].buf, *cqes = v[2].buf;
+    int64_t *heads = v[4].buf;
+    const uint8_t *src = v[3].buf;
+    uint64_t at = 0, total = (uint64_t)v[3].len / 64;
+    for (; done < m; done++) {
+        if (bbs[done] <= 0 || (uint64_t)bbs[done] > total - at) break;
+        int64_t next = store_wqes(p, (long)qs[done], src + 64 * at, (uint32_t)bbs[done], (long)cqes[done], api, slot);
+        if (next < 0) break;
+        heads[done] = next;
+        at += (uint64_t)bbs[done];
+    }
+    if (done) kick(p->engine);
+    for (int k = 0; k < 5; k++) PyBuffer_Release(&v[k]);
+    return PyLong_FromSsize_t(done);
 }
 
 static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
@@ -423,21 +469,15 @@ static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
  * queue's rung WQEs itself when the engine is not at them (shmemx_engine_assist) and spinning for them up to
  * spin_ns, without the interpreter lock; anything else is the Python path's (which sleeps,
  * records the wait, raises). */
-static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+/* The quiet of queue index ``q`` (not this PE's own): the bits of ``quiet``, or -1. */
+static int quiet_one(Poster *p, uint32_t q, long long spin_ns) {
     Engine *e = p->engine;
     const Layout *L = &e->L;
-    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
-    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
-    long long spin_ns = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
-    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
-    uint32_t q = (uint32_t)(pe * e->qp_num + qp_idx);
     int64_t *st = p->st + (uint64_t)q * ST_WORDS;
     uint32_t *hw = hw_of(e, q);
     uint32_t t = (uint32_t)st[ST_CQ_TAIL], target = (uint32_t)st[ST_CQE_CNT];
     uint32_t n = target - t;
-    if (n > e->cq_depth || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+    if (n > e->cq_depth || ld32(hw + L->hw_state)) return -1;
     int bits = 0;
     if (n) {
         uint32_t last = target - 1;
@@ -468,12 +508,12 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
                 }
             }
             Py_END_ALLOW_THREADS
-            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return PyLong_FromLong(-1);
+            if ((uint32_t)st[ST_CQ_TAIL] != t || (uint32_t)st[ST_CQE_CNT] != target) return -1;
         }
-        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return PyLong_FromLong(-1);
+        if (!cqe_written(e, q, last) || ld32(hw + L->hw_state)) return -1;
         uint32_t *cq = cq_of(e, q);
         for (uint32_t pos = t; pos != target; pos++)
-            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return PyLong_FromLong(-1);
+            if (cq[16 * (uint64_t)(pos % e->cq_depth) + L->c_status] >> 16) return -1;
         uint32_t entry_idx = cq[16 * (uint64_t)(last % e->cq_depth) + L->c_entry_idx] & 0xFFFF;
         uint32_t tail = (uint32_t)st[ST_TAIL];
         tail = tail + ((entry_idx - tail) & 0xFFFF);
@@ -486,7 +526,51 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
     }
     if (st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() && (uint32_t)st[ST_TAIL] == (uint32_t)st[ST_HEAD])
         bits |= 2;
-    return PyLong_FromLong(bits);
+    return bits;
+}
+
+static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
+    long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
+    if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
+    return PyLong_FromLong(quiet_one(p, (uint32_t)(pe * e->qp_num + qp_idx), spin_ns));
+}
+
+/* quiet_many(queues, bits, spin_ns) -> how many queues were quieted (a prefix): ``quiet`` of queue index
+ * ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
+ * ``queues``, ``bits``: C-contiguous int64 buffers of one length. */
+static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet_many takes 3 arguments"); return NULL; }
+    Engine *e = p->engine;
+    long long spin_ns = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer qv, bv;
+    if (PyObject_GetBuffer(args[0], &qv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&qv);
+        return NULL;
+    }
+    if (qv.len % 8 || bv.len != qv.len) {
+        PyBuffer_Release(&qv); PyBuffer_Release(&bv);
+        PyErr_SetString(PyExc_ValueError, "quiet_many: queues and bits must be int64 of one length");
+        return NULL;
+    }
+    const int64_t *qs = qv.buf;
+    int64_t *bits = bv.buf;
+    Py_ssize_t m = qv.len / 8, done = 0;
+    for (; done < m; done++) {
+        int64_t q = qs[done];
+        if (q < 0 || q >= (int64_t)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe) break;
+        int b = quiet_one(p, (uint32_t)q, spin_ns);
+        if (b < 0) break;
+        bits[done] = b;
+    }
+    PyBuffer_Release(&qv); PyBuffer_Release(&bv);
+    return PyLong_FromSsize_t(done);
 }
 
 /* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
@@ -602,7 +686,11 @@ static PyMethodDef Poster_methods[] = {
     {"rw", (PyCFunction)(void (*)(void))Poster_rw, METH_FASTCALL, "Post one WRITE/READ of a plain put/get, or -1."},
     {"notify", (PyCFunction)(void (*)(void))Poster_notify, METH_FASTCALL, "Post one plain put_signal, or -1."},
     {"wqes", (PyCFunction)(void (*)(void))Poster_wqes, METH_FASTCALL, "Post built WQEs with one doorbell, or -1."},
+    {"wqes_many", (PyCFunction)(void (*)(void))Poster_wqes_many, METH_FASTCALL,
+     "Post built WQEs to many queues, a doorbell each, one kick; returns how many segments."},
     {"quiet", (PyCFunction)(void (*)(void))Poster_quiet, METH_FASTCALL, "Quiet a queue whose CQEs are all in."},
+    {"quiet_many", (PyCFunction)(void (*)(void))Poster_quiet_many, METH_FASTCALL,
+     "Quiet queues in turn while their CQEs are all in; returns how many."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
     {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},
