@@ -309,3 +309,55 @@ def test_a_read_held_by_a_failing_ranks_traceback_is_logged(run_job, tmp_path, n
     assert result.code == 1, result.report()
     hits = [f for f in found if f["kind"] == "unsynchronized-read" and (f["allocation"] or "") == "landing"]
     assert hits, (result.report(), [f["text"][:200] for f in found])
+
+
+def _met_after_another_threads_record() -> None:
+    """PE 1 waits (wait_until_all on one word) for PE 0's put_signal, then reads the payload; while it records the
+    wait, another thread of PE 1 logs a record between the wait's WAIT and MET records (a block descheduled there
+    on a loaded machine)."""
+    import threading
+
+    import numpy as np
+
+    import shmemx
+    from shmemx.runtime import runtime
+    from shmemx.shm.waits import set_thread_slot
+    from shmemx.udma.check.events import Kind
+
+    shmemx.init()
+    me = shmemx.my_pe()
+    landing = shmemx.zeros(16, np.float32, name="landing")
+    arrived = shmemx.zeros(1, np.uint64, name="arrived")
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        shmemx.aclshmemx_udma_put_signal_nbi(landing, np.ones(16, np.float32), 16, arrived, 1, 1)
+        shmemx.aclshmemx_udma_quiet(1)
+    else:
+        checker = runtime().checker
+        put = checker._put
+
+        def another(ts):  # a record of block 1 (a JOIN of no launch: it orders nothing)
+            set_thread_slot(1)
+            put(ts, Kind.JOIN, 0, a=0)
+
+        def put_after_another(ts, kind, *args, **kw):
+            if kind == Kind.MET:  # another thread's record lands between this thread's WAIT and MET
+                other = threading.Thread(target=another, args=(ts,))
+                other.start()
+                other.join()
+            put(ts, kind, *args, **kw)
+
+        checker._put = put_after_another
+        shmemx.aclshmem_wait_until_all(arrived, shmemx.ACLSHMEM_CMP_EQ, 1)
+        checker._put = put
+        assert float(landing[0:16].sum()) == 16.0
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_a_wait_keeps_its_met_words_when_another_thread_logs_in_between(run_job, tmp_path, no_leak):
+    """The threads of a PE share its log: the words that met a wait are found by the waiting thread's own WAIT
+    record, not by the record just before (a block descheduled between the two on a loaded machine made its wait
+    look met by the word's initial value, and its reads of the payload slot-reuse findings)."""
+    result, found = _findings(run_job, tmp_path, 2, _met_after_another_threads_record)
+    assert result.code == 0 and not found, [f["text"] for f in found]

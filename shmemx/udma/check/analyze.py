@@ -90,18 +90,23 @@ class Analyzer(Rules):
             rows = log.records.tolist()
             last: dict[int, tuple] = {}
             last_idx: dict[int, tuple] = {}
-            wait_at = None
+            wait_at: dict[int, tuple] = {}  # block -> its WAIT whose MET records may follow
             for idx, r in enumerate(rows):
                 ts, kind, block, flags, site, a, b, c, d, e, f, g = r
                 if kind == Kind.SITE:
                     continue
                 threads.add((pe, block))
-                if kind == Kind.MET:
-                    if wait_at is not None:
+                if kind == Kind.MET:  # the MET records of a wait follow its WAIT record in its own thread; other
+                    # threads of the PE share the log and may have written records in between
+                    at = wait_at.get(block)
+                    if at is not None:
                         words = [(w >> 16 * i) & 0xFFFF for w in (a, b, c, d, e) for i in range(4)][:f]
-                        self.met.setdefault(wait_at, []).extend(words)
+                        self.met.setdefault(at, []).extend(words)
                     continue
-                wait_at = (pe, idx) if kind == Kind.WAIT else None
+                if kind == Kind.WAIT:
+                    wait_at[block] = (pe, idx)
+                else:
+                    wait_at.pop(block, None)
                 if kind == Kind.POST:
                     peer, qp, op = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
                     lanes.add((pe, peer, qp))
