@@ -226,6 +226,20 @@ def test_schedules_are_clean(run_job, tmp_path, no_leak):
                       heap_size="32M"))
 
 
+def _landing_and_flag():
+    """Init, then 16 float32 of ``landing`` and the uint64 ``arrived`` on every PE, past a barrier: the pair PE 0's
+    put_signal fills for PE 1."""
+    import numpy as np
+
+    import shmemx
+
+    shmemx.init()
+    landing = shmemx.zeros(16, np.float32, name="landing")
+    arrived = shmemx.zeros(1, np.uint64, name="arrived")
+    shmemx.aclshmem_barrier_all()
+    return shmemx.my_pe(), landing, arrived
+
+
 def _read_before_signal(read_first: bool) -> None:
     """PE 1 reads fresh memory that PE 0's put_signal writes, before waiting for the signal; sleeps choose which of
     the two comes first in time (nothing orders them)."""
@@ -235,11 +249,7 @@ def _read_before_signal(read_first: bool) -> None:
 
     import shmemx
 
-    shmemx.init()
-    me = shmemx.my_pe()
-    landing = shmemx.zeros(16, np.float32, name="landing")
-    arrived = shmemx.zeros(1, np.uint64, name="arrived")
-    shmemx.aclshmem_barrier_all()
+    me, landing, arrived = _landing_and_flag()
     if me == 0:
         if read_first:
             time.sleep(0.3)
@@ -324,11 +334,7 @@ def _met_after_another_threads_record() -> None:
     from shmemx.shm.waits import set_thread_slot
     from shmemx.udma.check.events import Kind
 
-    shmemx.init()
-    me = shmemx.my_pe()
-    landing = shmemx.zeros(16, np.float32, name="landing")
-    arrived = shmemx.zeros(1, np.uint64, name="arrived")
-    shmemx.aclshmem_barrier_all()
+    me, landing, arrived = _landing_and_flag()
     if me == 0:
         shmemx.aclshmemx_udma_put_signal_nbi(landing, np.ones(16, np.float32), 16, arrived, 1, 1)
         shmemx.aclshmemx_udma_quiet(1)
