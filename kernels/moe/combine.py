@@ -228,9 +228,10 @@ def combine_kernel(a: CombineArgs) -> None:
     n_blocks = len(a.bounds) - 1
     timer = a.stats.timer(c)
     t = timer.mark()
+    one = a.lanes.one_poster(a.plan)  # block 0 posts and waits for every block (``Lanes.one_poster``)
     for k in range(a.plan.rounds):
-        units = a.plan.by_block[c][k]
         if a.lanes.batched:  # every unit of the round at once
+            units = a.lanes.round_units(a.plan, c, k, one)
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -253,7 +254,7 @@ def combine_kernel(a: CombineArgs) -> None:
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
-    _wait_sources(a, sources)
+    _wait_sources(a, ([r for r in range(a.n_pes) if r != a.me] if c == 0 else []) if one else sources)
     t = timer.lap("wait", t)
     shmemx.sync_all()
     t = timer.lap("sync", t)

@@ -178,10 +178,10 @@ def _pack_segment(a: DispatchArgs, peer: int, q: int, c: int, toks: np.ndarray, 
     return t
 
 
-def _wide_tokens(a: DispatchArgs, c: int, timer):
-    """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit of block c (one route scan
+def _wide_tokens(a: DispatchArgs, units, timer):
+    """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit in ``units`` (one route scan
     of their tokens)."""
-    segs = [seg for k in range(a.plan.rounds) for u in a.plan.by_block[c][k] for seg in u.segments]
+    segs = [seg for u in units for seg in u.segments]
     lo, hi = int(a.bounds[min(s[0] for s in segs)]), int(a.bounds[max(s[1] for s in segs)])
     toks, split, reads = peer_tokens(lo, hi, a.n_pes, routing=a.routing, mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
@@ -387,15 +387,18 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     timer.count("route_reads", reads)
     t = timer.lap("route", t)
     wide = []  # batched lanes: the tokens of the channels this block posts for, by peer (one scan, when needed)
+    batched = a.lanes.batched
+    one = a.lanes.one_poster(a.plan)  # block 0 posts and receives for every block (``Lanes.one_poster``)
+    mine = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
 
     def wide_of():
         if not wide:
-            wide.append(_wide_tokens(a, c, timer))
+            wide.append(_wide_tokens(a, [u for units in mine for u in units], timer))
         return wide[0]
 
     for k in range(a.plan.rounds):
-        units = a.plan.by_block[c][k]
-        if a.lanes.batched:  # every unit of the round at once
+        units = mine[k]
+        if batched:  # every unit of the round at once
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -423,6 +426,12 @@ def dispatch_kernel(a: DispatchArgs) -> None:
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
+    if one:  # block 0 receives every source and gives the credits once it has copied them all out: no block
+        # waits for another (the others wrote only this PE's own rows, which no source writes)
+        if c == 0:
+            _receive_all(a, range(a.n_pes), timer, t)
+            give_credits(a, range(a.n_pes), timer)
+        return
     sources = range(c, a.n_pes, len(a.bounds) - 1)
     t = _receive_all(a, sources, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
