@@ -426,10 +426,15 @@ def dispatch_kernel(a: DispatchArgs) -> None:
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
-    if one:  # block 0 receives every source and gives the credits once it has copied them all out: no block
-        # waits for another (the others wrote only this PE's own rows, which no source writes)
+    if one:  # block 0 receives every source and gives the credits once it has copied them all out
         if c == 0:
-            _receive_all(a, range(a.n_pes), timer, t)
+            t = _receive_all(a, range(a.n_pes), timer, t)
+        if a.out is None:  # the blocks' own rows went into the workspace (an overflow): all of them are in before
+            # a source may write the region again (a cached call with another row size puts rows elsewhere)
+            shmemx.sync_all()
+            timer.count("syncs")
+            t = timer.lap("sync", t)
+        if c == 0:  # otherwise the others wrote only the outputs: no block waits for another
             give_credits(a, range(a.n_pes), timer)
         return
     sources = range(c, a.n_pes, len(a.bounds) - 1)
