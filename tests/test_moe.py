@@ -589,7 +589,9 @@ def _batched_rings_job(vectorize: bool, out_dir: str):
             (1, "batch", [Schedule("one", True, False)]),
             (CHANNELS, "rounds", [Schedule("two_1_1", False, True), Schedule("bytes", True, False),
                                   Schedule("four_rr", True, True)]),
-            (CHANNELS, "batch", [Schedule("two_3_1", True, False)])):  # its units carry several channels: unit by unit
+            (CHANNELS, "batch", [Schedule("two_3_1", True, False), Schedule("one", True, True),
+                                 Schedule("bytes", True, False)])):  # units carrying several channels' rows (bytes:
+        # in runs that are not consecutive, several segments to a unit)
         buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4, shared_lanes=lanes)
         buf.lanes.vectorize = vectorize
         assert buf.lanes.batched == vectorize

@@ -1275,6 +1275,37 @@ def test_exception_in_a_block_propagates_with_the_block_named(run_ok):
     run_ok(2, _launch_exception)
 
 
+def _launch_reuses_threads():
+    """Unobserved launches run block 0 on the calling thread and blocks 1.. on parked threads, the same ones
+    launch after launch (no thread is started per launch, none is left over); a wider launch adds workers."""
+    import threading
+
+    shmemx.init()
+    idents = []
+
+    def kernel(out):
+        out[shmemx.get_block_idx()] = threading.get_ident()
+        shmemx.sync_all()
+
+    for _ in range(5):
+        seen = [0] * 4
+        shmemx.launch(kernel, 4, seen)
+        idents.append(seen)
+        count = threading.active_count()
+    assert all(seen == idents[0] for seen in idents), idents
+    assert idents[0][0] == threading.get_ident() and len(set(idents[0])) == 4
+    wide = [0] * 6
+    shmemx.launch(kernel, 6, wide)
+    assert wide[:4] == idents[0] and len(set(wide)) == 6
+    assert threading.active_count() == count + 2
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_launch_reuses_parked_threads(run_ok):
+    run_ok(2, _launch_reuses_threads)
+
+
 # --- one submitter per (peer, qp) -------------------------------------------------------------------------------
 
 

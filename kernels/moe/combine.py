@@ -113,33 +113,41 @@ def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
 
 def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
     """``_post_unit`` of every unit of a round (none for this PE) at once: their WQEs built in one numpy
-    operation and posted with one call (``Lanes.submit_units``): the same WQEs, in the same order per lane."""
+    operation and posted with one call (``Lanes.submit_units``): the same WQEs, in the same order per lane (a
+    batched lane's unit: per run of channels it carries, its rows then its weights)."""
     lanes, rb, u64 = a.lanes, a.xb.shape[1], np.uint64
     m = len(units)
     peers = np.fromiter((u.peer for u in units), np.intp, m)
     qps = np.fromiter((u.qp for u in units), np.intp, m)
-    chans = np.fromiter((u.channel for u in units), np.intp, m)
-    ns = np.fromiter((u.rows for u in units), np.int64, m)
-    has = np.flatnonzero(ns)
-    start = a.recv_channel_start[peers[has], chans[has]]
-    lo, dst, n = a.recv_lo[peers[has]] + start, a.dest_base[peers[has]] + start, ns[has]
-    rbase = lanes.remote_base[peers[has]]
-    units_of = [has]
+    if any(u.segments for u in units):  # a piece per (unit, run of channels) with rows, in posting order
+        cols = np.array([(i, u.peer, c0, n) for i, u in enumerate(units) for c0, _, n in u.parts() if n],
+                        np.int64).reshape(-1, 4).T
+        p_unit, p_peer, p_chan, ns = cols
+    else:  # a piece per unit with rows (vectorised: 128 PEs, 1 channel)
+        ns = np.fromiter((u.rows for u in units), np.int64, m)
+        p_unit = np.flatnonzero(ns)
+        p_peer, ns = peers[p_unit], ns[p_unit]
+        p_chan = np.fromiter((u.channel for u in units), np.intp, m)[p_unit]
+    start = a.recv_channel_start[p_peer, p_chan]
+    lo, dst = a.recv_lo[p_peer] + start, a.dest_base[p_peer] + start
+    rbase = lanes.remote_base[p_peer]
+    every = np.arange(len(ns))
+    pieces_of = [every]
     rmt = [rbase + u64(a.region_offsets["combine_x"]) + (dst * rb).astype(u64)]
-    sge = [u64(lanes.batch.local_va(a.xb)) + (lo * rb).astype(u64)] if len(has) else [np.zeros(0, u64)]
-    length = [(n * rb).astype(u64)]
-    if a.weights is not None and len(has):
+    sge = [u64(lanes.batch.local_va(a.xb)) + (lo * rb).astype(u64)] if len(ns) else [np.zeros(0, u64)]
+    length = [(ns * rb).astype(u64)]
+    if a.weights is not None and len(ns):
         wb = a.weights.shape[1] * 4
-        units_of.append(has)
+        pieces_of.append(every)
         rmt.append(rbase + u64(a.region_offsets["combine_weights"]) + (dst * wb).astype(u64))
         sge.append(u64(lanes.batch.local_va(a.weights)) + (lo * wb).astype(u64))
-        length.append((n * wb).astype(u64))
-    wu = np.concatenate(units_of)
-    order = np.argsort(wu, kind="stable")  # unit by unit: its rows, then its weights
-    np.add.at(a.stats.peer_hidden_bytes, peers, ns * rb)
+        length.append((ns * wb).astype(u64))
+    wp = np.concatenate(pieces_of)
+    order = np.argsort(wp, kind="stable")  # piece by piece (so unit by unit): its rows, then its weights
+    np.add.at(a.stats.peer_hidden_bytes, p_peer, ns * rb)
     t = timer.lap("build", t)
     closes = np.fromiter((u.closes for u in units), bool, m)
-    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], wu[order],
+    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], p_unit[wp[order]],
                        *(np.concatenate(x)[order] for x in (rmt, sge, length)), a.stats, close_kind=1, seq=a.seq,
                        timer=timer)
     return timer.lap("submit", t)
@@ -220,10 +228,10 @@ def combine_kernel(a: CombineArgs) -> None:
     n_blocks = len(a.bounds) - 1
     timer = a.stats.timer(c)
     t = timer.mark()
+    one = a.lanes.one_poster(a.plan)  # block 0 posts and waits for every block (``Lanes.one_poster``)
     for k in range(a.plan.rounds):
-        units = a.plan.by_block[c][k]
-        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
-            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
+        if a.lanes.batched:  # every unit of the round at once
+            units = a.lanes.round_units(a.plan, c, k, one)
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -246,7 +254,7 @@ def combine_kernel(a: CombineArgs) -> None:
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
-    _wait_sources(a, sources)
+    _wait_sources(a, ([r for r in range(a.n_pes) if r != a.me] if c == 0 else []) if one else sources)
     t = timer.lap("wait", t)
     shmemx.sync_all()
     t = timer.lap("sync", t)

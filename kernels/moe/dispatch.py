@@ -178,10 +178,10 @@ def _pack_segment(a: DispatchArgs, peer: int, q: int, c: int, toks: np.ndarray, 
     return t
 
 
-def _wide_tokens(a: DispatchArgs, c: int, timer):
-    """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit of block c (one route scan
+def _wide_tokens(a: DispatchArgs, units, timer):
+    """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit in ``units`` (one route scan
     of their tokens)."""
-    segs = [seg for k in range(a.plan.rounds) for u in a.plan.by_block[c][k] for seg in u.segments]
+    segs = [seg for u in units for seg in u.segments]
     lo, hi = int(a.bounds[min(s[0] for s in segs)]), int(a.bounds[max(s[1] for s in segs)])
     toks, split, reads = peer_tokens(lo, hi, a.n_pes, routing=a.routing, mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
@@ -196,66 +196,92 @@ def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray
     return mine[i:j]
 
 
-def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, timer, t: float) -> float:
+def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of):
+    """The pieces a round's units send, in posting order (unit after unit, a unit's segments in order): ``(unit,
+    peer, first channel, first token index in ``src``, rows)`` as arrays, and ``src``, the token array they index.
+    A plain unit is one piece, its channel's tokens for the peer (``toks``/``split``: this block's route scan); a
+    batched lane's unit one piece per segment (channels [c0, c1)), its tokens from ``wide_of()`` (``_wide_tokens``).
+    Pieces without rows (an empty closer) are left out."""
+    m = len(units)
+    if not any(u.segments for u in units):  # one piece per unit with rows: vectorised (128 PEs, 1 channel)
+        peers = np.fromiter((u.peer for u in units), np.intp, m)
+        want = np.fromiter((u.rows for u in units), np.int64, m)
+        has = np.flatnonzero(want)
+        ns = split[peers[has] + 1] - split[peers[has]]
+        assert (ns == want[has]).all(), (units, ns)
+        chans = np.fromiter((u.channel for u in units), np.intp, m)[has]
+        return has, peers[has], chans, split[peers[has]], ns, toks
+    wtoks, wsplit = wide_of()
+    rows = []
+    for i, u in enumerate(units):
+        if not u.rows:
+            continue
+        assert u.segments, u  # a batched round: every remote unit with rows is a batched lane's
+        for c0, c1, n in u.segments:
+            lo = int(wsplit[u.peer])
+            i0, i1 = np.searchsorted(wtoks[lo:int(wsplit[u.peer + 1])], (a.bounds[c0], a.bounds[c1]))
+            assert i1 - i0 == n, (u, c0, c1, int(i1 - i0))
+            rows.append((i, u.peer, c0, lo + int(i0), n))
+    cols = np.array(rows, np.int64).reshape(-1, 5).T
+    return cols[0], cols[1], cols[2], cols[3], cols[4], wtoks
+
+
+def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of, timer,
+                t: float) -> float:
     """``_post_unit`` of every unit of a round (none for this PE) at once: the staging rows of all of them packed,
     their WQEs built in one numpy operation and posted with one call (``Lanes.submit_units``): the same rows,
-    WQEs and per-lane order as unit by unit."""
+    WQEs and per-lane order as unit by unit (a batched lane's unit: segment after segment, ``_pieces``)."""
     v, lanes, rb = a.views, a.lanes, a.row_bytes
     m = len(units)
     peers = np.fromiter((u.peer for u in units), np.intp, m)
     qps = np.fromiter((u.qp for u in units), np.intp, m)
-    chans = np.fromiter((u.channel for u in units), np.intp, m)
-    lo = split[peers]
-    want = np.fromiter((u.rows for u in units), np.int64, m)
-    ns = np.where(want > 0, split[peers + 1] - lo, 0)  # a unit without rows (an empty closer) takes no tokens
-    assert (ns == want).all(), (units, ns)
+    p_unit, p_peer, p_chan, p_lo, ns, src = _pieces(a, units, toks, split, wide_of)
     total = int(ns.sum())
-    unit_of = np.repeat(np.arange(m), ns)
-    within = np.arange(total) - np.repeat(np.cumsum(ns) - ns, ns)  # row index inside its unit
-    sel = toks[np.repeat(lo, ns) + within]  # the tokens, unit after unit
-    pos = a.rank_base[peers] + a.channel_start[peers, chans]
-    spos = a.send_base[peers] + a.channel_start[peers, chans]
+    k = len(ns)
+    piece_of = np.repeat(np.arange(k), ns)
+    within = np.arange(total) - np.repeat(np.cumsum(ns) - ns, ns)  # row index inside its piece
+    sel = src[np.repeat(p_lo, ns) + within]  # the tokens, piece after piece
+    pos = a.rank_base[p_peer] + a.channel_start[p_peer, p_chan]
+    spos = a.send_base[p_peer] + a.channel_start[p_peer, p_chan]
     srow = np.repeat(spos, ns) + within  # their staging rows
     meta = _meta(a)
     if a.aggregate:
         staged = v["send_x"][:v["send_x"].size // rb * rb].reshape(-1, rb)
         staged[srow] = a.xb[sel]
     v["send_src_idx"][srow] = sel
-    for _, staging, src in meta[1:]:
-        v[staging][srow] = src[sel]
+    for _, staging, src_arr in meta[1:]:
+        v[staging][srow] = src_arr[sel]
     t = timer.lap("pack", t)
-    rbase = lanes.remote_base[peers]
+    rbase = lanes.remote_base[p_peer]
     lbase = np.uint64(lanes.local_base)
-    has = np.flatnonzero(ns)  # units with rows: their WQEs (the others send only their closer, if any)
+    every = np.arange(k)
     u64 = np.uint64
     x_off = u64(a.region_offsets["x"])
-    kinds = []  # (unit of each WQE, remote VA, local VA, length) per kind, in a unit's WQE order
+    kinds = []  # (piece of each WQE, remote VA, local VA, length) per kind, in a piece's WQE order
     if a.aggregate:
-        kinds.append((has, rbase[has] + x_off + (pos[has] * rb).astype(u64),
-                      lbase + u64(a.region_offsets["send_x"]) + (spos[has] * rb).astype(u64),
-                      (ns[has] * rb).astype(u64)))
+        kinds.append((every, rbase + x_off + (pos * rb).astype(u64),
+                      lbase + u64(a.region_offsets["send_x"]) + (spos * rb).astype(u64), (ns * rb).astype(u64)))
     elif total:
-        brk = np.ones(total, bool)  # a run of consecutive tokens ends at a gap or at the end of its unit
-        brk[1:] = (np.diff(sel) != 1) | (unit_of[1:] != unit_of[:-1])
+        brk = np.ones(total, bool)  # a run of consecutive tokens ends at a gap or at the end of its piece
+        brk[1:] = (np.diff(sel) != 1) | (piece_of[1:] != piece_of[:-1])
         starts = np.flatnonzero(brk)
         count = np.diff(starts, append=total)
-        ru = unit_of[starts]
+        rp = piece_of[starts]
         xva = u64(lanes.batch.local_va(a.xb))
-        kinds.append((ru, rbase[ru] + x_off + ((pos[ru] + within[starts]) * rb).astype(u64),
+        kinds.append((rp, rbase[rp] + x_off + ((pos[rp] + within[starts]) * rb).astype(u64),
                       xva + (sel[starts] * rb).astype(u64), (count * rb).astype(u64)))
     for region, staging, _ in meta:
         item = v[region].itemsize * (v[region].size // v[region].shape[0])
-        kinds.append((has, rbase[has] + u64(a.region_offsets[region]) + (pos[has] * item).astype(u64),
-                      lbase + u64(a.region_offsets[staging]) + (spos[has] * item).astype(u64),
-                      (ns[has] * item).astype(u64)))
-    wu = np.concatenate([k[0] for k in kinds])
-    order = np.argsort(wu, kind="stable")  # unit by unit, each unit's WQEs in kind order
-    rmt, sge, length = (np.concatenate([k[i] for k in kinds])[order] for i in (1, 2, 3))
-    np.add.at(a.stats.peer_hidden_bytes, peers, ns * rb)
+        kinds.append((every, rbase + u64(a.region_offsets[region]) + (pos * item).astype(u64),
+                      lbase + u64(a.region_offsets[staging]) + (spos * item).astype(u64), (ns * item).astype(u64)))
+    wp = np.concatenate([kd[0] for kd in kinds])
+    order = np.argsort(wp, kind="stable")  # piece by piece (so unit by unit), each piece's WQEs in kind order
+    rmt, sge, length = (np.concatenate([kd[i] for kd in kinds])[order] for i in (1, 2, 3))
+    np.add.at(a.stats.peer_hidden_bytes, p_peer, ns * rb)
     t = timer.lap("build", t)
     closes = np.fromiter((u.closes for u in units), bool, m)
-    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], wu[order], rmt, sge, length, a.stats,
-                       close_kind=0, seq=a.seq, timer=timer)
+    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], p_unit[wp[order]], rmt, sge, length,
+                       a.stats, close_kind=0, seq=a.seq, timer=timer)
     return timer.lap("submit", t)
 
 
@@ -360,28 +386,35 @@ def dispatch_kernel(a: DispatchArgs) -> None:
                                      mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
     t = timer.lap("route", t)
-    wide = None  # batched lanes: the tokens of the channels this block posts for, by peer
+    wide = []  # batched lanes: the tokens of the channels this block posts for, by peer (one scan, when needed)
+    batched = a.lanes.batched
+    one = a.lanes.one_poster(a.plan)  # block 0 posts and receives for every block (``Lanes.one_poster``)
+    mine = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
+
+    def wide_of():
+        if not wide:
+            wide.append(_wide_tokens(a, [u for units in mine for u in units], timer))
+        return wide[0]
+
     for k in range(a.plan.rounds):
-        units = a.plan.by_block[c][k]
-        if a.lanes.batched and not any(u.segments for u in units):  # every unit of the round at once (a batched
-            # lane's unit, which carries several channels' rows, posts through ``_post_unit``)
+        units = mine[k]
+        if batched:  # every unit of the round at once
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
                     _local(a, c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])
                     t = timer.lap("pack", t)
             if remote:
-                t = _post_round(a, remote, toks, split, timer, t)
+                t = _post_round(a, remote, toks, split, wide_of, timer, t)
             posted = [(u.peer, u.qp) for u in remote]
             a.stats.round_dsts[k, [u.peer for u in remote]] = True
             t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
             continue
         posted = []
-        for u in a.plan.by_block[c][k]:
+        for u in units:
             if u.segments:
-                if wide is None:
-                    wide = _wide_tokens(a, c, timer)
-                segs = [(c0, _tokens_in(a, wide, u.peer, c0, c1)) for c0, c1, _ in u.segments]
+                wtoks = wide_of()
+                segs = [(c0, _tokens_in(a, wtoks, u.peer, c0, c1)) for c0, c1, _ in u.segments]
             else:
                 segs = [(c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])]
             assert sum(len(s) for _, s in segs) == u.rows, (u, [len(s) for _, s in segs])
@@ -393,6 +426,17 @@ def dispatch_kernel(a: DispatchArgs) -> None:
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
+    if one:  # block 0 receives every source and gives the credits once it has copied them all out
+        if c == 0:
+            t = _receive_all(a, range(a.n_pes), timer, t)
+        if a.out is None:  # the blocks' own rows went into the workspace (an overflow): all of them are in before
+            # a source may write the region again (a cached call with another row size puts rows elsewhere)
+            shmemx.sync_all()
+            timer.count("syncs")
+            t = timer.lap("sync", t)
+        if c == 0:  # otherwise the others wrote only the outputs: no block waits for another
+            give_credits(a, range(a.n_pes), timer)
+        return
     sources = range(c, a.n_pes, len(a.bounds) - 1)
     t = _receive_all(a, sources, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)

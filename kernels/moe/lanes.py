@@ -164,6 +164,28 @@ class Lanes:
         per-event calls; observed runs post unit by unit (``submit``), as every event's hook expects."""
         return self.vectorize and self.batch.fast
 
+    def one_poster(self, plan) -> bool:
+        """Whether block 0 does the PE's posting and receiving of ``plan`` for every block while ``batched``: a plan
+        of several blocks and one round whose remote units with rows all carry their segments (batched lanes).
+        Then every lane has one unit, and one build and one native post over all the PE's lanes (then one wait per
+        QP over every source) replace one per block: each lane still has one submitter and the same WQEs in the
+        same order; the blocks' own rows and the reduction stay split by block. On a host whose cores the PEs
+        already fill, the blocks' Python runs one at a time, so per-block copies of these fixed costs are time."""
+        if not self.batched or plan.rounds != 1 or len(plan.by_block) == 1:
+            return False
+        return all(u.segments for units in plan.by_block for u in units[0] if u.peer != self.me and u.rows)
+
+    def round_units(self, plan, block: int, k: int, one_poster: bool) -> list:
+        """The units block ``block`` posts in round k of ``plan`` (``one_poster``: block 0 every block's remote
+        units, each block its own rows for this PE)."""
+        mine = plan.by_block[block][k]
+        if not one_poster:
+            return mine
+        local = [u for u in mine if u.peer == self.me]
+        if block:
+            return local
+        return [u for units in plan.by_block for u in units[k] if u.peer != self.me] + local
+
     def submit_units(self, peers: np.ndarray, qps: np.ndarray, closes: np.ndarray, lane_rows: np.ndarray,
                      wqe_unit: np.ndarray, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray, stats, *,
                      close_kind: int, seq: int, timer=None) -> None:

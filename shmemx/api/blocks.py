@@ -1,7 +1,10 @@
 """Kernel launch: running a function on ``block_dim`` AIV blocks (threads) of this PE.
 
-``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread (a
-single block on the calling thread, unless a recorder or the checker is on), and returns when all blocks returned. Inside, ``get_block_idx()`` / ``get_block_num()`` say which block runs,
+``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread, and
+returns when all blocks returned. Block 0 runs on the calling thread and blocks 1.. on parked threads of this
+process, started once and reused by every launch (``_Pool``); while a recorder, the checker or chaos is on,
+every block gets a fresh thread instead, as their per-block hooks expect. Inside, ``get_block_idx()`` /
+``get_block_num()`` say which block runs,
 ``sync_all()`` meets all blocks of this PE (AscendC ``SyncAll``), ``get_ub()`` is the block's UB scratch, and
 ``aclshmemx_barrier_all_vec()`` / ``aclshmemx_sync_vec_all()`` meet all blocks of all PEs.
 
@@ -16,6 +19,9 @@ block's WQEs move while the next block builds its own. For speed, vectorise insi
 
 from __future__ import annotations
 
+import atexit
+import os
+import queue
 import threading
 
 import numpy as np
@@ -54,6 +60,53 @@ class _Launch:
 _tls = threading.local()
 
 
+class _Pool:
+    """The parked block threads of this process: worker b runs block b (b >= 1) of every launch that has it.
+
+    Starting a thread costs a hand-off of the interpreter lock each way (``Thread.start`` waits until the new
+    thread runs), one after the other, milliseconds when PEs outnumber cores; a parked worker is handed its block
+    through its queue and runs once the caller lets the lock go. Made on the first launch of more than one
+    block, grown to the widest launch, stopped at exit; a forked child starts its own."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.workers: list[tuple[threading.Thread, queue.SimpleQueue]] = []
+
+    def take(self, n: int, pe: int) -> list[tuple[threading.Thread, queue.SimpleQueue]]:
+        """Workers 1..n (started where missing)."""
+        while len(self.workers) < n:
+            tasks: queue.SimpleQueue = queue.SimpleQueue()
+            t = threading.Thread(target=_serve, args=(tasks,), name=f"shmemx-pe{pe}-block{len(self.workers) + 1}",
+                                 daemon=True)
+            t.start()
+            self.workers.append((t, tasks))
+        return self.workers[:n]
+
+    def stop(self) -> None:
+        for _, tasks in self.workers:
+            tasks.put(None)
+        for t, _ in self.workers:
+            t.join(timeout=5)
+        self.workers = []
+
+
+def _serve(tasks: queue.SimpleQueue) -> None:
+    while (task := tasks.get()) is not None:
+        task()
+
+
+_pool: _Pool | None = None
+
+
+def _the_pool() -> _Pool:
+    global _pool
+    if _pool is None or _pool.pid != os.getpid():
+        if _pool is None:
+            atexit.register(lambda: _pool is not None and _pool.pid == os.getpid() and _pool.stop())
+        _pool = _Pool()
+    return _pool
+
+
 def _current() -> _Launch | None:
     return getattr(_tls, "launch", None)
 
@@ -90,23 +143,9 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
                 rec.block(state.launch_id, False)
 
     udma = rt.udma
-    if state.block_dim == 1 and ck is None and rec is None and (udma is None or not udma.observed):
-        # one block runs on the calling thread: starting and joining a thread costs a scheduling round trip
-        # each (milliseconds when PEs outnumber cores), more than many a kernel; observed runs keep the thread
-        me = threading.get_ident()
-        held = set() if udma is None else {i for i, qp in udma.qps.items() if qp.owner == me}
-        slot = thread_slot()
-        try:
-            body(0)
-        finally:
-            _tls.launch = None
-            _tls.block_idx = 0
-            set_thread_slot(slot)
-        if udma is not None:  # the block's claims end with the launch; the caller's own from before stay
-            for i, qp in udma.qps.items():
-                if qp.owner == me and i not in held:
-                    qp.release()
-    else:
+    if ck is None and rec is None and (udma is None or not udma.observed):
+        _run_here(rt, state, body)
+    else:  # observed: a fresh thread per block (the checker's and recorder's per-block hooks expect them)
         threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
                    for b in range(block_dim)]
         for t in threads:
@@ -130,6 +169,41 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         except AttributeError:
             pass
         raise exc
+
+
+def _run_here(rt, state: _Launch, body) -> None:
+    """Block 0 on the calling thread, blocks 1.. on the pool's workers; return when every block has. The claims
+    on send queues made in the launch end with it (the caller's own from before stay)."""
+    udma = rt.udma
+    me = threading.get_ident()
+    held = set() if udma is None else {i for i, qp in udma.qps.items() if qp.owner == me}
+    workers = _the_pool().take(state.block_dim - 1, rt.my_pe) if state.block_dim > 1 else []
+    done = threading.Semaphore(0)
+
+    def task(b: int) -> None:
+        try:
+            body(b)
+        finally:
+            _tls.launch = None
+            done.release()
+
+    for b, (_, tasks) in enumerate(workers, 1):
+        tasks.put(lambda b=b: task(b))
+    slot = thread_slot()
+    try:
+        body(0)
+    finally:
+        _tls.launch = None
+        _tls.block_idx = 0
+        set_thread_slot(slot)
+        for _ in workers:
+            done.acquire()
+    if udma is not None:
+        idents = {t.ident for t, _ in workers}
+        for i, qp in udma.qps.items():
+            owner = qp.owner
+            if owner in idents or (owner == me and i not in held):
+                qp.release()
 
 
 def get_block_idx() -> int:
