@@ -1306,6 +1306,39 @@ def test_launch_reuses_parked_threads(run_ok):
     run_ok(2, _launch_reuses_threads)
 
 
+def _concurrent_launches():
+    """Two host threads launch at once, and a block of the first waits for a word a block of the second sets: the
+    second launch must not queue its blocks behind the first's on the same parked threads (it gets fresh ones)."""
+    import threading
+
+    me = shmemx.init() or shmemx.my_pe()
+    word = shmemx.zeros(2, np.uint64, name="word")
+    shmemx.aclshmem_barrier_all()
+    started = threading.Event()
+
+    def waiter():
+        if shmemx.get_block_idx() == 1:
+            started.set()
+            shmemx.aclshmem_signal_wait_until(word[0:1], shmemx.ACLSHMEM_CMP_EQ, 7)
+
+    def setter():
+        if shmemx.get_block_idx() == 1:
+            shmemx.aclshmemx_signal_op(word[0:1], 7, shmemx.ACLSHMEM_SIGNAL_SET, me)
+
+    first = threading.Thread(target=shmemx.launch, args=(waiter, 2))
+    first.start()
+    assert started.wait(30)
+    shmemx.launch(setter, 2)
+    first.join(30)
+    assert not first.is_alive()
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_a_launch_beside_another_gets_its_own_threads(run_ok):
+    run_ok(2, _concurrent_launches)
+
+
 # --- one submitter per (peer, qp) -------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 ``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread, and
 returns when all blocks returned. Block 0 runs on the calling thread and blocks 1.. on parked threads of this
 process, started once and reused by every launch (``_Pool``); while a recorder, the checker or chaos is on,
-every block gets a fresh thread instead, as their per-block hooks expect. Inside, ``get_block_idx()`` /
+every block gets a fresh thread instead, as their per-block hooks expect, and so does a launch made while another
+host thread's launch has the parked threads (the two may wait for each other). Inside, ``get_block_idx()`` /
 ``get_block_num()`` say which block runs,
 ``sync_all()`` meets all blocks of this PE (AscendC ``SyncAll``), ``get_ub()`` is the block's UB scratch, and
 ``aclshmemx_barrier_all_vec()`` / ``aclshmemx_sync_vec_all()`` meet all blocks of all PEs.
@@ -71,6 +72,7 @@ class _Pool:
     def __init__(self):
         self.pid = os.getpid()
         self.workers: list[tuple[threading.Thread, queue.SimpleQueue]] = []
+        self.busy = threading.Lock()  # held by the launch the workers serve (another one at once: fresh threads)
 
     def take(self, n: int, pe: int) -> list[tuple[threading.Thread, queue.SimpleQueue]]:
         """Workers 1..n (started where missing)."""
@@ -143,9 +145,20 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
                 rec.block(state.launch_id, False)
 
     udma = rt.udma
+    pool = None
     if ck is None and rec is None and (udma is None or not udma.observed):
-        _run_here(rt, state, body)
-    else:  # observed: a fresh thread per block (the checker's and recorder's per-block hooks expect them)
+        pool = _the_pool() if state.block_dim > 1 else None
+        if pool is not None and not pool.busy.acquire(blocking=False):
+            pool = False  # another host thread's launch has the workers: this one may wait for it, so its
+            # blocks must not queue behind that launch's on the same workers
+    if pool is None or pool:
+        try:
+            _run_here(rt, state, body, pool)
+        finally:
+            if pool:
+                pool.busy.release()
+    else:  # observed (or the workers busy): a fresh thread per block (the checker's and recorder's per-block
+        # hooks expect them)
         threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
                    for b in range(block_dim)]
         for t in threads:
@@ -171,13 +184,14 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         raise exc
 
 
-def _run_here(rt, state: _Launch, body) -> None:
-    """Block 0 on the calling thread, blocks 1.. on the pool's workers; return when every block has. The claims
-    on send queues made in the launch end with it (the caller's own from before stay)."""
+def _run_here(rt, state: _Launch, body, pool: _Pool | None) -> None:
+    """Block 0 on the calling thread, blocks 1.. on the pool's workers (the caller holds ``pool.busy``); return
+    when every block has. The claims on send queues made in the launch end with it (the caller's own from before
+    stay)."""
     udma = rt.udma
     me = threading.get_ident()
     held = set() if udma is None else {i for i, qp in udma.qps.items() if qp.owner == me}
-    workers = _the_pool().take(state.block_dim - 1, rt.my_pe) if state.block_dim > 1 else []
+    workers = pool.take(state.block_dim - 1, rt.my_pe) if pool is not None else []
     done = threading.Semaphore(0)
 
     def task(b: int) -> None:
