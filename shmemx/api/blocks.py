@@ -145,17 +145,17 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
                 rec.block(state.launch_id, False)
 
     udma = rt.udma
-    pool = None
-    if ck is None and rec is None and (udma is None or not udma.observed):
-        pool = _the_pool() if state.block_dim > 1 else None
-        if pool is not None and not pool.busy.acquire(blocking=False):
-            pool = False  # another host thread's launch has the workers: this one may wait for it, so its
+    here, pool = ck is None and rec is None and (udma is None or not udma.observed), None
+    if here and state.block_dim > 1:
+        pool = _the_pool()
+        if not pool.busy.acquire(blocking=False):
+            here = False  # another host thread's launch has the workers: this one may wait for it, so its
             # blocks must not queue behind that launch's on the same workers
-    if pool is None or pool:
+    if here:
         try:
             _run_here(rt, state, body, pool)
         finally:
-            if pool:
+            if pool is not None:
                 pool.busy.release()
     else:  # observed (or the workers busy): a fresh thread per block (the checker's and recorder's per-block
         # hooks expect them)
