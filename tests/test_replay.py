@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -183,6 +184,24 @@ def generation_body() -> None:
     shmemx.finalize()
 
 
+def mte_body(nbytes: int, quiet: bool = True) -> None:
+    """PE 0 MTE-puts ``nbytes`` to every other PE, then quiets them (``quiet``; else the barrier completes them),
+    in a region."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = shmemx.zeros(nbytes, np.uint8, name="buf")
+    src = np.full(nbytes, 5, np.uint8)
+    if me == 0:
+        with shmemx.region("mte"):
+            for peer in range(1, n):
+                shmemx.aclshmemx_mte_put_nbi(buf, src, nbytes, peer)
+            if quiet:
+                shmemx.aclshmemx_mte_quiet()
+    shmemx.aclshmem_barrier_all()
+    assert (buf == 5).all() or me == 0
+    shmemx.finalize()
+
+
 def plain_store_body() -> None:
     """PE 0 sets PE 1's flag with a plain numpy store (invisible to a recording); PE 1 waits on it."""
     shmemx.init()
@@ -329,6 +348,36 @@ def test_incast_closed_form(record, sharing):
     assert port["bytes"] == (n - 1) * nbytes and set(doc["pes"][0]["links"]) == {"ingress intra"}
     assert close(port["util"], (n - 1) * nbytes / B["intra"] / doc["makespan_us"])
     assert all(set(doc["pes"][p]["links"]) == {"egress intra"} for p in range(1, n))
+
+
+def test_mte_puts_are_non_blocking_until_their_quiet(record, tmp_path):
+    """n MTE puts to distinct peers, then ``aclshmemx_mte_quiet``: a post cost each, the transfers through the
+    poster's intra egress one after the other (FCFS), the quiet at the last one's arrival; not the sum of blocking
+    copies. A format /1 recording (no quiets recorded) still replays, each copy blocking as /1 modelled it."""
+    n, nbytes = 4, 64 << 10
+    path = record(n, mte_body, nbytes)
+    prog = load_program(path)
+    assert prog.mte_nbi and [op[0] for op in prog.threads[0][0] if op[0] in (Ev.MTE, Ev.MTE_QUIET)] == \
+        [Ev.MTE] * (n - 1) + [Ev.MTE_QUIET]
+    doc = replay(path)
+    want = POST + (n - 1) * nbytes / B["intra"] + L["intra"]
+    assert close(doc["regions"]["mte"]["max_us"], want), (doc["regions"], want)
+    assert doc["warnings"] == [] and doc["pes"][0]["links"]["egress intra"]["bytes"] == (n - 1) * nbytes
+    # without the quiet, the copies are still in flight at the region's end and complete by the barrier
+    doc2 = replay(record(n, mte_body, nbytes, False))
+    assert close(doc2["regions"]["mte"]["max_us"], (n - 1) * POST)
+    assert doc2["makespan_us"] >= want
+    # the same file as format /1: blocking copies
+    old = str(tmp_path / "v1.rec")
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(old, "w") as out:
+        for item in z.namelist():
+            data = z.read(item)
+            if item == "job.json":
+                data = json.dumps(dict(json.loads(data), format="shmemx-record/1")).encode()
+            out.writestr(item, data)
+    assert not load_program(old).mte_nbi
+    blocking = replay(old)["regions"]["mte"]["max_us"]
+    assert close(blocking, (n - 1) * (POST + L["intra"] + nbytes / B["intra"])), blocking
 
 
 def test_fence_waits_for_the_acknowledgement(record):
