@@ -54,18 +54,25 @@ _CHUNK = 256  # rows per step of the forwarder's reduction
 
 
 class RowLayout:
-    """One dispatched token as bytes: ``x`` (2H: bfloat16, or float8 in the first H), ``scales [H/128] float32``,
-    ``meta`` (SourceMeta: int32 source server, int32 rank mask), ``topk_idx [K] int64``, ``topk_weights [K]
-    float32``; 16-byte aligned. A combined row: ``x`` (2H) then ``topk_weights [K] float32``."""
+    """One dispatched token as bytes: ``x`` (``x_bytes``: 2H for bfloat16, the default and the workspace's slot
+    size, H for float8), ``scales [H/128] float32``, ``meta`` (SourceMeta: int32 source server, int32 rank mask),
+    ``topk_idx [K] int64``, ``topk_weights [K] float32``; 16-byte aligned. A combined row: ``x`` (2H) then
+    ``topk_weights [K] float32``."""
 
-    def __init__(self, hidden: int, num_topk: int):
+    def __init__(self, hidden: int, num_topk: int, x_bytes: int | None = None):
         self.hidden, self.num_topk = hidden, num_topk
-        self.scales = 2 * hidden
+        self.x_bytes = 2 * hidden if x_bytes is None else x_bytes
+        self.scales = self.x_bytes
         self.meta = self.scales + 4 * (-(-hidden // 128))
         self.idx = self.meta + 8
         self.weights = self.idx + 8 * num_topk
         self.bytes = -(-(self.weights + 4 * num_topk) // 16) * 16
         self.combine_bytes = -(-(2 * hidden + 4 * num_topk) // 16) * 16
+
+    def packed(self, x_bytes: int) -> "RowLayout":
+        """The rows of one dispatch whose ``x`` has ``x_bytes`` per row: a float8 dispatch's rows are packed at
+        their own (smaller) stride in the same regions, so that a WRITE or copy carries only the bytes used."""
+        return self if x_bytes == self.x_bytes else RowLayout(self.hidden, self.num_topk, x_bytes)
 
 
 def plan_internode(*, n_pes: int, server_size: int, max_tokens: int, hidden: int, num_topk: int,
@@ -176,6 +183,7 @@ class Internode:
         self.lanes = Lanes(self.block, self.me, self.n_pes, self.rdma_qps)
         self.tiers = Tiers(self.me, self.n_pes, self.server_size, self.views, self.rdma_qps)
         self.rows = RowLayout(hidden, key[1])
+        self.packed = self.rows  # this dispatch's rows (float8: packed, ``RowLayout.packed``)
         self.key, self.max_tokens = key, tokens
         self._seq, self._last = 0, [0, 0]
         shmemx.aclshmem_barrier_all()  # every rank zeroed its words before anyone signals
@@ -238,6 +246,7 @@ class Internode:
         num_recv = int(gbl_prefix[-1])
         overflow = bool(num_worst_tokens) and num_recv > num_worst_tokens
         seq = self._next()
+        self.packed = self.rows.packed(data.dtype.itemsize * data.shape[1])
         with_topk = (not cached) and topk_idx is not None
         rdma_matrix = _inclusive(channel_counts(in_server, self.num_channels))  # [N, C]
         self._send_rdma(seq, data, scales, in_rank, in_server, bounds, rdma_matrix,
@@ -281,9 +290,15 @@ class Internode:
                              f"{in_rank.shape}")
         return in_rank
 
+    def _slots(self, name: str, i: int) -> np.ndarray:
+        """``name[i]`` (a source's ``[max_tokens, slot bytes]`` rows) as ``[max_tokens, packed row bytes]`` for
+        this dispatch's rows (``self.packed``)."""
+        stride = self.packed.bytes
+        return self.views[name][i].reshape(-1)[:self.max_tokens * stride].reshape(self.max_tokens, stride)
+
     def _pack(self, dst: np.ndarray, toks: np.ndarray, data, scales, mask_bits, topk_idx, topk_weights) -> None:
         """Rows for ``toks`` into ``dst [len(toks), row bytes]``."""
-        r = self.rows
+        r = self.packed
         xb = data.view(np.uint8).reshape(len(data), -1)
         np.take(xb, toks, axis=0, out=dst[:, :xb.shape[1]])
         if scales is not None:
@@ -301,7 +316,8 @@ class Internode:
                    topk_weights) -> None:
         """Stage 1: each server's rows to its same-lane forwarder (UDMA), the own server's by local copies."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, rb, lanes = self.views, self.rows.bytes, self.lanes
+        v, rb, lanes = self.views, self.packed.bytes, self.lanes
+        slot = self.max_tokens * self.rows.bytes  # a source's region; its rows at the packed stride rb
         weights = (1 << np.arange(s, dtype=np.int64))
         peers = [((a + i) % n) * s + lane for i in range(n)]
         self._wait_credit(RDMA_DISPATCH, peers, self._last[0])
@@ -310,11 +326,11 @@ class Internode:
             b = peer // s
             toks = np.flatnonzero(in_server[:, b])
             mask_bits = (in_rank[:, b * s:(b + 1) * s] * weights).sum(1).astype(np.int32)
-            staging = v["rdma_recv"][a] if b == a else v["rdma_send"][b]
+            staging = self._slots("rdma_recv", a) if b == a else self._slots("rdma_send", b)
             self._pack(staging[:len(toks)], toks, data, scales, mask_bits, topk_idx, topk_weights)
-            if b == a:
+            if b == a:  # the own server's rows are in place: its lanes' signals, set on this rank itself
                 v["rdma_meta"][a] = rdma_matrix[a]
-                v["rdma_signal"][a, :, 0] = seq
+                self._signal_self("rdma_signal", a, seq)
                 continue
             v["rdma_send_meta"][b] = rdma_matrix[b]
             base = np.uint64(lanes.remote_base[peer])
@@ -322,8 +338,8 @@ class Internode:
             starts = rdma_matrix[b] - counts[b]
             for q in range(self.rdma_qps):
                 chans = [c for c in range(self.num_channels) if c % self.rdma_qps == q and counts[b, c]]
-                rmt = [self.offsets["rdma_recv"] + (a * self.max_tokens + int(starts[c])) * rb for c in chans]
-                sge = [self.offsets["rdma_send"] + (b * self.max_tokens + int(starts[c])) * rb for c in chans]
+                rmt = [self.offsets["rdma_recv"] + a * slot + int(starts[c]) * rb for c in chans]
+                sge = [self.offsets["rdma_send"] + b * slot + int(starts[c]) * rb for c in chans]
                 length = [int(counts[b, c]) * rb for c in chans]
                 if q == 0:  # the channel prefix travels with lane 0's rows
                     rmt.append(self.offsets["rdma_meta"] + a * self.num_channels * 4)
@@ -347,6 +363,12 @@ class Internode:
                         np.array(length, np.uint64),
                         close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq))
 
+    def _signal_self(self, signal: str, slot: int, seq: int) -> None:
+        """``signal[slot, q]`` = seq on this rank for every lane q (signal_op, not a store: every flag a rank
+        waits on is written by a call a recording sees)."""
+        for q in range(self.rdma_qps):
+            shmemx.aclshmemx_signal_op(self.views[signal][slot, q, 0:1], seq, SET, self.me)
+
     def _wait_lanes(self, signal: str, b: int, seq: int, rows: int, what: str) -> None:
         """Wait for source server b's RDMA lanes and check that their records add up to ``rows``."""
         slots = self.views[signal][b]  # [Q, SLOT]
@@ -364,7 +386,7 @@ class Internode:
 
         Returns ``(send_nvl_head [F, S], recv_rdma_channel_prefix_matrix [N, C])``."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, r = self.views, self.rows
+        v, r = self.views, self.packed
         counts = np.diff(rdma_prefix, prepend=0)
         nvl = [a * s + j for j in range(s)]
         self._wait_credit(NVL_DISPATCH, nvl, self._last[0])
@@ -374,7 +396,7 @@ class Internode:
             b = (a + i) % n
             rows = int(counts[b])
             self._wait_lanes("rdma_signal", b, seq, rows, "dispatch")
-            got = v["rdma_recv"][b][:rows]
+            got = self._slots("rdma_recv", b)[:rows]
             matrix[b] = v["rdma_meta"][b]
             bits = got[:, r.meta + 4:r.meta + 8].copy().view(np.int32)[:, 0]
             mask = ((bits[:, None] >> np.arange(s)) & 1).astype(bool)  # [rows, S]
@@ -386,10 +408,10 @@ class Internode:
                 src_rank = b * s + lane
                 chan = _inclusive(np.stack([np.diff(np.searchsorted(pick, bounds))]))[0]
                 if peer == self.me:
-                    np.take(got, pick, axis=0, out=v["nvl_recv"][src_rank][:len(pick)])
+                    np.take(got, pick, axis=0, out=self._slots("nvl_recv", src_rank)[:len(pick)])
                     v["nvl_meta"][src_rank] = chan
                     continue
-                dst = v["nvl_recv"][src_rank]
+                dst = self._slots("nvl_recv", src_rank)
                 for c0 in range(0, len(pick), _CHUNK):  # gathered in chunks: no DeepEP-size temporaries
                     part = got[pick[c0:c0 + _CHUNK]]
                     shmemx.aclshmemx_mte_put_nbi(dst[c0:c0 + len(part)], part, part.size, peer)
@@ -402,7 +424,7 @@ class Internode:
 
     def _receive(self, seq: int, gbl_prefix: np.ndarray, rows: int, dtype, with_scales: bool, with_topk: bool):
         """Stage 3: wait for this server's forwarders, then the rows in global source order."""
-        s, me, r = self.server_size, self.me, self.rows
+        s, me, r = self.server_size, self.me, self.packed
         v = self.views
         shmemx.aclshmem_wait_until_all(v["nvl_signal"][:, 0], GE, seq)
         hidden, local = self.key[0], self.key[2] // self.n_pes
@@ -422,7 +444,7 @@ class Internode:
             out["gbl_channel"][i] = lo + np.concatenate([[0], chan[:-1]])
             if not n_i:
                 continue
-            got = v["nvl_recv"][i][:n_i]
+            got = self._slots("nvl_recv", i)[:n_i]
             out["x"][lo:lo + n_i].view(np.uint8).reshape(n_i, xb)[...] = got[:, :xb]
             out["src_meta"][lo:lo + n_i] = got[:, r.meta:r.idx]
             if with_scales:
@@ -508,7 +530,7 @@ class Internode:
             out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
             self._server_sum(b, heads[lo:lo + rows] >= 0, out, with_weights)
             if b == a:
-                v["rdma_combine_signal"][a, :, 0] = seq
+                self._signal_self("rdma_combine_signal", a, seq)
                 continue
             base, local = np.uint64(lanes.remote_base[peer]), np.uint64(lanes.local_base)
             rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
