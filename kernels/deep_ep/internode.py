@@ -12,15 +12,21 @@ A fresh dispatch runs seed 003's ``notify_dispatch`` (``notify``); a cached one 
 rank at once (each is a sender, a forwarder and a receiver; a stage only waits for earlier stages of others):
 
 1. **sender**: per destination server b, its rows (token order: channel after channel) packed into
-   ``rdma_send[b]`` (x, scales, SourceMeta = (a, bit mask of b's ranks), top-k global experts and weights), then on
-   lane ((b, l), q) for each QP q: one WRITE per channel unit of q's channels (channel c on QP ``c % Q``) into
-   (b, l)'s ``rdma_recv[a]``, the channel prefix (QP 0) into its ``rdma_meta[a]``, then a fenced
-   WRITE_WITH_NOTIFY of the lane's record (rows, sequence number) with the signal ``rdma_signal[a, q]``; own
-   server: local copies;
-2. **forwarder**: per source server b (its rows ``recv_rdma_rank_prefix_sum`` announced), wait for b's lanes,
-   check their records, then MTE-put to each rank (a, j) of this server the rows whose mask has bit j into its
-   ``nvl_recv[b * S + l]`` with their channel prefix, quiet, and SET (a, j)'s ``nvl_signal[l]``;
+   ``rdma_send[b]`` (x, scales, SourceMeta = (a, bit mask of b's ranks), top-k global experts and weights; a
+   float8 dispatch's rows at their packed stride, ``RowLayout.packed``), then in chunks of ``RDMA_CHUNK`` rows,
+   chunk k on lane ((b, l), k % Q): one put + signal (SO) of the chunk into (b, l)'s ``rdma_recv[a]``, the
+   signal ``rdma_signal[a, q]`` = the lane's chunks so far (``_tail``); the channel prefix (an RO WRITE into
+   ``rdma_meta[a]``) just before the last chunk, on its lane. Own server: the rows packed in place. The lanes
+   are quieted at the end of the call, not before the forwarder runs (DeepEP's senders do not wait either);
+2. **forwarder**: per source server b in the order their rows arrive (own, a - 1, a - 2, ...), chunk by chunk
+   as each lands: MTE-put to each rank (a, j) of this server (from the own lane on) the chunk's rows whose mask
+   has bit j into its ``nvl_recv[b * S + l]``; then per source the heads and each rank's channel prefix, an MTE
+   quiet, the credits, and SET (a, j)'s ``nvl_signal[l]``. The MTE puts are non-blocking (a replay overlaps
+   them with the RDMA chunks still landing);
 3. **receiver**: wait for the S forwarders, copy the rows out in global source order (``recv_gbl_rank_prefix_sum``).
+
+Every flag a rank waits on is written by a put + signal, a signal_op or an MTE put (none by a plain store), so
+that a recording sees it.
 
 Buffer reuse: a region a peer writes is written again only after its reader SET the writer's credit word for it
 (four kinds: dispatch RDMA / NVL, combine NVL / RDMA), as in ``moe.Buffer``.
@@ -51,6 +57,14 @@ SET = shmemx.ACLSHMEM_SIGNAL_SET
 RDMA_DISPATCH, NVL_DISPATCH, NVL_COMBINE, RDMA_COMBINE = range(4)
 SLOT = 4  # uint64 words per (source, qp) signal slot: the signal, a pad, the record (rows, sequence number)
 _CHUNK = 256  # rows per step of the forwarder's reduction
+RDMA_CHUNK = 16  # rows per RDMA chunk of a dispatch (DeepEP's num_max_rdma_chunked_send_tokens: 8..20 per channel)
+RO = shmemx.OpConfig(cqe=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_RO).flag  # a WRITE (the channel prefix)
+SO = shmemx.OpConfig(cqe=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO).flag  # a chunk's put + signal, after earlier WQEs
+
+
+def _tail(seq: int, chunks: int) -> int:
+    """A dispatch lane's signal after ``chunks`` chunks of call ``seq`` landed (monotone over calls)."""
+    return seq << 20 | chunks
 
 
 class RowLayout:
@@ -254,6 +268,7 @@ class Internode:
         forwarded, recv_rdma_matrix = self._forward(seq, rdma_prefix, bool(scales is not None), with_topk)
         rows = max(num_worst_tokens, num_recv) if not overflow else num_recv
         out = self._receive(seq, gbl_prefix, rows, data.dtype, scales is not None, with_topk)
+        self._quiet_lanes()
         self._last[0] = seq
         self.last_times["dispatch"] = time.perf_counter() - t0
         if overflow:
@@ -321,35 +336,40 @@ class Internode:
         weights = (1 << np.arange(s, dtype=np.int64))
         peers = [((a + i) % n) * s + lane for i in range(n)]
         self._wait_credit(RDMA_DISPATCH, peers, self._last[0])
-        counts = channel_counts(in_server, self.num_channels)  # [N, C]
         for peer in peers:
             b = peer // s
             toks = np.flatnonzero(in_server[:, b])
             mask_bits = (in_rank[:, b * s:(b + 1) * s] * weights).sum(1).astype(np.int32)
             staging = self._slots("rdma_recv", a) if b == a else self._slots("rdma_send", b)
             self._pack(staging[:len(toks)], toks, data, scales, mask_bits, topk_idx, topk_weights)
-            if b == a:  # the own server's rows are in place: its lanes' signals, set on this rank itself
+            if b == a:  # the own server's rows are in place (this thread forwards them: no signal needed)
                 v["rdma_meta"][a] = rdma_matrix[a]
-                self._signal_self("rdma_signal", a, seq)
                 continue
             v["rdma_send_meta"][b] = rdma_matrix[b]
-            base = np.uint64(lanes.remote_base[peer])
-            local = np.uint64(lanes.local_base)
-            starts = rdma_matrix[b] - counts[b]
+            base = int(lanes.remote_base[peer])
+            local = int(lanes.local_base)
+            rows, q_num = len(toks), self.rdma_qps
+            chunks = -(-rows // RDMA_CHUNK)
+            for k in range(chunks):  # chunk k on lane k % Q: one put + signal (the lane's chunks so far)
+                q, lo, hi = k % q_num, k * RDMA_CHUNK, min(rows, (k + 1) * RDMA_CHUNK)
+                extra = ([], [], [])
+                if k == chunks - 1:  # the channel prefix just before the last chunk, on its lane
+                    extra = ([base + self.offsets["rdma_meta"] + a * self.num_channels * 4],
+                             [local + self.offsets["rdma_send_meta"] + b * self.num_channels * 4],
+                             [self.num_channels * 4])
+                sig = base + self.offsets["rdma_signal"] + (a * q_num + q) * SLOT * 8
+                lanes.post(peer, q, *(np.array(e, np.uint64) for e in extra),
+                           close=(base + self.offsets["rdma_recv"] + a * slot + lo * rb,
+                                  local + self.offsets["rdma_send"] + b * slot + lo * rb, (hi - lo) * rb, sig,
+                                  _tail(seq, k // q_num + 1)), flag=RO, close_flag=SO)
+
+    def _quiet_lanes(self) -> None:
+        """Retire the RDMA lanes of this call (at its end: the sender does not wait for its acknowledgements
+        before it forwards and receives, as DeepEP's sender warps do not)."""
+        n, a, s = self.servers, self.server, self.server_size
+        for i in range(1, n):
             for q in range(self.rdma_qps):
-                chans = [c for c in range(self.num_channels) if c % self.rdma_qps == q and counts[b, c]]
-                rmt = [self.offsets["rdma_recv"] + a * slot + int(starts[c]) * rb for c in chans]
-                sge = [self.offsets["rdma_send"] + b * slot + int(starts[c]) * rb for c in chans]
-                length = [int(counts[b, c]) * rb for c in chans]
-                if q == 0:  # the channel prefix travels with lane 0's rows
-                    rmt.append(self.offsets["rdma_meta"] + a * self.num_channels * 4)
-                    sge.append(self.offsets["rdma_send_meta"] + b * self.num_channels * 4)
-                    length.append(self.num_channels * 4)
-                self._post(peer, q, base, local, rmt, sge, length, "rdma_signal", "rdma_records", a, b,
-                           sum(int(counts[b, c]) for c in chans), seq)
-        for peer in peers[1:]:
-            for q in range(self.rdma_qps):
-                lanes.quiet(peer, q)
+                self.lanes.quiet(((a + i) % n) * s + self.lane, q)
 
     def _post(self, peer, q, base, local, rmt, sge, length, signal: str, records: str, src_slot: int,
               dst_slot: int, rows: int, seq: int) -> None:
@@ -392,30 +412,48 @@ class Internode:
         self._wait_credit(NVL_DISPATCH, nvl, self._last[0])
         heads = np.full((int(rdma_prefix[-1]), s), -1, np.int32)
         matrix = np.zeros((n, self.num_channels), np.int32)
-        for i in range(n):
-            b = (a + i) % n
+        order = [(a - i) % n for i in range(n)]  # own, then (a - 1) (whose sender serves this server first), ...
+        got = {b: self._slots("rdma_recv", b)[:int(counts[b])] for b in order}
+        masks = {b: np.zeros((int(counts[b]), s), bool) for b in order}
+        filled = np.zeros((n, s), np.int64)  # rows forwarded so far from source server b to rank j
+        chunks = {b: -(-int(counts[b]) // RDMA_CHUNK) for b in order}
+        for b in order:  # chunk by chunk as they land: a source's lanes in turn, the sources one after the other
+            for k in range(chunks[b]):
+                lo, hi = k * RDMA_CHUNK, min(int(counts[b]), (k + 1) * RDMA_CHUNK)
+                if b != a:
+                    q = k % self.rdma_qps
+                    shmemx.aclshmem_wait_until(v["rdma_signal"][b, q, 0:1], GE, _tail(seq, k // self.rdma_qps + 1))
+                rows = got[b][lo:hi]
+                bits = rows[:, r.meta + 4:r.meta + 8].copy().view(np.int32)[:, 0]
+                mask = masks[b][lo:hi]
+                mask[...] = (bits[:, None] >> np.arange(s)) & 1
+                for step in range(s):  # from the own lane on: the forwarders of a server feed distinct ranks
+                    j = (lane + step) % s
+                    pick = np.flatnonzero(mask[:, j])
+                    if not len(pick):
+                        continue
+                    dst = self._slots("nvl_recv", b * s + lane)[filled[b, j]:filled[b, j] + len(pick)]
+                    filled[b, j] += len(pick)
+                    if nvl[j] == self.me:
+                        np.take(rows, pick, axis=0, out=dst)
+                    else:
+                        part = rows[pick]
+                        shmemx.aclshmemx_mte_put_nbi(dst, part, part.size, nvl[j])
+        for b in order:  # every chunk of b is in: its channel prefix (landed before its last chunk), heads
             rows = int(counts[b])
-            self._wait_lanes("rdma_signal", b, seq, rows, "dispatch")
-            got = self._slots("rdma_recv", b)[:rows]
-            matrix[b] = v["rdma_meta"][b]
-            bits = got[:, r.meta + 4:r.meta + 8].copy().view(np.int32)[:, 0]
-            mask = ((bits[:, None] >> np.arange(s)) & 1).astype(bool)  # [rows, S]
+            if rows:
+                matrix[b] = v["rdma_meta"][b]
             bounds = np.concatenate([[0], matrix[b]]).astype(np.int64)
             lo = int(rdma_prefix[b] - rows)
-            heads[lo:lo + rows] = _head(mask, bounds)
+            heads[lo:lo + rows] = _head(masks[b], bounds)
+            src_rank = b * s + lane
             for j, peer in enumerate(nvl):
-                pick = np.flatnonzero(mask[:, j])
-                src_rank = b * s + lane
+                pick = np.flatnonzero(masks[b][:, j])
                 chan = _inclusive(np.stack([np.diff(np.searchsorted(pick, bounds))]))[0]
                 if peer == self.me:
-                    np.take(got, pick, axis=0, out=self._slots("nvl_recv", src_rank)[:len(pick)])
                     v["nvl_meta"][src_rank] = chan
-                    continue
-                dst = self._slots("nvl_recv", src_rank)
-                for c0 in range(0, len(pick), _CHUNK):  # gathered in chunks: no DeepEP-size temporaries
-                    part = got[pick[c0:c0 + _CHUNK]]
-                    shmemx.aclshmemx_mte_put_nbi(dst[c0:c0 + len(part)], part, part.size, peer)
-                shmemx.aclshmemx_mte_put_nbi(v["nvl_meta"][src_rank], chan, self.num_channels, peer)
+                else:
+                    shmemx.aclshmemx_mte_put_nbi(v["nvl_meta"][src_rank], chan, self.num_channels, peer)
         shmemx.aclshmemx_mte_quiet()  # the rows are out of rdma_recv and at their ranks: credit, then signal
         self._give_credit(RDMA_DISPATCH, [((a + i) % n) * s + lane for i in range(1, n)], seq)
         for j, peer in enumerate(nvl):
@@ -493,7 +531,9 @@ class Internode:
         counts = np.diff(gbl_prefix, prepend=0)
         xb = x.view(np.uint8).reshape(len(x), -1)
         w = None if topk_weights is None else np.ascontiguousarray(topk_weights, np.float32)
-        for j, peer in enumerate(nvl):
+        for k in range(s):  # from the own lane on (distinct forwarders at a time)
+            j = (lane + k) % s
+            peer = nvl[j]
             for b in range(n):
                 i = b * s + j
                 lo, cnt = int(gbl_prefix[i] - counts[i]), int(counts[i])

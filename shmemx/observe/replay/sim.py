@@ -455,7 +455,8 @@ class Sim(Collectives):
         return True
 
     _handlers = {Ev.POST: _op_post, Ev.QUIET: _op_quiet, Ev.WAIT: _op_wait, Ev.TEST: _op_wait,
-                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.MTE_QUIET: _op_mte_quiet, Ev.BARRIER: Collectives._op_barrier,
+                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.MTE_QUIET: _op_mte_quiet,
+                 Ev.BARRIER: Collectives._op_barrier,
                  Ev.REGION: Collectives._op_region, Ev.COMPUTE: Collectives._op_compute,
                  Ev.LAUNCH: Collectives._op_launch, Ev.BLOCK: Collectives._op_block, Ev.SYNC: Collectives._op_sync,
                  Ev.JOIN: Collectives._op_join}
