@@ -374,14 +374,16 @@ class Internode:
     def _post(self, peer, q, base, local, rmt, sge, length, signal: str, records: str, src_slot: int,
               dst_slot: int, rows: int, seq: int) -> None:
         """The WRITEs of one RDMA lane, then its record (rows, seq) and signal ``signal[src_slot, q]`` = seq on
-        the peer, fenced behind them: one doorbell."""
+        the peer after them (RO WRITEs, an SO put + signal: no fence, no acknowledgement round trip): one
+        doorbell."""
         rec = self.views[records][dst_slot, q]
         rec[:] = (rows, seq)
         slot = self.offsets[signal] + (src_slot * self.rdma_qps + q) * SLOT * 8
         src = self.offsets[records] + (dst_slot * self.rdma_qps + q) * 16
         self.lanes.post(peer, q, base + np.array(rmt, np.uint64), local + np.array(sge, np.uint64),
                         np.array(length, np.uint64),
-                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq))
+                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq), flag=RO,
+                        close_flag=SO)
 
     def _signal_self(self, signal: str, slot: int, seq: int) -> None:
         """``signal[slot, q]`` = seq on this rank for every lane q (signal_op, not a store: every flag a rank
@@ -515,27 +517,33 @@ class Internode:
         t0 = time.perf_counter()
         cached_notify(self.tiers)
         seq = self._next()
-        self._return_nvl(seq, np.ascontiguousarray(x), topk_weights, gbl_prefix)
-        self._reduce_forward(seq, handle, topk_weights is not None)
+        self._return_and_forward(seq, np.ascontiguousarray(x), handle, topk_weights, gbl_prefix)
         result = self._sum_servers(seq, handle, topk_weights is not None, bias)
+        self._quiet_lanes()
         self._last[1] = seq
         self.last_times["combine"] = time.perf_counter() - t0
         return result
 
-    def _return_nvl(self, seq: int, x: np.ndarray, topk_weights, gbl_prefix: np.ndarray) -> None:
-        """Combine stage 1: the rows from source (b, j) back to forwarder (a, j)'s ``nvl_combine_*[lane][b]``."""
+    def _return_and_forward(self, seq: int, x: np.ndarray, handle: InternodeHandle, topk_weights,
+                            gbl_prefix: np.ndarray) -> None:
+        """Combine stages 1 and 2, pipelined by source server (the remote ones first, the own one last): this
+        rank returns its rows from sources (b, j) to forwarder (a, j)'s ``nvl_combine_*[lane][b]`` (MTE), part b
+        after part b, each part quieted and announced (``nvl_combine_signal[lane]`` = the parts so far); while
+        part p's copies are in flight, this forwarder sums part p - 1 (every rank of the server returned it) and
+        sends it back over RDMA."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v = self.views
         nvl = [a * s + j for j in range(s)]
+        order = [(a + i) % n for i in range(1, n)] + [a]
         self._wait_credit(NVL_COMBINE, nvl, self._last[1])
+        self._wait_credit(RDMA_COMBINE, [b * s + lane for b in order[:-1]], self._last[1])
         counts = np.diff(gbl_prefix, prepend=0)
         xb = x.view(np.uint8).reshape(len(x), -1)
         w = None if topk_weights is None else np.ascontiguousarray(topk_weights, np.float32)
-        for k in range(s):  # from the own lane on (distinct forwarders at a time)
-            j = (lane + k) % s
-            peer = nvl[j]
-            for b in range(n):
-                i = b * s + j
+        for p, b in enumerate(order):
+            for k in range(s):  # from the own lane on (distinct forwarders at a time)
+                j = (lane + k) % s
+                peer, i = nvl[j], b * s + j
                 lo, cnt = int(gbl_prefix[i] - counts[i]), int(counts[i])
                 if not cnt:
                     continue
@@ -548,42 +556,38 @@ class Internode:
                 shmemx.aclshmemx_mte_put_nbi(dst_x, xb[lo:lo + cnt], dst_x.size, peer)
                 if w is not None:
                     shmemx.aclshmemx_mte_put_nbi(dst_w, w[lo:lo + cnt], dst_w.size, peer)
-        shmemx.aclshmemx_mte_quiet()
-        for peer in nvl:
-            shmemx.aclshmemx_signal_op(v["nvl_combine_signal"][lane:lane + 1, 0], seq, SET, peer)
+            if p:
+                self._forward_part(seq, handle, order[p - 1], p, topk_weights is not None)
+            shmemx.aclshmemx_mte_quiet()
+            for peer in nvl:
+                shmemx.aclshmemx_signal_op(v["nvl_combine_signal"][lane:lane + 1, 0], _tail(seq, p + 1), SET, peer)
+        self._forward_part(seq, handle, order[-1], n, topk_weights is not None)
+        self._give_credit(NVL_COMBINE, nvl, seq)
 
-    def _reduce_forward(self, seq: int, handle: InternodeHandle, with_weights: bool) -> None:
-        """Combine stage 2: per forwarded row, the float32 sum over this server's ranks in rank order, rounded to
-        bfloat16; each source server's block back over RDMA."""
-        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, r, lanes = self.views, self.rows, self.lanes
-        cb = r.combine_bytes
-        shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, seq)
+    def _forward_part(self, seq: int, handle: InternodeHandle, b: int, parts: int, with_weights: bool) -> None:
+        """Combine stage 2 for source server b (the server's ranks announced ``parts`` parts): per forwarded row,
+        the float32 sum over this server's ranks in rank order, rounded to bfloat16; b's block back over RDMA
+        (one WRITE on lane 0, every lane its record and signal after it)."""
+        s, a, lane = self.server_size, self.server, self.lane
+        v, lanes = self.views, self.lanes
+        cb = self.rows.combine_bytes
+        shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, _tail(seq, parts))
         rdma_prefix = np.asarray(handle.recv_rdma_rank_prefix_sum, np.int64)
-        heads = np.asarray(handle.send_nvl_head)
         counts = np.diff(rdma_prefix, prepend=0)
-        peers = [((a + i) % n) * s + lane for i in range(n)]
-        self._wait_credit(RDMA_COMBINE, peers, self._last[1])
-        for peer in peers:
-            b = peer // s
-            lo, rows = int(rdma_prefix[b] - counts[b]), int(counts[b])
-            out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
-            self._server_sum(b, heads[lo:lo + rows] >= 0, out, with_weights)
-            if b == a:
-                self._signal_self("rdma_combine_signal", a, seq)
-                continue
-            base, local = np.uint64(lanes.remote_base[peer]), np.uint64(lanes.local_base)
-            rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
-            sge = [self.offsets["rdma_combine_send"] + b * self.max_tokens * cb] if rows else []
-            length = [rows * cb] if rows else []
-            for q in range(self.rdma_qps):  # lane 0 carries the block, every lane its record and signal
-                self._post(peer, q, base, local, rmt if q == 0 else [], sge if q == 0 else [],
-                           length if q == 0 else [], "rdma_combine_signal", "rdma_records", a, b,
-                           rows if q == 0 else 0, seq)
-        self._give_credit(NVL_COMBINE, [a * s + j for j in range(s)], seq)
-        for peer in peers[1:]:
-            for q in range(self.rdma_qps):
-                lanes.quiet(peer, q)
+        lo, rows = int(rdma_prefix[b] - counts[b]), int(counts[b])
+        out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
+        self._server_sum(b, np.asarray(handle.send_nvl_head)[lo:lo + rows] >= 0, out, with_weights)
+        if b == a:
+            self._signal_self("rdma_combine_signal", a, seq)
+            return
+        peer = b * s + lane
+        base, local = np.uint64(lanes.remote_base[peer]), np.uint64(lanes.local_base)
+        rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
+        sge = [self.offsets["rdma_combine_send"] + b * self.max_tokens * cb] if rows else []
+        length = [rows * cb] if rows else []
+        for q in range(self.rdma_qps):
+            self._post(peer, q, base, local, rmt if q == 0 else [], sge if q == 0 else [], length if q == 0 else [],
+                       "rdma_combine_signal", "rdma_records", a, b, rows if q == 0 else 0, seq)
 
     def _server_sum(self, b: int, sent: np.ndarray, out: np.ndarray, with_weights: bool) -> None:
         """The rows this forwarder holds from server b (``sent [rows, S]``: forwarded to rank j): per row, the

@@ -377,6 +377,8 @@ def main() -> None:
                     help="ll default: cost (host.kernel_us on the first --fit-eps) and kernel (RDMA bandwidth + "
                          "host.kernel_us on both); normal default: tiers and rdma")
     ap.add_argument("--fit-eps", default="16,64", help="the two EPs the 'rdma' fit uses")
+    ap.add_argument("--tier-eps", default="8,16",
+                    help="the 'tiers' fit: the EP of its NVLink point (one node) and of its RDMA point")
     ap.add_argument("--shape", default=None, metavar="H,E,T_LL,NODE",
                     help="a smaller hidden size, expert count, low-latency token count and node size (to try the "
                          "script out; the published figures are compared with it as if it were DeepEP's shape)")
@@ -417,7 +419,7 @@ def main() -> None:
         print(f"DeepEP normal mode vs the replay of {what}, {args.tokens} tokens per rank, H={H}, top-{GROUPS} "
               f"nodes, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
         fits = ("tiers", "rdma") if args.fit in (None, "both") else (args.fit,)
-    tier_eps = (8, 16)
+    tier_eps = tuple(int(e) for e in args.tier_eps.split(","))
     if args.shape:  # a try-out: the published figures stand in for the EPs given, in order
         published = dict(zip(eps, published.values()))
         tier_eps = tuple(eps[:2])
