@@ -540,6 +540,50 @@ def test_deep_ep_low_latency_replays_without_warnings(record):
         assert 30.0 - 1e-6 < b["regions"]["dispatch"] - a["regions"]["dispatch"] < 30.5, (a, b)
 
 
+def deep_ep_internode_body(hidden: int, experts: int, tokens: int) -> None:
+    """deep_ep's internode dispatch (float8) + combine over 2 servers of 2, twice, in regions."""
+    import ml_dtypes
+    from shmemx import deep_ep
+
+    buf = deep_ep.Buffer(None, int(2e7), int(2e7), server_size=2)
+    rng = np.random.default_rng(buf.rank)
+    topk = np.argsort(-rng.random((tokens, experts)), axis=1)[:, :4].astype(np.int64)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    scales = (np.abs(x).reshape(tokens, -1, 128).max(-1) / 448.0).astype(np.float32)
+    x8 = (x / np.repeat(scales, 128, axis=1)).astype(ml_dtypes.float8_e4m3fn)
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk, experts)
+    for call in range(2):
+        with shmemx.region("dispatch"):
+            recv_x, _, recv_w, _, handle, _ = buf.dispatch(
+                (x8, scales), num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk,
+                topk_weights=np.ones(topk.shape, np.float32))
+        with shmemx.region("combine"):
+            buf.combine(recv_x[0].astype(np.float32).astype(ml_dtypes.bfloat16), handle, topk_weights=recv_w)
+    shmemx.finalize()
+
+
+def test_deep_ep_internode_replays_as_deepep_runs(record):
+    """deep_ep's internode kernels replay with every wait met by a modelled write (no flag by a plain store), the
+    float8 rows packed (x H bytes, not the 2H slot), the RDMA in chunks of put + signal, and the forwarder's
+    non-blocking MTE copies quieted (MTE_QUIET recorded)."""
+    from shmemx.deep_ep.internode import RDMA_CHUNK, RowLayout
+
+    hidden, experts, tokens, n = 256, 16, 40, 4
+    path = record(n, deep_ep_internode_body, hidden, experts, tokens)
+    doc = replay(path, "h800_cx7", {"ranks_per_server": 2})
+    assert doc["warnings"] == [], doc["warnings"]
+    assert doc["regions"]["dispatch"]["calls"] == 2 and doc["regions"]["combine"]["calls"] == 2
+    prog = load_program(path)
+    assert prog.mte_nbi and any(op[0] == Ev.MTE_QUIET for op in prog.threads[0][0])
+    row = RowLayout(hidden, 4).packed(hidden).bytes
+    assert row < RowLayout(hidden, 4).bytes
+    wq = prog.wqes[0]
+    chunks = wq.nbytes[(wq.opcode == shmemx.Opcode.WRITE_WITH_NOTIFY) & (wq.nbytes % row == 0)]
+    assert len(chunks) and set((chunks // row).tolist()) <= set(range(1, RDMA_CHUNK + 1))
+    assert (chunks == RDMA_CHUNK * row).any()  # full chunks, then the remainder
+
+
 # --- host independence -------------------------------------------------------------------------------------------
 
 def test_host_independence(tmp_path):
