@@ -48,7 +48,8 @@ __all__ = ["Recorder", "Recording", "Ev", "ROW", "RECORD_DIR_ENV", "merge_parts"
 RECORD_DIR_ENV = "SHMEMX_RECORD_DIR"
 FORMAT = "shmemx-record/2"
 # /1 had no MTE_QUIET rows: its MTE copies are replayed as blocking (each complete before the thread goes on), the
-# model of /1; from /2 on a copy is non-blocking and completes at the thread's next MTE_QUIET (or its block's end)
+# model of /1; from /2 on a copy is non-blocking and completes at the thread's next MTE_QUIET (or barrier,
+# sync_all, its block's end)
 FORMATS = ("shmemx-record/1", FORMAT)
 ROW = 10  # int64 per event: the kind, then nine fields
 

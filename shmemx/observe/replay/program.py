@@ -104,7 +104,7 @@ def load_program(recording: "Recording | str") -> Program:
 def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int, wq: Wqes,
          payloads: dict) -> list[tuple]:
     ops = []
-    copies = False  # MTE copies since the last MTE_QUIET (completed implicitly by a barrier and a block's end)
+    copies = False  # MTE copies since the last MTE_QUIET (completed implicitly by a barrier, sync_all, a block's end)
     for row in rows.tolist():
         kind = row[0]
         if prog.mte_nbi:
@@ -112,7 +112,7 @@ def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int
                 copies = True
             elif kind == Ev.MTE_QUIET:
                 copies = False
-            elif copies and (kind == Ev.BARRIER or (kind == Ev.BLOCK and not row[2])):
+            elif copies and (kind in (Ev.BARRIER, Ev.SYNC) or (kind == Ev.BLOCK and not row[2])):
                 ops.append((Ev.MTE_QUIET,))
                 copies = False
         if kind == Ev.VALUE:  # the bytes of a small payload of the POST (or MTE) before it

@@ -15,8 +15,8 @@ equal times is too. What each part does:
   READ's CQE at the arrival of its data, which left the peer one latency after the request).
 * **MTE copies** (direct copies to a PE of the server, NVLink stores) cost their thread ``post_us`` each and go
   through the intra ports like a WQE without the engine; the thread goes on, and its ``aclshmemx_mte_quiet`` (or a
-  barrier, or its block's end) waits until the last of its copies landed. (A format /1 recording has no quiets:
-  each of its copies blocks its thread until it landed.)
+  barrier, its ``sync_all``, its block's end) waits until the last of its copies landed. (A format /1 recording
+  has no quiets: each of its copies blocks its thread until it landed.)
 * **Small control messages** (``signal_op`` stores, barrier rounds) cost the sender ``post_us + doorbell_us``
   and arrive ``wqe_us + latency`` later, without taking port time.
 
