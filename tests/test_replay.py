@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -183,6 +184,24 @@ def generation_body() -> None:
     shmemx.finalize()
 
 
+def mte_body(nbytes: int, quiet: bool = True) -> None:
+    """PE 0 MTE-puts ``nbytes`` to every other PE, then quiets them (``quiet``; else the barrier completes them),
+    in a region."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = shmemx.zeros(nbytes, np.uint8, name="buf")
+    src = np.full(nbytes, 5, np.uint8)
+    if me == 0:
+        with shmemx.region("mte"):
+            for peer in range(1, n):
+                shmemx.aclshmemx_mte_put_nbi(buf, src, nbytes, peer)
+            if quiet:
+                shmemx.aclshmemx_mte_quiet()
+    shmemx.aclshmem_barrier_all()
+    assert (buf == 5).all() or me == 0
+    shmemx.finalize()
+
+
 def plain_store_body() -> None:
     """PE 0 sets PE 1's flag with a plain numpy store (invisible to a recording); PE 1 waits on it."""
     shmemx.init()
@@ -329,6 +348,36 @@ def test_incast_closed_form(record, sharing):
     assert port["bytes"] == (n - 1) * nbytes and set(doc["pes"][0]["links"]) == {"ingress intra"}
     assert close(port["util"], (n - 1) * nbytes / B["intra"] / doc["makespan_us"])
     assert all(set(doc["pes"][p]["links"]) == {"egress intra"} for p in range(1, n))
+
+
+def test_mte_puts_are_non_blocking_until_their_quiet(record, tmp_path):
+    """n MTE puts to distinct peers, then ``aclshmemx_mte_quiet``: a post cost each, the transfers through the
+    poster's intra egress one after the other (FCFS), the quiet at the last one's arrival; not the sum of blocking
+    copies. A format /1 recording (no quiets recorded) still replays, each copy blocking as /1 modelled it."""
+    n, nbytes = 4, 64 << 10
+    path = record(n, mte_body, nbytes)
+    prog = load_program(path)
+    assert prog.mte_nbi and [op[0] for op in prog.threads[0][0] if op[0] in (Ev.MTE, Ev.MTE_QUIET)] == \
+        [Ev.MTE] * (n - 1) + [Ev.MTE_QUIET]
+    doc = replay(path)
+    want = POST + (n - 1) * nbytes / B["intra"] + L["intra"]
+    assert close(doc["regions"]["mte"]["max_us"], want), (doc["regions"], want)
+    assert doc["warnings"] == [] and doc["pes"][0]["links"]["egress intra"]["bytes"] == (n - 1) * nbytes
+    # without the quiet, the copies are still in flight at the region's end and complete by the barrier
+    doc2 = replay(record(n, mte_body, nbytes, False))
+    assert close(doc2["regions"]["mte"]["max_us"], (n - 1) * POST)
+    assert doc2["makespan_us"] >= want
+    # the same file as format /1: blocking copies
+    old = str(tmp_path / "v1.rec")
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(old, "w") as out:
+        for item in z.namelist():
+            data = z.read(item)
+            if item == "job.json":
+                data = json.dumps(dict(json.loads(data), format="shmemx-record/1")).encode()
+            out.writestr(item, data)
+    assert not load_program(old).mte_nbi
+    blocking = replay(old)["regions"]["mte"]["max_us"]
+    assert close(blocking, (n - 1) * (POST + L["intra"] + nbytes / B["intra"])), blocking
 
 
 def test_fence_waits_for_the_acknowledgement(record):
@@ -489,6 +538,50 @@ def test_deep_ep_low_latency_replays_without_warnings(record):
     more = replay(path, "h800_cx7", {"ranks_per_server": 2, "host.kernel_us": 10.0})
     for a, b in zip(doc["pes"], more["pes"]):
         assert 30.0 - 1e-6 < b["regions"]["dispatch"] - a["regions"]["dispatch"] < 30.5, (a, b)
+
+
+def deep_ep_internode_body(hidden: int, experts: int, tokens: int) -> None:
+    """deep_ep's internode dispatch (float8) + combine over 2 servers of 2, twice, in regions."""
+    import ml_dtypes
+    from shmemx import deep_ep
+
+    buf = deep_ep.Buffer(None, int(2e7), int(2e7), server_size=2)
+    rng = np.random.default_rng(buf.rank)
+    topk = np.argsort(-rng.random((tokens, experts)), axis=1)[:, :4].astype(np.int64)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    scales = (np.abs(x).reshape(tokens, -1, 128).max(-1) / 448.0).astype(np.float32)
+    x8 = (x / np.repeat(scales, 128, axis=1)).astype(ml_dtypes.float8_e4m3fn)
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk, experts)
+    for call in range(2):
+        with shmemx.region("dispatch"):
+            recv_x, _, recv_w, _, handle, _ = buf.dispatch(
+                (x8, scales), num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk,
+                topk_weights=np.ones(topk.shape, np.float32))
+        with shmemx.region("combine"):
+            buf.combine(recv_x[0].astype(np.float32).astype(ml_dtypes.bfloat16), handle, topk_weights=recv_w)
+    shmemx.finalize()
+
+
+def test_deep_ep_internode_replays_as_deepep_runs(record):
+    """deep_ep's internode kernels replay with every wait met by a modelled write (no flag by a plain store), the
+    float8 rows packed (x H bytes, not the 2H slot), the RDMA in chunks of put + signal, and the forwarder's
+    non-blocking MTE copies quieted (MTE_QUIET recorded)."""
+    from shmemx.deep_ep.internode import RDMA_CHUNK, RowLayout
+
+    hidden, experts, tokens, n = 256, 16, 40, 4
+    path = record(n, deep_ep_internode_body, hidden, experts, tokens)
+    doc = replay(path, "h800_cx7", {"ranks_per_server": 2})
+    assert doc["warnings"] == [], doc["warnings"]
+    assert doc["regions"]["dispatch"]["calls"] == 2 and doc["regions"]["combine"]["calls"] == 2
+    prog = load_program(path)
+    assert prog.mte_nbi and any(op[0] == Ev.MTE_QUIET for op in prog.threads[0][0])
+    row = RowLayout(hidden, 4).packed(hidden).bytes
+    assert row < RowLayout(hidden, 4).bytes
+    wq = prog.wqes[0]
+    chunks = wq.nbytes[(wq.opcode == shmemx.Opcode.WRITE_WITH_NOTIFY) & (wq.nbytes % row == 0)]
+    assert len(chunks) and set((chunks // row).tolist()) <= set(range(1, RDMA_CHUNK + 1))
+    assert (chunks == RDMA_CHUNK * row).any()  # full chunks, then the remainder
 
 
 # --- host independence -------------------------------------------------------------------------------------------

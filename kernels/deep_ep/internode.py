@@ -12,15 +12,21 @@ A fresh dispatch runs seed 003's ``notify_dispatch`` (``notify``); a cached one 
 rank at once (each is a sender, a forwarder and a receiver; a stage only waits for earlier stages of others):
 
 1. **sender**: per destination server b, its rows (token order: channel after channel) packed into
-   ``rdma_send[b]`` (x, scales, SourceMeta = (a, bit mask of b's ranks), top-k global experts and weights), then on
-   lane ((b, l), q) for each QP q: one WRITE per channel unit of q's channels (channel c on QP ``c % Q``) into
-   (b, l)'s ``rdma_recv[a]``, the channel prefix (QP 0) into its ``rdma_meta[a]``, then a fenced
-   WRITE_WITH_NOTIFY of the lane's record (rows, sequence number) with the signal ``rdma_signal[a, q]``; own
-   server: local copies;
-2. **forwarder**: per source server b (its rows ``recv_rdma_rank_prefix_sum`` announced), wait for b's lanes,
-   check their records, then MTE-put to each rank (a, j) of this server the rows whose mask has bit j into its
-   ``nvl_recv[b * S + l]`` with their channel prefix, quiet, and SET (a, j)'s ``nvl_signal[l]``;
+   ``rdma_send[b]`` (x, scales, SourceMeta = (a, bit mask of b's ranks), top-k global experts and weights; a
+   float8 dispatch's rows at their packed stride, ``RowLayout.packed``), then in chunks of ``RDMA_CHUNK`` rows,
+   chunk k on lane ((b, l), k % Q): one put + signal (SO) of the chunk into (b, l)'s ``rdma_recv[a]``, the
+   signal ``rdma_signal[a, q]`` = the lane's chunks so far (``_tail``); the channel prefix (an RO WRITE into
+   ``rdma_meta[a]``) just before the last chunk, on its lane. Own server: the rows packed in place. The lanes
+   are quieted at the end of the call, not before the forwarder runs (DeepEP's senders do not wait either);
+2. **forwarder**: per source server b in the order their rows arrive (own, a - 1, a - 2, ...), chunk by chunk
+   as each lands: MTE-put to each rank (a, j) of this server (from the own lane on) the chunk's rows whose mask
+   has bit j into its ``nvl_recv[b * S + l]``; then per source the heads and each rank's channel prefix, an MTE
+   quiet, the credits, and SET (a, j)'s ``nvl_signal[l]``. The MTE puts are non-blocking (a replay overlaps
+   them with the RDMA chunks still landing);
 3. **receiver**: wait for the S forwarders, copy the rows out in global source order (``recv_gbl_rank_prefix_sum``).
+
+Every flag a rank waits on is written by a put + signal, a signal_op or an MTE put (none by a plain store), so
+that a recording sees it.
 
 Buffer reuse: a region a peer writes is written again only after its reader SET the writer's credit word for it
 (four kinds: dispatch RDMA / NVL, combine NVL / RDMA), as in ``moe.Buffer``.
@@ -51,21 +57,36 @@ SET = shmemx.ACLSHMEM_SIGNAL_SET
 RDMA_DISPATCH, NVL_DISPATCH, NVL_COMBINE, RDMA_COMBINE = range(4)
 SLOT = 4  # uint64 words per (source, qp) signal slot: the signal, a pad, the record (rows, sequence number)
 _CHUNK = 256  # rows per step of the forwarder's reduction
+RDMA_CHUNK = 16  # rows per RDMA chunk of a dispatch (DeepEP's num_max_rdma_chunked_send_tokens: 8..20 per channel)
+RO = shmemx.OpConfig(cqe=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_RO).flag  # a WRITE (the channel prefix)
+SO = shmemx.OpConfig(cqe=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO).flag  # a chunk's put + signal, after earlier WQEs
+
+
+def _tail(seq: int, chunks: int) -> int:
+    """A dispatch lane's signal after ``chunks`` chunks of call ``seq`` landed (monotone over calls)."""
+    return seq << 20 | chunks
 
 
 class RowLayout:
-    """One dispatched token as bytes: ``x`` (2H: bfloat16, or float8 in the first H), ``scales [H/128] float32``,
-    ``meta`` (SourceMeta: int32 source server, int32 rank mask), ``topk_idx [K] int64``, ``topk_weights [K]
-    float32``; 16-byte aligned. A combined row: ``x`` (2H) then ``topk_weights [K] float32``."""
+    """One dispatched token as bytes: ``x`` (``x_bytes``: 2H for bfloat16, the default and the workspace's slot
+    size, H for float8), ``scales [H/128] float32``, ``meta`` (SourceMeta: int32 source server, int32 rank mask),
+    ``topk_idx [K] int64``, ``topk_weights [K] float32``; 16-byte aligned. A combined row: ``x`` (2H) then
+    ``topk_weights [K] float32``."""
 
-    def __init__(self, hidden: int, num_topk: int):
+    def __init__(self, hidden: int, num_topk: int, x_bytes: int | None = None):
         self.hidden, self.num_topk = hidden, num_topk
-        self.scales = 2 * hidden
+        self.x_bytes = 2 * hidden if x_bytes is None else x_bytes
+        self.scales = self.x_bytes
         self.meta = self.scales + 4 * (-(-hidden // 128))
         self.idx = self.meta + 8
         self.weights = self.idx + 8 * num_topk
         self.bytes = -(-(self.weights + 4 * num_topk) // 16) * 16
         self.combine_bytes = -(-(2 * hidden + 4 * num_topk) // 16) * 16
+
+    def packed(self, x_bytes: int) -> "RowLayout":
+        """The rows of one dispatch whose ``x`` has ``x_bytes`` per row: a float8 dispatch's rows are packed at
+        their own (smaller) stride in the same regions, so that a WRITE or copy carries only the bytes used."""
+        return self if x_bytes == self.x_bytes else RowLayout(self.hidden, self.num_topk, x_bytes)
 
 
 def plan_internode(*, n_pes: int, server_size: int, max_tokens: int, hidden: int, num_topk: int,
@@ -176,6 +197,7 @@ class Internode:
         self.lanes = Lanes(self.block, self.me, self.n_pes, self.rdma_qps)
         self.tiers = Tiers(self.me, self.n_pes, self.server_size, self.views, self.rdma_qps)
         self.rows = RowLayout(hidden, key[1])
+        self.packed = self.rows  # this dispatch's rows (float8: packed, ``RowLayout.packed``)
         self.key, self.max_tokens = key, tokens
         self._seq, self._last = 0, [0, 0]
         shmemx.aclshmem_barrier_all()  # every rank zeroed its words before anyone signals
@@ -238,6 +260,7 @@ class Internode:
         num_recv = int(gbl_prefix[-1])
         overflow = bool(num_worst_tokens) and num_recv > num_worst_tokens
         seq = self._next()
+        self.packed = self.rows.packed(data.dtype.itemsize * data.shape[1])
         with_topk = (not cached) and topk_idx is not None
         rdma_matrix = _inclusive(channel_counts(in_server, self.num_channels))  # [N, C]
         self._send_rdma(seq, data, scales, in_rank, in_server, bounds, rdma_matrix,
@@ -245,6 +268,7 @@ class Internode:
         forwarded, recv_rdma_matrix = self._forward(seq, rdma_prefix, bool(scales is not None), with_topk)
         rows = max(num_worst_tokens, num_recv) if not overflow else num_recv
         out = self._receive(seq, gbl_prefix, rows, data.dtype, scales is not None, with_topk)
+        self._quiet_lanes()
         self._last[0] = seq
         self.last_times["dispatch"] = time.perf_counter() - t0
         if overflow:
@@ -281,9 +305,15 @@ class Internode:
                              f"{in_rank.shape}")
         return in_rank
 
+    def _slots(self, name: str, i: int) -> np.ndarray:
+        """``name[i]`` (a source's ``[max_tokens, slot bytes]`` rows) as ``[max_tokens, packed row bytes]`` for
+        this dispatch's rows (``self.packed``)."""
+        stride = self.packed.bytes
+        return self.views[name][i].reshape(-1)[:self.max_tokens * stride].reshape(self.max_tokens, stride)
+
     def _pack(self, dst: np.ndarray, toks: np.ndarray, data, scales, mask_bits, topk_idx, topk_weights) -> None:
         """Rows for ``toks`` into ``dst [len(toks), row bytes]``."""
-        r = self.rows
+        r = self.packed
         xb = data.view(np.uint8).reshape(len(data), -1)
         np.take(xb, toks, axis=0, out=dst[:, :xb.shape[1]])
         if scales is not None:
@@ -301,51 +331,65 @@ class Internode:
                    topk_weights) -> None:
         """Stage 1: each server's rows to its same-lane forwarder (UDMA), the own server's by local copies."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, rb, lanes = self.views, self.rows.bytes, self.lanes
+        v, rb, lanes = self.views, self.packed.bytes, self.lanes
+        slot = self.max_tokens * self.rows.bytes  # a source's region; its rows at the packed stride rb
         weights = (1 << np.arange(s, dtype=np.int64))
         peers = [((a + i) % n) * s + lane for i in range(n)]
         self._wait_credit(RDMA_DISPATCH, peers, self._last[0])
-        counts = channel_counts(in_server, self.num_channels)  # [N, C]
         for peer in peers:
             b = peer // s
             toks = np.flatnonzero(in_server[:, b])
             mask_bits = (in_rank[:, b * s:(b + 1) * s] * weights).sum(1).astype(np.int32)
-            staging = v["rdma_recv"][a] if b == a else v["rdma_send"][b]
+            staging = self._slots("rdma_recv", a) if b == a else self._slots("rdma_send", b)
             self._pack(staging[:len(toks)], toks, data, scales, mask_bits, topk_idx, topk_weights)
-            if b == a:
+            if b == a:  # the own server's rows are in place (this thread forwards them: no signal needed)
                 v["rdma_meta"][a] = rdma_matrix[a]
-                v["rdma_signal"][a, :, 0] = seq
                 continue
             v["rdma_send_meta"][b] = rdma_matrix[b]
-            base = np.uint64(lanes.remote_base[peer])
-            local = np.uint64(lanes.local_base)
-            starts = rdma_matrix[b] - counts[b]
+            base = int(lanes.remote_base[peer])
+            local = int(lanes.local_base)
+            rows, q_num = len(toks), self.rdma_qps
+            chunks = -(-rows // RDMA_CHUNK)
+            for k in range(chunks):  # chunk k on lane k % Q: one put + signal (the lane's chunks so far)
+                q, lo, hi = k % q_num, k * RDMA_CHUNK, min(rows, (k + 1) * RDMA_CHUNK)
+                extra = ([], [], [])
+                if k == chunks - 1:  # the channel prefix just before the last chunk, on its lane
+                    extra = ([base + self.offsets["rdma_meta"] + a * self.num_channels * 4],
+                             [local + self.offsets["rdma_send_meta"] + b * self.num_channels * 4],
+                             [self.num_channels * 4])
+                sig = base + self.offsets["rdma_signal"] + (a * q_num + q) * SLOT * 8
+                lanes.post(peer, q, *(np.array(e, np.uint64) for e in extra),
+                           close=(base + self.offsets["rdma_recv"] + a * slot + lo * rb,
+                                  local + self.offsets["rdma_send"] + b * slot + lo * rb, (hi - lo) * rb, sig,
+                                  _tail(seq, k // q_num + 1)), flag=RO, close_flag=SO)
+
+    def _quiet_lanes(self) -> None:
+        """Retire the RDMA lanes of this call (at its end: the sender does not wait for its acknowledgements
+        before it forwards and receives, as DeepEP's sender warps do not)."""
+        n, a, s = self.servers, self.server, self.server_size
+        for i in range(1, n):
             for q in range(self.rdma_qps):
-                chans = [c for c in range(self.num_channels) if c % self.rdma_qps == q and counts[b, c]]
-                rmt = [self.offsets["rdma_recv"] + (a * self.max_tokens + int(starts[c])) * rb for c in chans]
-                sge = [self.offsets["rdma_send"] + (b * self.max_tokens + int(starts[c])) * rb for c in chans]
-                length = [int(counts[b, c]) * rb for c in chans]
-                if q == 0:  # the channel prefix travels with lane 0's rows
-                    rmt.append(self.offsets["rdma_meta"] + a * self.num_channels * 4)
-                    sge.append(self.offsets["rdma_send_meta"] + b * self.num_channels * 4)
-                    length.append(self.num_channels * 4)
-                self._post(peer, q, base, local, rmt, sge, length, "rdma_signal", "rdma_records", a, b,
-                           sum(int(counts[b, c]) for c in chans), seq)
-        for peer in peers[1:]:
-            for q in range(self.rdma_qps):
-                lanes.quiet(peer, q)
+                self.lanes.quiet(((a + i) % n) * s + self.lane, q)
 
     def _post(self, peer, q, base, local, rmt, sge, length, signal: str, records: str, src_slot: int,
               dst_slot: int, rows: int, seq: int) -> None:
         """The WRITEs of one RDMA lane, then its record (rows, seq) and signal ``signal[src_slot, q]`` = seq on
-        the peer, fenced behind them: one doorbell."""
+        the peer after them (RO WRITEs, an SO put + signal: no fence, no acknowledgement round trip): one
+        doorbell."""
         rec = self.views[records][dst_slot, q]
         rec[:] = (rows, seq)
         slot = self.offsets[signal] + (src_slot * self.rdma_qps + q) * SLOT * 8
         src = self.offsets[records] + (dst_slot * self.rdma_qps + q) * 16
         self.lanes.post(peer, q, base + np.array(rmt, np.uint64), local + np.array(sge, np.uint64),
                         np.array(length, np.uint64),
-                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq))
+                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq), flag=RO,
+                        close_flag=SO)
+
+    def _signal_self(self, signal: str, slot: int, seq: int) -> None:
+        """``signal[slot, q]`` = seq on this rank for every lane q (signal_op, not a store: every flag a rank
+        waits on is written by a call a recording sees)."""
+        for q in range(self.rdma_qps):
+            shmemx.aclshmemx_signal_op(self.views[signal][slot, q, 0:1], seq, SET, self.me)
 
     def _wait_lanes(self, signal: str, b: int, seq: int, rows: int, what: str) -> None:
         """Wait for source server b's RDMA lanes and check that their records add up to ``rows``."""
@@ -364,36 +408,54 @@ class Internode:
 
         Returns ``(send_nvl_head [F, S], recv_rdma_channel_prefix_matrix [N, C])``."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, r = self.views, self.rows
+        v, r = self.views, self.packed
         counts = np.diff(rdma_prefix, prepend=0)
         nvl = [a * s + j for j in range(s)]
         self._wait_credit(NVL_DISPATCH, nvl, self._last[0])
         heads = np.full((int(rdma_prefix[-1]), s), -1, np.int32)
         matrix = np.zeros((n, self.num_channels), np.int32)
-        for i in range(n):
-            b = (a + i) % n
+        order = [(a - i) % n for i in range(n)]  # own, then (a - 1) (whose sender serves this server first), ...
+        got = {b: self._slots("rdma_recv", b)[:int(counts[b])] for b in order}
+        masks = {b: np.zeros((int(counts[b]), s), bool) for b in order}
+        filled = np.zeros((n, s), np.int64)  # rows forwarded so far from source server b to rank j
+        chunks = {b: -(-int(counts[b]) // RDMA_CHUNK) for b in order}
+        for b in order:  # chunk by chunk as they land: a source's lanes in turn, the sources one after the other
+            for k in range(chunks[b]):
+                lo, hi = k * RDMA_CHUNK, min(int(counts[b]), (k + 1) * RDMA_CHUNK)
+                if b != a:
+                    q = k % self.rdma_qps
+                    shmemx.aclshmem_wait_until(v["rdma_signal"][b, q, 0:1], GE, _tail(seq, k // self.rdma_qps + 1))
+                rows = got[b][lo:hi]
+                bits = rows[:, r.meta + 4:r.meta + 8].copy().view(np.int32)[:, 0]
+                mask = masks[b][lo:hi]
+                mask[...] = (bits[:, None] >> np.arange(s)) & 1
+                for step in range(s):  # from the own lane on: the forwarders of a server feed distinct ranks
+                    j = (lane + step) % s
+                    pick = np.flatnonzero(mask[:, j])
+                    if not len(pick):
+                        continue
+                    dst = self._slots("nvl_recv", b * s + lane)[filled[b, j]:filled[b, j] + len(pick)]
+                    filled[b, j] += len(pick)
+                    if nvl[j] == self.me:
+                        np.take(rows, pick, axis=0, out=dst)
+                    else:
+                        part = rows[pick]
+                        shmemx.aclshmemx_mte_put_nbi(dst, part, part.size, nvl[j])
+        for b in order:  # every chunk of b is in: its channel prefix (landed before its last chunk), heads
             rows = int(counts[b])
-            self._wait_lanes("rdma_signal", b, seq, rows, "dispatch")
-            got = v["rdma_recv"][b][:rows]
-            matrix[b] = v["rdma_meta"][b]
-            bits = got[:, r.meta + 4:r.meta + 8].copy().view(np.int32)[:, 0]
-            mask = ((bits[:, None] >> np.arange(s)) & 1).astype(bool)  # [rows, S]
+            if rows:
+                matrix[b] = v["rdma_meta"][b]
             bounds = np.concatenate([[0], matrix[b]]).astype(np.int64)
             lo = int(rdma_prefix[b] - rows)
-            heads[lo:lo + rows] = _head(mask, bounds)
+            heads[lo:lo + rows] = _head(masks[b], bounds)
+            src_rank = b * s + lane
             for j, peer in enumerate(nvl):
-                pick = np.flatnonzero(mask[:, j])
-                src_rank = b * s + lane
+                pick = np.flatnonzero(masks[b][:, j])
                 chan = _inclusive(np.stack([np.diff(np.searchsorted(pick, bounds))]))[0]
                 if peer == self.me:
-                    np.take(got, pick, axis=0, out=v["nvl_recv"][src_rank][:len(pick)])
                     v["nvl_meta"][src_rank] = chan
-                    continue
-                dst = v["nvl_recv"][src_rank]
-                for c0 in range(0, len(pick), _CHUNK):  # gathered in chunks: no DeepEP-size temporaries
-                    part = got[pick[c0:c0 + _CHUNK]]
-                    shmemx.aclshmemx_mte_put_nbi(dst[c0:c0 + len(part)], part, part.size, peer)
-                shmemx.aclshmemx_mte_put_nbi(v["nvl_meta"][src_rank], chan, self.num_channels, peer)
+                else:
+                    shmemx.aclshmemx_mte_put_nbi(v["nvl_meta"][src_rank], chan, self.num_channels, peer)
         shmemx.aclshmemx_mte_quiet()  # the rows are out of rdma_recv and at their ranks: credit, then signal
         self._give_credit(RDMA_DISPATCH, [((a + i) % n) * s + lane for i in range(1, n)], seq)
         for j, peer in enumerate(nvl):
@@ -402,7 +464,7 @@ class Internode:
 
     def _receive(self, seq: int, gbl_prefix: np.ndarray, rows: int, dtype, with_scales: bool, with_topk: bool):
         """Stage 3: wait for this server's forwarders, then the rows in global source order."""
-        s, me, r = self.server_size, self.me, self.rows
+        s, me, r = self.server_size, self.me, self.packed
         v = self.views
         shmemx.aclshmem_wait_until_all(v["nvl_signal"][:, 0], GE, seq)
         hidden, local = self.key[0], self.key[2] // self.n_pes
@@ -422,7 +484,7 @@ class Internode:
             out["gbl_channel"][i] = lo + np.concatenate([[0], chan[:-1]])
             if not n_i:
                 continue
-            got = v["nvl_recv"][i][:n_i]
+            got = self._slots("nvl_recv", i)[:n_i]
             out["x"][lo:lo + n_i].view(np.uint8).reshape(n_i, xb)[...] = got[:, :xb]
             out["src_meta"][lo:lo + n_i] = got[:, r.meta:r.idx]
             if with_scales:
@@ -455,25 +517,33 @@ class Internode:
         t0 = time.perf_counter()
         cached_notify(self.tiers)
         seq = self._next()
-        self._return_nvl(seq, np.ascontiguousarray(x), topk_weights, gbl_prefix)
-        self._reduce_forward(seq, handle, topk_weights is not None)
+        self._return_and_forward(seq, np.ascontiguousarray(x), handle, topk_weights, gbl_prefix)
         result = self._sum_servers(seq, handle, topk_weights is not None, bias)
+        self._quiet_lanes()
         self._last[1] = seq
         self.last_times["combine"] = time.perf_counter() - t0
         return result
 
-    def _return_nvl(self, seq: int, x: np.ndarray, topk_weights, gbl_prefix: np.ndarray) -> None:
-        """Combine stage 1: the rows from source (b, j) back to forwarder (a, j)'s ``nvl_combine_*[lane][b]``."""
+    def _return_and_forward(self, seq: int, x: np.ndarray, handle: InternodeHandle, topk_weights,
+                            gbl_prefix: np.ndarray) -> None:
+        """Combine stages 1 and 2, pipelined by source server (the remote ones first, the own one last): this
+        rank returns its rows from sources (b, j) to forwarder (a, j)'s ``nvl_combine_*[lane][b]`` (MTE), part b
+        after part b, each part quieted and announced (``nvl_combine_signal[lane]`` = the parts so far); while
+        part p's copies are in flight, this forwarder sums part p - 1 (every rank of the server returned it) and
+        sends it back over RDMA."""
         s, n, a, lane = self.server_size, self.servers, self.server, self.lane
         v = self.views
         nvl = [a * s + j for j in range(s)]
+        order = [(a + i) % n for i in range(1, n)] + [a]
         self._wait_credit(NVL_COMBINE, nvl, self._last[1])
+        self._wait_credit(RDMA_COMBINE, [b * s + lane for b in order[:-1]], self._last[1])
         counts = np.diff(gbl_prefix, prepend=0)
         xb = x.view(np.uint8).reshape(len(x), -1)
         w = None if topk_weights is None else np.ascontiguousarray(topk_weights, np.float32)
-        for j, peer in enumerate(nvl):
-            for b in range(n):
-                i = b * s + j
+        for p, b in enumerate(order):
+            for k in range(s):  # from the own lane on (distinct forwarders at a time)
+                j = (lane + k) % s
+                peer, i = nvl[j], b * s + j
                 lo, cnt = int(gbl_prefix[i] - counts[i]), int(counts[i])
                 if not cnt:
                     continue
@@ -486,42 +556,38 @@ class Internode:
                 shmemx.aclshmemx_mte_put_nbi(dst_x, xb[lo:lo + cnt], dst_x.size, peer)
                 if w is not None:
                     shmemx.aclshmemx_mte_put_nbi(dst_w, w[lo:lo + cnt], dst_w.size, peer)
-        shmemx.aclshmemx_mte_quiet()
-        for peer in nvl:
-            shmemx.aclshmemx_signal_op(v["nvl_combine_signal"][lane:lane + 1, 0], seq, SET, peer)
+            if p:
+                self._forward_part(seq, handle, order[p - 1], p, topk_weights is not None)
+            shmemx.aclshmemx_mte_quiet()
+            for peer in nvl:
+                shmemx.aclshmemx_signal_op(v["nvl_combine_signal"][lane:lane + 1, 0], _tail(seq, p + 1), SET, peer)
+        self._forward_part(seq, handle, order[-1], n, topk_weights is not None)
+        self._give_credit(NVL_COMBINE, nvl, seq)
 
-    def _reduce_forward(self, seq: int, handle: InternodeHandle, with_weights: bool) -> None:
-        """Combine stage 2: per forwarded row, the float32 sum over this server's ranks in rank order, rounded to
-        bfloat16; each source server's block back over RDMA."""
-        s, n, a, lane = self.server_size, self.servers, self.server, self.lane
-        v, r, lanes = self.views, self.rows, self.lanes
-        cb = r.combine_bytes
-        shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, seq)
+    def _forward_part(self, seq: int, handle: InternodeHandle, b: int, parts: int, with_weights: bool) -> None:
+        """Combine stage 2 for source server b (the server's ranks announced ``parts`` parts): per forwarded row,
+        the float32 sum over this server's ranks in rank order, rounded to bfloat16; b's block back over RDMA
+        (one WRITE on lane 0, every lane its record and signal after it)."""
+        s, a, lane = self.server_size, self.server, self.lane
+        v, lanes = self.views, self.lanes
+        cb = self.rows.combine_bytes
+        shmemx.aclshmem_wait_until_all(v["nvl_combine_signal"][:, 0], GE, _tail(seq, parts))
         rdma_prefix = np.asarray(handle.recv_rdma_rank_prefix_sum, np.int64)
-        heads = np.asarray(handle.send_nvl_head)
         counts = np.diff(rdma_prefix, prepend=0)
-        peers = [((a + i) % n) * s + lane for i in range(n)]
-        self._wait_credit(RDMA_COMBINE, peers, self._last[1])
-        for peer in peers:
-            b = peer // s
-            lo, rows = int(rdma_prefix[b] - counts[b]), int(counts[b])
-            out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
-            self._server_sum(b, heads[lo:lo + rows] >= 0, out, with_weights)
-            if b == a:
-                v["rdma_combine_signal"][a, :, 0] = seq
-                continue
-            base, local = np.uint64(lanes.remote_base[peer]), np.uint64(lanes.local_base)
-            rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
-            sge = [self.offsets["rdma_combine_send"] + b * self.max_tokens * cb] if rows else []
-            length = [rows * cb] if rows else []
-            for q in range(self.rdma_qps):  # lane 0 carries the block, every lane its record and signal
-                self._post(peer, q, base, local, rmt if q == 0 else [], sge if q == 0 else [],
-                           length if q == 0 else [], "rdma_combine_signal", "rdma_records", a, b,
-                           rows if q == 0 else 0, seq)
-        self._give_credit(NVL_COMBINE, [a * s + j for j in range(s)], seq)
-        for peer in peers[1:]:
-            for q in range(self.rdma_qps):
-                lanes.quiet(peer, q)
+        lo, rows = int(rdma_prefix[b] - counts[b]), int(counts[b])
+        out = v["rdma_combine_recv"][a] if b == a else v["rdma_combine_send"][b]
+        self._server_sum(b, np.asarray(handle.send_nvl_head)[lo:lo + rows] >= 0, out, with_weights)
+        if b == a:
+            self._signal_self("rdma_combine_signal", a, seq)
+            return
+        peer = b * s + lane
+        base, local = np.uint64(lanes.remote_base[peer]), np.uint64(lanes.local_base)
+        rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
+        sge = [self.offsets["rdma_combine_send"] + b * self.max_tokens * cb] if rows else []
+        length = [rows * cb] if rows else []
+        for q in range(self.rdma_qps):
+            self._post(peer, q, base, local, rmt if q == 0 else [], sge if q == 0 else [], length if q == 0 else [],
+                       "rdma_combine_signal", "rdma_records", a, b, rows if q == 0 else 0, seq)
 
     def _server_sum(self, b: int, sent: np.ndarray, out: np.ndarray, with_weights: bool) -> None:
         """The rows this forwarder holds from server b (``sent [rows, S]``: forwarded to rank j): per row, the

@@ -24,7 +24,10 @@ For each EP a job is recorded (DeepEP's test routing with a seed per rank; a fir
 regions "dispatch" and "combine"), then replayed on ``h800_cx7``. At most two parameters are fitted on at most
 two points (the dispatch figures), every other point predicted; ``--fit`` chooses which:
 
-* ``tiers`` (normal): the NVLink bandwidth on the EP8 dispatch, the RDMA bandwidth on the EP16 dispatch;
+* ``tiers`` (normal): the NVLink bandwidth on the EP8 dispatch, the RDMA bandwidth on a dispatch across nodes
+  (``--tier-eps``: EP64 with ``--kernel deep_ep``, whose EP16 dispatch is bound by its forwarders' NVLink, not by
+  RDMA; EP16 with ``--kernel moe``); with ``--kernel deep_ep`` the default fits are ``tiers`` and ``none``;
+* ``none``: every value as the topology file has it, nothing fitted;
 * ``rdma`` (normal, ll): the RDMA bandwidth on the first fitted EP and the engine's per-WQE cost
   (``engine.wqe_us``) on the second (what grows with the number of destinations); ``--fit-eps`` names them
   (default 16,64);
@@ -42,6 +45,10 @@ Measured (2026-12-01, EP 8/16/32/64; EP128/256 do not fit this machine's memory)
 * ll, ``cost`` (host.kernel_us = 27.4 on EP16, NVLink 160 / CX7 50 GB/s as the file has them): dispatch -6.4% /
   +2.8% / +3.1% at EP8/32/64, combine -1.9 .. +4.7% at every EP; ``kernel`` (CX7 54.7 GB/s, host.kernel_us = 34.7
   on EP16 and EP64): dispatch +3.1% / +0.4% at EP8/32, combine -6.5 .. +4.5%. Both within 10% everywhere.
+* normal, ``--kernel deep_ep`` (the default: intranode at EP8, the internode kernel above; 256 tokens), ``tiers``
+  (NVLink 146.8 GB/s on EP8, RDMA 55.0 GB/s on EP64): dispatch -5.9% / +3.0% at EP16/32, combine -4.9 .. +3.2% at
+  every EP; ``none`` (NVLink 160, CX7 50 GB/s): dispatch within 8.4%, combine within 10.3%. The EP16 dispatch is
+  bound by the forwarders' NVLink egress (2.8x the bytes DeepEP counts), EP32/64 by the CX7 port.
 * normal, ``--kernel moe`` (the full mesh, 256 tokens), ``tiers`` (NVLink 146.8 on EP8, RDMA 84.0 GB/s on EP16):
   dispatch -15.5% / -13.0% at EP32/64, combine -10.3 .. +7.0% (+0.2% at EP8). The full mesh sends a token once per
   destination rank, DeepEP's internode kernel once per destination node: the bytes per rank differ from DeepEP's
@@ -373,10 +380,14 @@ def main() -> None:
     ap.add_argument("--schedule", default=None, help="moe.Buffer schedule (--kernel moe)")
     ap.add_argument("--dir", default=None, help="keep the recordings here (reused when present)")
     ap.add_argument("--eps", default=None, help="EP sizes to record (normal: 8,16,32,64; ll: 8,16,32,64)")
-    ap.add_argument("--fit", choices=("tiers", "rdma", "kernel", "cost", "both"), default=None,
+    ap.add_argument("--fit", choices=("tiers", "rdma", "kernel", "cost", "both", "none"), default=None,
                     help="ll default: cost (host.kernel_us on the first --fit-eps) and kernel (RDMA bandwidth + "
-                         "host.kernel_us on both); normal default: tiers and rdma")
+                         "host.kernel_us on both); normal default: tiers and rdma; none: the topology file's "
+                         "values, nothing fitted")
     ap.add_argument("--fit-eps", default="16,64", help="the two EPs the 'rdma' fit uses")
+    ap.add_argument("--tier-eps", default=None,
+                    help="the 'tiers' fit: the EP of its NVLink point (one node) and of its RDMA point (default "
+                         "8,64 with --kernel deep_ep, 8,16 with --kernel moe)")
     ap.add_argument("--shape", default=None, metavar="H,E,T_LL,NODE",
                     help="a smaller hidden size, expert count, low-latency token count and node size (to try the "
                          "script out; the published figures are compared with it as if it were DeepEP's shape)")
@@ -417,14 +428,20 @@ def main() -> None:
         print(f"DeepEP normal mode vs the replay of {what}, {args.tokens} tokens per rank, H={H}, top-{GROUPS} "
               f"nodes, top-{K} of {E} experts, FP8 dispatch / BF16 combine, h800_cx7")
         fits = ("tiers", "rdma") if args.fit in (None, "both") else (args.fit,)
-    tier_eps = (8, 16)
+        if args.fit is None and args.kernel == "deep_ep":  # its RDMA binds only from EP32 on (tier_eps): no 'rdma'
+            fits = ("tiers", "none")
+    if args.fit == "none":
+        fits = ("none",)
+    tier_eps = tuple(int(e) for e in (args.tier_eps or ("8,64" if args.kernel == "deep_ep" else "8,16")).split(","))
     if args.shape:  # a try-out: the published figures stand in for the EPs given, in order
         published = dict(zip(eps, published.values()))
         tier_eps = tuple(eps[:2])
     for how in fits:
         t = time.perf_counter()
         note = ""
-        if how == "tiers":
+        if how == "none":
+            over, fitted_points = {}, set()
+        elif how == "tiers":
             over = fit_tiers(models, published, *tier_eps)
             fitted_points = {(tier_eps[0], "dispatch"), (tier_eps[1], "dispatch")}
         elif how == "cost":
@@ -440,7 +457,7 @@ def main() -> None:
             fitted_points = {(fit_eps[0], "dispatch")} | (set() if note else {(fit_eps[1], "dispatch")})
             if not B_RANGE[0] * 1.001 < over["inter.bandwidth_GBps"] < B_RANGE[1] * 0.999:
                 fitted_points = set()
-        print(f"\nfit '{how}': " + ", ".join(f"{k} = {v:.4g}" for k, v in over.items())
+        print(f"\nfit '{how}': " + (", ".join(f"{k} = {v:.4g}" for k, v in over.items()) or "nothing fitted")
               + " (the file: intra 160, inter 50 GB/s, wqe 0.05 us, kernel 0 us;"
               + f" fitted in {time.perf_counter() - t:.0f} s)")
         bounded = [k for k, v in over.items() if k.endswith("GBps") and not B_RANGE[0] * 1.001 < v < B_RANGE[1] * 0.999]

@@ -409,5 +409,8 @@ def aclshmemx_mte_get_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_
 
 
 def aclshmemx_mte_quiet() -> None:
-    """MTE copies are synchronous here: nothing to wait for."""
-    runtime()
+    """MTE copies are synchronous here: nothing to wait for (a recording notes the call: the replay models the
+    copies as non-blocking, complete at this quiet)."""
+    rt = runtime()
+    if rt.recorder is not None:
+        rt.recorder.mte_quiet()

@@ -15,7 +15,8 @@ where                              what (one row of ten int64 per event, in the 
 ``shm.barrier.barrier``            BARRIER: which call, its number
 ``api.signals``                    WAIT / TEST: the words (pe, offset, stride, dtype, count), the comparison,
                                    the value, and the result the call returned; SIGNAL (``signal_op``)
-``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction (and a VALUE row if small)
+``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction (and a VALUE row if small);
+                                   MTE_QUIET (``aclshmemx_mte_quiet``: the thread's copies are complete)
 ``api.blocks``                     LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
 ``api.inspection``                 REGION enter and exit, COMPUTE (``shmemx.compute(us=...)``)
 =================================  ===========================================================================
@@ -42,10 +43,14 @@ import numpy as np
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from ..shm.waits import thread_slot
 
-__all__ = ["Recorder", "Recording", "Ev", "ROW", "RECORD_DIR_ENV", "merge_parts", "FORMAT"]
+__all__ = ["Recorder", "Recording", "Ev", "ROW", "RECORD_DIR_ENV", "merge_parts", "FORMAT", "FORMATS"]
 
 RECORD_DIR_ENV = "SHMEMX_RECORD_DIR"
-FORMAT = "shmemx-record/1"
+FORMAT = "shmemx-record/2"
+# /1 had no MTE_QUIET rows: its MTE copies are replayed as blocking (each complete before the thread goes on), the
+# model of /1; from /2 on a copy is non-blocking and completes at the thread's next MTE_QUIET (or barrier,
+# sync_all, its block's end)
+FORMATS = ("shmemx-record/1", FORMAT)
 ROW = 10  # int64 per event: the kind, then nine fields
 
 
@@ -66,6 +71,7 @@ class Ev(enum.IntEnum):
     SYNC = 12  # launch id
     JOIN = 13  # launch id
     VALUE = 14  # BB position (MTE: -1), bytes, then up to four u64 words: a small payload's bytes (after its POST)
+    MTE_QUIET = 15  # (no fields): the calling thread's MTE copies so far are complete (format /2 on)
 
 
 SMALL_PAYLOAD = 32  # payloads up to this many bytes (flags, generation numbers) are recorded with their value
@@ -181,6 +187,9 @@ class Recorder:
             self._rows().extend(_value_row(-1, np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:nbytes]
                                            .tobytes()))
 
+    def mte_quiet(self) -> None:
+        self._add(Ev.MTE_QUIET)
+
     def region(self, name: str, enter: bool) -> None:
         self._add(Ev.REGION, self._name(name), int(enter))
 
@@ -264,8 +273,8 @@ class Recording:
             raise ValueError(f"{path}: not a shmemx recording ({exc})") from None
         with z:
             job = json.loads(z.read("job.json"))
-            if job.get("format") != FORMAT:
-                raise ValueError(f"{path}: format {job.get('format')!r}, expected {FORMAT!r}")
+            if job.get("format") not in FORMATS:
+                raise ValueError(f"{path}: format {job.get('format')!r}, expected one of {FORMATS!r}")
             if job.get("missing_pes"):
                 raise ValueError(f"{path}: the recording lacks pe(s) {job['missing_pes']} (killed before "
                                  f"finalize?); a replay needs every PE")

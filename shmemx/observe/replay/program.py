@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..record import Ev, Recording
+from ..record import FORMATS, Ev, Recording
 from ...udma.layout import Opcode, TWO_BB_OPCODES
 
 __all__ = ["Program", "Wqes", "Words", "load_program", "REDUCE"]
@@ -77,13 +77,15 @@ class Program:
     words: list[Words] = field(default_factory=list)  # WAIT/TEST ops refer to these by index (field 1)
     payloads: list[dict] = field(default_factory=list)  # per PE: {WQE index: bytes} of the small payloads
     watched: dict = field(default_factory=dict)  # pe -> sorted [k] int64 offsets of words some wait watches
+    mte_nbi: bool = True  # MTE copies complete at MTE_QUIET ops (False: format /1, each copy blocks its thread)
 
 
 def load_program(recording: "Recording | str") -> Program:
     rec = Recording.load(recording) if isinstance(recording, str) else recording
     parts = rec.parts
     qp_num = parts[0].meta["qp_num"]
-    prog = Program(rec.n_pes, qp_num, [], [], [p.meta["names"] for p in parts])
+    prog = Program(rec.n_pes, qp_num, [], [], [p.meta["names"] for p in parts],
+                   mte_nbi=rec.job.get("format") != FORMATS[0])
     for part in parts:
         base, stride = part.meta["heap_va_base"], part.meta["heap_va_stride"]
         wq, post_ranges, row_base = _decode_wqes(part, qp_num, base, stride)
@@ -102,8 +104,17 @@ def load_program(recording: "Recording | str") -> Program:
 def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int, wq: Wqes,
          payloads: dict) -> list[tuple]:
     ops = []
+    copies = False  # MTE copies since the last MTE_QUIET (completed implicitly by a barrier, sync_all, a block's end)
     for row in rows.tolist():
         kind = row[0]
+        if prog.mte_nbi:
+            if kind == Ev.MTE and row[1] != part.pe:
+                copies = True
+            elif kind == Ev.MTE_QUIET:
+                copies = False
+            elif copies and (kind in (Ev.BARRIER, Ev.SYNC) or (kind == Ev.BLOCK and not row[2])):
+                ops.append((Ev.MTE_QUIET,))
+                copies = False
         if kind == Ev.VALUE:  # the bytes of a small payload of the POST (or MTE) before it
             data = np.array(row[3:7], "<i8").tobytes()[:row[2]]
             last = ops[-1]
@@ -122,11 +133,13 @@ def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int
             prog.words.append(_words(part, row, kind == Ev.TEST))
         else:
             ops.append(tuple(row[:_WIDTH.get(kind, 10)]))
+    if copies:
+        ops.append((Ev.MTE_QUIET,))
     return ops
 
 
-_WIDTH = {Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 3, Ev.REGION: 3, Ev.COMPUTE: 3, Ev.LAUNCH: 3,
-          Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2}
+_WIDTH = {Ev.MTE_QUIET: 1, Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 3, Ev.REGION: 3, Ev.COMPUTE: 3,
+          Ev.LAUNCH: 3, Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2}
 
 
 def _words(part, row: list, test: bool) -> Words:

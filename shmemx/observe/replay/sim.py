@@ -13,6 +13,10 @@ equal times is too. What each part does:
 * **The network** (``network``): the WQE's transfer from its sender's egress to its target's ingress;
   ``landed`` when the last byte arrived: signals and atomics apply then, the CQE is one latency later (a
   READ's CQE at the arrival of its data, which left the peer one latency after the request).
+* **MTE copies** (direct copies to a PE of the server, NVLink stores) cost their thread ``post_us`` each and go
+  through the intra ports like a WQE without the engine; the thread goes on, and its ``aclshmemx_mte_quiet`` (or a
+  barrier, its ``sync_all``, its block's end) waits until the last of its copies landed. (A format /1 recording
+  has no quiets: each of its copies blocks its thread until it landed.)
 * **Small control messages** (``signal_op`` stores, barrier rounds) cost the sender ``post_us + doorbell_us``
   and arrive ``wqe_us + latency`` later, without taking port time.
 
@@ -50,7 +54,7 @@ class SimError(Exception):
 
 class Thread:
     __slots__ = ("pe", "slot", "ops", "pc", "clock", "blocked", "releases", "regions", "syncs", "end", "computes",
-                 "blocked_since")
+                 "blocked_since", "mte_pending", "mte_done", "mte_gid")
 
     def __init__(self, pe: int, slot: int, ops: list):
         self.pe, self.slot, self.ops = pe, slot, ops
@@ -63,6 +67,8 @@ class Thread:
         self.syncs: dict[int, int] = {}  # launch id -> sync_all calls so far
         self.end: float | None = None
         self.computes: list[tuple] = []  # (start, end) of compute annotations
+        self.mte_pending = 0  # MTE copies issued whose landing time is not known yet (non-blocking copies)
+        self.mte_done, self.mte_gid = 0.0, -1  # the latest landing among those known, and its copy
 
     def __repr__(self) -> str:
         return f"pe {self.pe} block {self.slot}"
@@ -428,15 +434,29 @@ class Sim(Collectives):
         th.clock += self.topo.post_us
         t = th.clock
         self.w_ready[gid] = self.w_s[gid] = self.w_T[gid] = t
-        self._block(th, ("mte", gid))
         if put:
             self.at(t, self._send, gid)
         else:  # the request goes one latency ahead of the data
             self.at(t + self.lat[self.w_tier[gid]], self._send, gid)
+        if self.prog.mte_nbi:  # issued: the thread goes on, the copy completes at its MTE_QUIET
+            th.mte_pending += 1
+            return True
+        self._block(th, ("mte", gid))  # (a format /1 recording: no quiets recorded, each copy blocks)
         return False
 
+    def _op_mte_quiet(self, th: Thread, op) -> bool:
+        """``aclshmemx_mte_quiet``: until every MTE copy this thread issued has landed."""
+        if th.mte_pending:
+            return self._block(th, ("mte_quiet",))  # ``landed`` releases it when the last one is known
+        if th.mte_done > th.clock:
+            self._block(th, ("mte_quiet",))
+            self.at(th.mte_done, self._resume_event, (th, ("mte", th.mte_gid)))
+            return False
+        return True
+
     _handlers = {Ev.POST: _op_post, Ev.QUIET: _op_quiet, Ev.WAIT: _op_wait, Ev.TEST: _op_wait,
-                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.BARRIER: Collectives._op_barrier,
+                 Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.MTE_QUIET: _op_mte_quiet,
+                 Ev.BARRIER: Collectives._op_barrier,
                  Ev.REGION: Collectives._op_region, Ev.COMPUTE: Collectives._op_compute,
                  Ev.LAUNCH: Collectives._op_launch, Ev.BLOCK: Collectives._op_block, Ev.SYNC: Collectives._op_sync,
                  Ev.JOIN: Collectives._op_join}
@@ -563,7 +583,16 @@ class Sim(Collectives):
         if self.w_effect[gid] is not None:
             self.at(done, self._deliver, gid)
         if kind == W_MTE:
-            self.at(done, self._resume_event, (self.w_poster[gid], ("mte", gid)))
+            th = self.w_poster[gid]
+            if not self.prog.mte_nbi:
+                self.at(done, self._resume_event, (th, ("mte", gid)))
+                return
+            th.mte_pending -= 1
+            if done >= th.mte_done:
+                th.mte_done, th.mte_gid = done, gid
+            if not th.mte_pending and th.blocked == ("mte_quiet",):
+                th.blocked = ("released",)
+                self.at(max(th.mte_done, th.clock), self._resume_event, (th, ("mte", th.mte_gid)))
             return
         q = self.w_queue[gid]
         q.unacked -= 1
