@@ -254,7 +254,10 @@ def combine_kernel(a: CombineArgs) -> None:
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
     sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
-    _wait_sources(a, ([r for r in range(a.n_pes) if r != a.me] if c == 0 else []) if one else sources)
+    if not one:
+        _wait_sources(a, sources)
+    elif c == 0:  # block 0 waits for every block's sources (``Lanes.one_poster``)
+        _wait_sources(a, [r for r in range(a.n_pes) if r != a.me])
     t = timer.lap("wait", t)
     shmemx.sync_all()
     t = timer.lap("sync", t)

@@ -188,12 +188,18 @@ def _wide_tokens(a: DispatchArgs, units, timer):
     return toks, split
 
 
+def _span_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> tuple[int, int]:
+    """Where channels [c0, c1)'s tokens for ``peer`` are in ``_wide_tokens``'s token array: ``[lo, hi)``."""
+    toks, split = wide
+    lo = int(split[peer])
+    i, j = np.searchsorted(toks[lo:int(split[peer + 1])], (a.bounds[c0], a.bounds[c1]))
+    return lo + int(i), lo + int(j)
+
+
 def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray:
     """Channels [c0, c1)'s tokens for ``peer`` (ascending), from ``_wide_tokens``."""
-    toks, split = wide
-    mine = toks[split[peer]:split[peer + 1]]
-    i, j = np.searchsorted(mine, (a.bounds[c0], a.bounds[c1]))
-    return mine[i:j]
+    lo, hi = _span_in(a, wide, peer, c0, c1)
+    return wide[0][lo:hi]
 
 
 def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of):
@@ -211,19 +217,18 @@ def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, w
         assert (ns == want[has]).all(), (units, ns)
         chans = np.fromiter((u.channel for u in units), np.intp, m)[has]
         return has, peers[has], chans, split[peers[has]], ns, toks
-    wtoks, wsplit = wide_of()
+    wide = wide_of()
     rows = []
     for i, u in enumerate(units):
         if not u.rows:
             continue
         assert u.segments, u  # a batched round: every remote unit with rows is a batched lane's
         for c0, c1, n in u.segments:
-            lo = int(wsplit[u.peer])
-            i0, i1 = np.searchsorted(wtoks[lo:int(wsplit[u.peer + 1])], (a.bounds[c0], a.bounds[c1]))
-            assert i1 - i0 == n, (u, c0, c1, int(i1 - i0))
-            rows.append((i, u.peer, c0, lo + int(i0), n))
+            lo, hi = _span_in(a, wide, u.peer, c0, c1)
+            assert hi - lo == n, (u, c0, c1, hi - lo)
+            rows.append((i, u.peer, c0, lo, n))
     cols = np.array(rows, np.int64).reshape(-1, 5).T
-    return cols[0], cols[1], cols[2], cols[3], cols[4], wtoks
+    return cols[0], cols[1], cols[2], cols[3], cols[4], wide[0]
 
 
 def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of, timer,
