@@ -76,6 +76,7 @@ def payload(rank: int, T: int, H: int):
 def _job(cfg: dict, out_path: str) -> None:
     import shmemx
     from shmemx.kernels import moe
+    from shmemx.kernels.moe.lanes import host_has_cores_for_blocks
 
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
     shmemx.init()
@@ -131,7 +132,9 @@ def _job(cfg: dict, out_path: str) -> None:
         buf = buffers["default"] if "default" in buffers else buffers[channels, zero_copy]
         if "default" not in buffers:
             buf.set_schedule(qp_policy=policy, rotate=rotate, aggregate=aggregate)
-            buf.shared_lanes = lanes
+            buf.shared_lanes = "batch" if lanes == "split" else lanes
+            # "split": batched lanes, the blocks splitting the work even where block 0 would take it all
+            buf.lanes.split_blocks = lanes == "split" or host_has_cores_for_blocks(P)
         seconds = probe()
         if me < 2:
             probes[ci, 0, me] = seconds
@@ -404,8 +407,29 @@ def fold(runs: list[dict]) -> dict:
 def _name(r: dict) -> str:
     return (("default: " if r.get("default") else "") + f"{r['policy']}, "
             f"{'agg' if r['aggregate'] else 'per-token'}, {r['channels']} ch"
-            + (", rounds" if r["lanes"] == "rounds" and r["channels"] > 1 else "")
+            + (f", {r['lanes']}" if r["lanes"] != "batch" and r["channels"] > 1 else "")
             + (", zero-copy" if r["zero_copy"] else ""))
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Whether two rows run one configuration."""
+    keys = ("channels", "policy", "rotate", "aggregate", "zero_copy", "lanes")
+    return all(a[k] == b[k] for k in keys)
+
+
+def _paired_ratios(rows: list[dict], default) -> list[tuple[str, list[float]]]:
+    """Per configuration that has a 4-channel row (batched lanes) and a 1-channel twin: the 4-channel pair time
+    over the 1-channel one, repeat by repeat (each repeat runs them one after the other, so the drift of a
+    shared machine cancels)."""
+    out = []
+    for r4 in rows:
+        if r4 is default or r4["channels"] != 4 or r4["lanes"] != "batch":
+            continue
+        r1 = next((r for r in rows if r is not default and r["channels"] == 1 and
+                   _same(dict(r, channels=4), r4)), None)
+        if r1 is not None:
+            out.append((f"{r4['policy']}", [a[0] / b[0] for a, b in zip(r4["runs"], r1["runs"])]))
+    return out
 
 
 def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, payload_mb: float, mpi, cam) -> dict:
@@ -477,14 +501,31 @@ def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, paylo
               f"the best configuration")
         print(f"bar (issue 11): default Buffer = {d_ratio:.2f}x the copy lower bound (limit 3.0x, moonshot 2.0x): "
               f"{'PASS' if d_ratio <= 3.0 else 'MISS'}")
-    fastest = {}  # channels -> the fastest row with that many (the default's own row aside)
+    fastest = {}  # (channels, blocks split) -> the fastest row with that many (the default's own row aside)
     for r in rows:
-        if r is not default and (r["channels"] not in fastest or r["pair_max_ms"] < fastest[r["channels"]]):
-            fastest[r["channels"]] = r["pair_max_ms"]
-    if 1 in fastest and 4 in fastest:
-        four = fastest[4] / fastest[1]
+        key = r["channels"], r["lanes"] == "split"
+        if r is not default and (key not in fastest or r["pair_max_ms"] < fastest[key]):
+            fastest[key] = r["pair_max_ms"]
+    if (1, False) in fastest and (4, False) in fastest:
+        four = fastest[4, False] / fastest[1, False]
         print(f"bar (issue 11): 4 channels no slower than 1: the fastest 4-channel row = {four:.2f}x the fastest "
               f"1-channel row: {'PASS' if four <= 1.0 else 'MISS'}")
+    paired = _paired_ratios(rows, default)
+    if paired:
+        every = [x for _, xs in paired for x in xs]
+        print(f"  4 channels / 1 channel, repeat by repeat (the same configuration otherwise, run one after the "
+              f"other): " + ", ".join(f"{name} {np.median(xs):.2f}x" for name, xs in paired)
+              + f"; median of all {len(every)} pairs {np.median(every):.2f}x (quartiles "
+              f"{np.percentile(every, 25):.2f}-{np.percentile(every, 75):.2f}x)")
+        twin = next((r for r in rows if r is not default and default is not None and _same(r, default)), None)
+        if twin is not None and len(twin["runs"]) > 1:
+            same = [a[0] / b[0] for a, b in zip(twin["runs"], default["runs"])]
+            print(f"  the noise: the default's twin row / the default row (one configuration twice), repeat by "
+                  f"repeat: median {np.median(same):.2f}x, quartiles {np.percentile(same, 25):.2f}-"
+                  f"{np.percentile(same, 75):.2f}x, range {min(same):.2f}-{max(same):.2f}x")
+    if (1, False) in fastest and (4, True) in fastest:
+        print(f"  for reference, 4 channels with the blocks splitting the work (the kernels before block 0 took it "
+              f"all on a host the PEs fill): {fastest[4, True] / fastest[1, False]:.2f}x the fastest 1-channel row")
     if cam is not None:  # issue 6's comparison (bench_cam.py --deepep runs both in one job, interleaved)
         kernels, with_notify = cam["pair_max_ms"], cam["pair_max_ms"] + cam["notify_ms"]
         print(f"CAM window mode / best: dispatch + combine {kernels / best['pair_max_ms']:.2f}x (kernels; "
@@ -515,9 +556,11 @@ def main(argv=None) -> int:
                     help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
     ap.add_argument("--aggregate", choices=("both", "on", "off"), default="both",
                     help="dispatch packing each unit's rows into one WQE (aggregate), per-token runs, or both")
-    ap.add_argument("--lanes", choices=("both", "batch", "rounds"), default="batch",
+    ap.add_argument("--lanes", choices=("both", "batch", "rounds", "split", "all"), default="batch",
                     help="with more than one channel: shared lanes batched by one block (Buffer(shared_lanes="
-                         "'batch')), taken in rounds, or both")
+                         "'batch')), taken in rounds, or both; 'split': batched, with the blocks splitting the "
+                         "work even on a host whose cores the PEs fill (Lanes.one_block; the kernels before it "
+                         "took it all there); 'all': the three")
     ap.add_argument("--scale", type=int, nargs="+", metavar="P",
                     help="instead: the default Buffer at these job sizes (e.g. 8 128), T=64 H=1024 K=8 E=128 "
                          "unless given, per-rank time beside the first size's")
@@ -542,7 +585,7 @@ def main(argv=None) -> int:
         policies, args.channels = args.policies or ["one", "four_rr"], [4]
     zero = {"both": (False, True), "on": (True,), "off": (False,)}[args.zero_copy]
     aggs = {"both": (True, False), "on": (True,), "off": (False,)}[args.aggregate]
-    lane_modes = {"both": ("batch", "rounds"), "batch": ("batch",), "rounds": ("rounds",)}[args.lanes]
+    lane_modes = {"both": ("batch", "rounds"), "all": ("batch", "rounds", "split")}.get(args.lanes, (args.lanes,))
     configs = [(c, p, True, a, z, m) for z in zero for c in args.channels for m in (lane_modes if c > 1 else ("batch",))
                for p in policies for a in aggs]
     from shmemx.kernels.moe import Buffer

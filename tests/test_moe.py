@@ -466,18 +466,24 @@ def _check_quantised(buf, allin):
         assert diff < tol, (cast.__name__, diff)
 
 
-def _moe_job(schedules, variants, quantised, errors, lanes=("batch",)):
+def _moe_job(schedules, variants, quantised, errors, lanes=("batch",), splits=(None,)):
+    """``lanes``: the shared-lane modes to check; ``splits``: with batched lanes, ``Lanes.split_blocks`` (None:
+    the host's default; True: the blocks split the work, False: block 0 does it all)."""
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     buf = moe.Buffer(T, H, K, E, num_channels=CHANNELS, qp_num=4)
+    default = buf.lanes.split_blocks
     for variant in variants:
         allin = [_inputs(r, n, variant) for r in range(n)]
         for schedule in schedules:
             buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
             for mode in lanes:
                 buf.shared_lanes = mode
-                _check_dispatch_combine(buf, allin, schedule)
+                for split in splits if mode == "batch" else (None,):
+                    buf.lanes.split_blocks = default if split is None else split
+                    _check_dispatch_combine(buf, allin, schedule)
+    buf.lanes.split_blocks = default if splits[-1] is None else splits[-1]
     if quantised:
         _check_quantised(buf, [_inputs(r, n) for r in range(n)])
     if errors:
@@ -576,9 +582,11 @@ def _job_free(queue, words: np.ndarray) -> np.ndarray:
     return words
 
 
-def _batched_rings_job(vectorize: bool, out_dir: str):
-    """Dispatch + combine (and a cached dispatch) with a round's units posted all at once (``vectorize``, the
-    fast path while unobserved) or unit by unit; writes every send queue's ring bytes and the call's counts."""
+def _batched_rings_job(mode: str, out_dir: str):
+    """Dispatch + combine (and a cached dispatch) with a round's units posted all at once (the fast path while
+    unobserved; ``mode`` "batch": block 0 does every block's work where it may, ``Lanes.one_block``; "split": the
+    blocks split it) or unit by unit ("each"); writes every send queue's ring bytes and the call's counts."""
+    vectorize = mode != "each"
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
     shmemx.init(sq_depth=1024)
     me, n = shmemx.my_pe(), shmemx.n_pes()
@@ -594,6 +602,7 @@ def _batched_rings_job(vectorize: bool, out_dir: str):
         # in runs that are not consecutive, several segments to a unit)
         buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4, shared_lanes=lanes)
         buf.lanes.vectorize = vectorize
+        buf.lanes.split_blocks = mode == "split"
         assert buf.lanes.batched == vectorize
         for schedule in schedules:
             buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)
@@ -614,26 +623,31 @@ def test_batched_rounds_post_the_same_wqes(run_ok, tmp_path):
     """A round's units built and posted all at once (and notify's WQEs of every peer in one batch) leave the
     same WQE bytes in every send queue, in the same order, as posting unit by unit (the observed runs' path)."""
     n = 4
-    for mode in ("each", "batch"):
+    modes = ("each", "batch", "split")
+    for mode in modes:
         (tmp_path / mode).mkdir()
-        run_ok(n, _batched_rings_job, mode == "batch", str(tmp_path / mode), timeout=120)
+        run_ok(n, _batched_rings_job, mode, str(tmp_path / mode), timeout=120)
     for pe in range(n):
-        each, batch = (np.load(tmp_path / mode / f"pe{pe}.npz") for mode in ("each", "batch"))
-        assert sorted(each.files) == sorted(batch.files)
-        for key in each.files:
-            np.testing.assert_array_equal(each[key], batch[key], err_msg=f"pe {pe}: {key}")
+        each, *others = (np.load(tmp_path / mode / f"pe{pe}.npz") for mode in modes)
+        for mode, batch in zip(modes[1:], others):
+            assert sorted(each.files) == sorted(batch.files)
+            for key in each.files:
+                np.testing.assert_array_equal(each[key], batch[key], err_msg=f"pe {pe}: {mode}: {key}")
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dispatch_combine_against_reference(run_ok, n):
     """Both ways of sharing a lane (batched, the default, and rounds) on every CI schedule."""
-    run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, ("batch", "rounds"), timeout=150)
+    run_ok(n, _moe_job, CI_SCHEDULES[n], ["random"], True, False, ("batch", "rounds"), (False, True), timeout=150)
 
 
 @pytest.mark.parametrize("n", [2, 8])
-def test_edge_routings_and_errors(run_ok, n):
-    """Tokens routed nowhere, every token to one expert, a PE that sends nothing; overflow and bad input."""
-    run_ok(n, _moe_job, [Schedule("two_3_1", True, True)], ["one_expert", "silent"], False, True, timeout=150)
+@pytest.mark.parametrize("split", [False, True])
+def test_edge_routings_and_errors(run_ok, n, split):
+    """Tokens routed nowhere, every token to one expert, a PE that sends nothing; overflow and bad input; with
+    the blocks splitting the work and with block 0 doing it all (``Lanes.one_block``)."""
+    run_ok(n, _moe_job, [Schedule("two_3_1", True, True)], ["one_expert", "silent"], False, True, ("batch",),
+           (split,), timeout=150)
 
 
 @pytest.mark.slow

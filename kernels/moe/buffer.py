@@ -56,11 +56,11 @@ class Buffer:
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
         num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
-            10 (nor the Ascend port's 4): the fastest measured on the reference machine (``scripts/bench_moe.py
-            --repeat``; README "Performance"). An emulated PE's blocks are threads of one process on a host with
-            few cores, so more blocks add thread hand-offs, per-block waits and ``sync_all`` s, not parallelism
-            (the data itself is copied without the interpreter lock either way); channels that share a QP no
-            longer take rounds (``shared_lanes="batch"``).
+            10 (nor the Ascend port's 4): level with 4 on the reference machine and the one that needs the fewest
+            QPs (``scripts/bench_moe.py --repeat``; README "Performance"). An emulated PE's blocks are threads of
+            one process; on a host whose cores the PEs fill (fewer than two per PE), block 0 runs every channel's
+            share of a batched call (``Lanes.one_block``: the same WQEs, order and results), since the blocks
+            could only take turns on the PE's core; with cores to spare the blocks split the work.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
@@ -412,7 +412,9 @@ class Buffer:
         relay_out: list = [None] * self.topology.num_servers
         t_kernel = time.perf_counter()
         if sched.name == "fullmesh":
-            shmemx.launch(dispatch_kernel, self.num_channels, args)
+            # one block when it does every block's work (``Lanes.one_block``): parked blocks woken only to
+            # return would each give this PE's core away for a wake-up
+            shmemx.launch(dispatch_kernel, 1 if self.lanes.one_block(plan) else self.num_channels, args)
         elif sched.name == "groups":
             shmemx.launch(_groups.groups_dispatch_kernel, blocks, args, waves)
         else:
@@ -540,7 +542,7 @@ class Buffer:
             out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
         t_kernel = time.perf_counter()
         if sched.name == "fullmesh":
-            shmemx.launch(combine_kernel, n_ch, args)
+            shmemx.launch(combine_kernel, 1 if self.lanes.one_block(plan) else n_ch, args)  # as dispatch
         elif sched.name == "groups":
             shmemx.launch(_groups.groups_combine_kernel, blocks, args, waves)
         else:

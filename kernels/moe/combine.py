@@ -12,7 +12,9 @@ those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
 Receive side: block c waits for the sources ``c, c + C, ...``, all blocks meet, then block c reduces the tokens
 of its channel: for each token, the rows of the ranks it went to, in ascending rank order, are added in float32
 (a gather index per (token, contributor), padded with the region's last row, which stays zero) and rounded once
-to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit.
+to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit. Where block 0
+does every block's work (``Lanes.one_block``) it is the kernel's only block: it posts, waits, reduces every token
+and gives every credit, with no ``sync_all``.
 """
 
 from __future__ import annotations
@@ -229,9 +231,14 @@ def combine_kernel(a: CombineArgs) -> None:
     timer = a.stats.timer(c)
     t = timer.mark()
     one = a.lanes.one_poster(a.plan)  # block 0 posts and waits for every block (``Lanes.one_poster``)
+    solo = a.lanes.one_block(a.plan)  # block 0 does every block's work (``Lanes.one_block``)
+    if solo and c:
+        return
     for k in range(a.plan.rounds):
         if a.lanes.batched:  # every unit of the round at once
             units = a.lanes.round_units(a.plan, c, k, one)
+            if solo:  # the other blocks' rows for this PE too
+                units = units + [u for b in range(1, n_blocks) for u in a.plan.by_block[b][k] if u.peer == a.me]
             remote = [u for u in units if u.peer != a.me]
             for u in units:
                 if u.peer == a.me:
@@ -259,6 +266,11 @@ def combine_kernel(a: CombineArgs) -> None:
     elif c == 0:  # block 0 waits for every block's sources (``Lanes.one_poster``)
         _wait_sources(a, [r for r in range(a.n_pes) if r != a.me])
     t = timer.lap("wait", t)
+    if solo:  # the whole reduction, then every source's credit: no other block to meet
+        _reduce(a, int(a.bounds[0]), int(a.bounds[-1]))
+        timer.lap("epilogue", t)
+        give_credits(a, [r for r in range(a.n_pes) if r != a.me], timer)
+        return
     shmemx.sync_all()
     t = timer.lap("sync", t)
     _reduce(a, int(a.bounds[c]), int(a.bounds[c + 1]))

@@ -17,7 +17,8 @@ Then the receive side: block c waits (asleep) for the completion signals of ever
 ``s = c, c + C, ...``, checks that their records add up to the rows notify announced, copies the source's rows
 out of the workspace into the outputs (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
 and, once every block has copied its sources out (``sync_all``), gives each of its sources its credit: the region
-may be written again.
+may be written again. Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block:
+one route scan of every channel's tokens, every channel's own rows in one copy, then as above for all sources.
 """
 
 from __future__ import annotations
@@ -387,11 +388,16 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     c = shmemx.get_block_idx()
     timer = a.stats.timer(c)
     t = timer.mark()
-    toks, split, reads = peer_tokens(int(a.bounds[c]), int(a.bounds[c + 1]), a.n_pes, routing=a.routing,
+    solo = a.lanes.one_block(a.plan)  # block 0 does every block's work (``Lanes.one_block``)
+    if solo and c:
+        return
+    c1 = len(a.bounds) - 1 if solo else c + 1  # the channels [c, c1) whose tokens this block scans
+    toks, split, reads = peer_tokens(int(a.bounds[c]), int(a.bounds[c1]), a.n_pes, routing=a.routing,
                                      mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
     t = timer.lap("route", t)
-    wide = []  # batched lanes: the tokens of the channels this block posts for, by peer (one scan, when needed)
+    wide = [(toks, split)] if solo else []  # batched lanes: the tokens of the channels this block posts for,
+    # by peer (one scan, when needed; with ``solo`` this block's scan covered every channel)
     batched = a.lanes.batched
     one = a.lanes.one_poster(a.plan)  # block 0 posts and receives for every block (``Lanes.one_poster``)
     mine = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
@@ -405,8 +411,11 @@ def dispatch_kernel(a: DispatchArgs) -> None:
         units = mine[k]
         if batched:  # every unit of the round at once
             remote = [u for u in units if u.peer != a.me]
+            if solo:  # every channel's rows for this PE (they are consecutive there too)
+                _local(a, 0, toks[split[a.me]:split[a.me + 1]])
+                t = timer.lap("pack", t)
             for u in units:
-                if u.peer == a.me:
+                if u.peer == a.me and not solo:
                     _local(a, c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])
                     t = timer.lap("pack", t)
             if remote:
@@ -434,8 +443,9 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     if one:  # block 0 receives every source and gives the credits once it has copied them all out
         if c == 0:
             t = _receive_all(a, range(a.n_pes), timer, t)
-        if a.out is None:  # the blocks' own rows went into the workspace (an overflow): all of them are in before
-            # a source may write the region again (a cached call with another row size puts rows elsewhere)
+        if a.out is None and not solo:  # the blocks' own rows went into the workspace (an overflow): all of
+            # them are in before a source may write the region again (a cached call with another row size puts
+            # rows elsewhere)
             shmemx.sync_all()
             timer.count("syncs")
             t = timer.lap("sync", t)

@@ -254,7 +254,7 @@ def _segments(sharers: list[int], rows: np.ndarray) -> tuple:
         if out and out[-1][1] == c:
             out[-1] = (out[-1][0], c + 1, out[-1][2] + int(rows[c]))
         else:
-            out.append((c, c + 1, int(rows[c])))
+            out.append((c, c + 1, int(rows[c])))  # rows: a list or an array
     return tuple(out)
 
 
@@ -267,23 +267,24 @@ def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, bat
     logical = [(peer - me) % n_pes if schedule.rotate else peer for peer in range(n_pes)]
     units: list[Unit] = []
     lane_rows = np.zeros((n_pes, n_qps), np.int64)
+    by_peer, qp_of = rows.T.tolist(), qps.T.tolist()  # Python ints: this loop runs on every call
     for peer in range(n_pes):
+        prow, pqp = by_peer[peer], qp_of[peer]
         for q in range(n_qps):
-            sharers = [c for c in range(n_channels) if qps[c, peer] == q and rows[c, peer] > 0]
-            lane_rows[peer, q] = int(rows[sharers, peer].sum()) if sharers else 0
+            sharers = [c for c in range(n_channels) if pqp[c] == q and prow[c] > 0]
+            lane_rows[peer, q] = total = sum(prow[c] for c in sharers)
             m = len(sharers)
             if batch and peer != me and m:
                 owner = sharers[logical[peer] % m]
-                units.append(Unit(owner, peer, q, int(lane_rows[peer, q]), 0, True,
-                                  _segments(sharers, rows[:, peer])))
+                units.append(Unit(owner, peer, q, total, 0, True, _segments(sharers, prow)))
                 continue
             if batch:  # this PE's own rows (one local copy per channel) or a lane without rows: round 0
-                lane = [Unit(c, peer, q, int(rows[c, peer]), 0) for c in sharers]
+                lane = [Unit(c, peer, q, prow[c], 0) for c in sharers]
                 if peer != me:
                     lane = [Unit((logical[peer] * n_qps + q) % n_channels, peer, q, 0, 0, True)]
                 units.extend(lane)
                 continue
-            lane = [Unit(c, peer, q, int(rows[c, peer]), (logical[peer] - j) % m) for j, c in enumerate(sharers)]
+            lane = [Unit(c, peer, q, prow[c], (logical[peer] - j) % m) for j, c in enumerate(sharers)]
             if peer != me:
                 if not lane:  # nothing to send on this lane: an empty unit carries its completion signal
                     lane = [Unit((logical[peer] * n_qps + q) % n_channels, peer, q, 0, 0)]
