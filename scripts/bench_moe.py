@@ -556,11 +556,11 @@ def main(argv=None) -> int:
                     help="dispatch returning workspace views (Buffer(zero_copy=True)), copies, or both")
     ap.add_argument("--aggregate", choices=("both", "on", "off"), default="both",
                     help="dispatch packing each unit's rows into one WQE (aggregate), per-token runs, or both")
-    ap.add_argument("--lanes", choices=("both", "batch", "rounds", "split", "all"), default="batch",
+    ap.add_argument("--lanes", nargs="+", choices=("both", "batch", "rounds", "split", "all"), default=["batch"],
                     help="with more than one channel: shared lanes batched by one block (Buffer(shared_lanes="
                          "'batch')), taken in rounds, or both; 'split': batched, with the blocks splitting the "
                          "work even on a host whose cores the PEs fill (Lanes.one_block; the kernels before it "
-                         "took it all there); 'all': the three")
+                         "did so there); 'all': the three; several: each of them")
     ap.add_argument("--scale", type=int, nargs="+", metavar="P",
                     help="instead: the default Buffer at these job sizes (e.g. 8 128), T=64 H=1024 K=8 E=128 "
                          "unless given, per-rank time beside the first size's")
@@ -585,7 +585,9 @@ def main(argv=None) -> int:
         policies, args.channels = args.policies or ["one", "four_rr"], [4]
     zero = {"both": (False, True), "on": (True,), "off": (False,)}[args.zero_copy]
     aggs = {"both": (True, False), "on": (True,), "off": (False,)}[args.aggregate]
-    lane_modes = {"both": ("batch", "rounds"), "all": ("batch", "rounds", "split")}.get(args.lanes, (args.lanes,))
+    lane_modes = [m for arg in args.lanes for m in
+                  {"both": ("batch", "rounds"), "all": ("batch", "rounds", "split")}.get(arg, (arg,))]
+    lane_modes = tuple(dict.fromkeys(lane_modes))
     configs = [(c, p, True, a, z, m) for z in zero for c in args.channels for m in (lane_modes if c > 1 else ("batch",))
                for p in policies for a in aggs]
     from shmemx.kernels.moe import Buffer
