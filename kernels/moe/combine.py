@@ -12,9 +12,9 @@ those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
 Receive side: block c waits for the sources ``c, c + C, ...``, all blocks meet, then block c reduces the tokens
 of its channel: for each token, the rows of the ranks it went to, in ascending rank order, are added in float32
 (a gather index per (token, contributor), padded with the region's last row, which stays zero) and rounded once
-to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit. Where block 0
-does every block's work (``Lanes.one_block``) it is the kernel's only block: it posts, waits, reduces every token
-and gives every credit, with no ``sync_all``.
+to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit.
+Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block: it posts, waits,
+reduces every token and gives every credit, with no ``sync_all``.
 """
 
 from __future__ import annotations

@@ -247,14 +247,15 @@ def tier_order(me: int, servers) -> list[int]:
     return [me] + [r for _, _, r in sorted(keyed)]
 
 
-def _segments(sharers: list[int], rows: np.ndarray) -> tuple:
-    """``((c0, c1, rows), ...)``: ``sharers`` (ascending) as runs of consecutive channels, with their rows."""
+def _segments(sharers: list[int], rows) -> tuple:
+    """``((c0, c1, rows), ...)``: ``sharers`` (ascending) as runs of consecutive channels, with their rows
+    (``rows[c]``: a list or an array, by channel)."""
     out = []
     for c in sharers:
         if out and out[-1][1] == c:
             out[-1] = (out[-1][0], c + 1, out[-1][2] + int(rows[c]))
         else:
-            out.append((c, c + 1, int(rows[c])))  # rows: a list or an array
+            out.append((c, c + 1, int(rows[c])))
     return tuple(out)
 
 
