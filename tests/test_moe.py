@@ -213,6 +213,25 @@ def test_one_channel_plan_is_the_general_plan():
             assert sorted(fast.units, key=repr) == sorted(slow.units, key=repr)
 
 
+def test_batched_plan_is_the_general_plan():
+    """The batched plan (made on every call of a batched Buffer, without the general loop's per-lane search and
+    sort) has the units, order and lane rows of the general loop with ``batch``, for every policy, rotation,
+    rank, channel count and lanes without rows."""
+    from shmemx.kernels.moe.schedule import _plan_batched, _plan_general
+
+    rng = np.random.default_rng(4)
+    for n_pes, channels, policy, rotate in itertools.product((1, 2, 5, 8), (2, 3, 4, 7), QP_POLICIES, (True, False)):
+        rows = rng.integers(0, 3, (channels, n_pes))
+        rows[:, -1] = 0
+        for me in range(n_pes):
+            fast = _plan_batched(me, n_pes, rows, Schedule(policy, rotate))
+            slow = _plan_general(me, n_pes, rows, Schedule(policy, rotate), batch=True)
+            assert fast.rounds == slow.rounds == 1 and fast.by_block == slow.by_block, (n_pes, channels, policy, me)
+            np.testing.assert_array_equal(fast.lane_rows, slow.lane_rows)
+            assert sorted(fast.units, key=repr) == sorted(slow.units, key=repr)
+            assert fast.batched and slow.batched
+
+
 def test_rotation_starts_each_rank_at_itself():
     rows = np.ones((8, 8), np.int64)
     for me in range(8):

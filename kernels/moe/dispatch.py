@@ -218,18 +218,23 @@ def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, w
         assert (ns == want[has]).all(), (units, ns)
         chans = np.fromiter((u.channel for u in units), np.intp, m)[has]
         return has, peers[has], chans, split[peers[has]], ns, toks
-    wide = wide_of()
+    wide_toks, wide_split = wide_of()
     rows = []
     for i, u in enumerate(units):
         if not u.rows:
             continue
         assert u.segments, u  # a batched round: every remote unit with rows is a batched lane's
-        for c0, c1, n in u.segments:
-            lo, hi = _span_in(a, wide, u.peer, c0, c1)
-            assert hi - lo == n, (u, c0, c1, hi - lo)
-            rows.append((i, u.peer, c0, lo, n))
-    cols = np.array(rows, np.int64).reshape(-1, 5).T
-    return cols[0], cols[1], cols[2], cols[3], cols[4], wide[0]
+        rows += [(i, u.peer, c0, c1, n) for c0, c1, n in u.segments]
+    p_unit, p_peer, p_chan, p_end, ns = np.array(rows, np.int64).reshape(-1, 5).T
+    # where each piece's tokens are in the wide token array (``_span_in`` of every piece at once): the peer's
+    # tokens are one ascending run there, so search the (peer, token) keys of all of them together
+    span = int(a.bounds[-1]) + 1  # above every token and channel bound
+    peer_of = np.repeat(np.arange(len(wide_split) - 1), np.diff(wide_split))
+    keys = peer_of * span + wide_toks
+    lo = np.searchsorted(keys, p_peer * span + a.bounds[p_chan])
+    hi = np.searchsorted(keys, p_peer * span + a.bounds[p_end])
+    assert (hi - lo == ns).all(), (units, hi - lo, ns)
+    return p_unit, p_peer, p_chan, lo, ns, wide_toks
 
 
 def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of, timer,

@@ -179,15 +179,14 @@ class Lanes:
 
     def one_poster(self, plan) -> bool:
         """Whether block 0 does the PE's posting and receiving of ``plan`` for every block while ``batched``: a plan
-        of several blocks and one round whose remote units with rows all carry their segments (batched lanes).
+        of several blocks with batched lanes (``Plan.batched``: one round, every remote unit with rows carries its
+        segments).
         Then every lane has one unit, and one build and one native post over all the PE's lanes (then one wait per
         QP over every source) replace one per block: each lane still has one submitter and the same WQEs in the
         same order; the blocks' own rows and the reduction stay split by block (unless ``one_block``). On a host
         whose cores the PEs already fill, the blocks' Python runs one at a time, so per-block copies of these fixed
         costs are time."""
-        if not self.batched or plan.rounds != 1 or len(plan.by_block) == 1:
-            return False
-        return all(u.segments for units in plan.by_block for u in units[0] if u.peer != self.me and u.rows)
+        return self.batched and plan.batched and len(plan.by_block) > 1
 
     def one_block(self, plan) -> bool:
         """Whether block 0 does the whole kernel of ``plan``, every block's share included (its own rows, for

@@ -153,6 +153,7 @@ class Plan:
     by_block: list
     lane_rows: np.ndarray  # [P, num_qps] int64: rows sent on each lane
     units: list = field(default_factory=list)
+    batched: bool = False  # shared lanes batched: one round, every remote unit with rows carries its segments
 
 
 def channel_qp(policy: str, channel: int) -> int:
@@ -216,7 +217,9 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch
         if servers is not None and schedule.rotate and len(set(np.asarray(servers).tolist())) > 1:
             order = tier_order(me, servers)
         return _plan_one_channel(me, n_pes, rows[0], schedule, order)
-    return _plan_general(me, n_pes, rows, schedule, batch)
+    if batch:
+        return _plan_batched(me, n_pes, rows, schedule)
+    return _plan_general(me, n_pes, rows, schedule)
 
 
 def tier_order(me: int, servers) -> list[int]:
@@ -261,7 +264,7 @@ def _segments(sharers: list[int], rows) -> tuple:
 
 def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False) -> Plan:
     """``plan_rounds`` for any number of channels: the lanes' sharers, rounds by rotation (or one batched unit
-    per lane), the closers."""
+    per lane: the reference that ``_plan_batched`` follows), the closers."""
     n_channels = rows.shape[0]
     n_qps = schedule.num_qps
     qps = _assign_qps(schedule, rows)
@@ -297,7 +300,40 @@ def _plan_general(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, bat
     by_block = [[[] for _ in range(n_rounds)] for _ in range(n_channels)]
     for u in sorted(units, key=lambda u: (logical[u.peer], u.qp)):
         by_block[u.channel][u.round].append(u)
-    return Plan(n_rounds, by_block, lane_rows, units)
+    return Plan(n_rounds, by_block, lane_rows, units, batched=batch)
+
+
+def _plan_batched(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule) -> Plan:
+    """``_plan_general(batch=True)`` without its per-lane searches and its final sort (it runs on every call): the
+    peers are walked in logical order and each peer's QPs ascending, which is the posting order, so each unit goes
+    straight to its block. The same units in the same order (tested)."""
+    n_channels = rows.shape[0]
+    n_qps = schedule.num_qps
+    qps = _assign_qps(schedule, rows)
+    lane_rows = np.zeros((n_pes, n_qps), np.int64)
+    by_block = [[[]] for _ in range(n_channels)]
+    units: list[Unit] = []
+    by_peer, qp_of = rows.T.tolist(), qps.T.tolist()
+    order = [(me + i) % n_pes for i in range(n_pes)] if schedule.rotate else range(n_pes)
+    for logical, peer in enumerate(order):
+        prow, pqp = by_peer[peer], qp_of[peer]
+        lanes: list[list[int]] = [[] for _ in range(n_qps)]  # each QP's sharers with rows, ascending
+        for c in range(n_channels):
+            if prow[c] > 0:
+                lanes[pqp[c]].append(c)
+        for q, sharers in enumerate(lanes):
+            if peer == me:  # this PE's own rows: one local copy per channel
+                lane = [Unit(c, peer, q, prow[c], 0) for c in sharers]
+            elif sharers:
+                lane = [Unit(sharers[logical % len(sharers)], peer, q, sum(prow[c] for c in sharers), 0, True,
+                             _segments(sharers, prow))]
+            else:  # a lane without rows: its completion only
+                lane = [Unit((logical * n_qps + q) % n_channels, peer, q, 0, 0, True)]
+            for u in lane:
+                lane_rows[peer, q] += u.rows
+                by_block[u.channel][0].append(u)
+            units.extend(lane)
+    return Plan(1, by_block, lane_rows, units, batched=True)
 
 
 def _plan_one_channel(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, order=None) -> Plan:
