@@ -260,16 +260,17 @@ def combine_kernel(a: CombineArgs) -> None:
             posted.append((u.peer, u.qp))
             a.stats.round_dsts[k, u.peer] = True
         t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
-    sources = [r for r in range(c, a.n_pes, n_blocks) if r != a.me]
+    everyone = [r for r in range(a.n_pes) if r != a.me]
+    sources = everyone if solo else [r for r in range(c, a.n_pes, n_blocks) if r != a.me]  # this block's
     if not one:
         _wait_sources(a, sources)
     elif c == 0:  # block 0 waits for every block's sources (``Lanes.one_poster``)
-        _wait_sources(a, [r for r in range(a.n_pes) if r != a.me])
+        _wait_sources(a, everyone)
     t = timer.lap("wait", t)
     if solo:  # the whole reduction, then every source's credit: no other block to meet
         _reduce(a, int(a.bounds[0]), int(a.bounds[-1]))
         timer.lap("epilogue", t)
-        give_credits(a, [r for r in range(a.n_pes) if r != a.me], timer)
+        give_credits(a, sources, timer)
         return
     shmemx.sync_all()
     t = timer.lap("sync", t)
