@@ -189,18 +189,13 @@ def _wide_tokens(a: DispatchArgs, units, timer):
     return toks, split
 
 
-def _span_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> tuple[int, int]:
-    """Where channels [c0, c1)'s tokens for ``peer`` are in ``_wide_tokens``'s token array: ``[lo, hi)``."""
-    toks, split = wide
-    lo = int(split[peer])
-    i, j = np.searchsorted(toks[lo:int(split[peer + 1])], (a.bounds[c0], a.bounds[c1]))
-    return lo + int(i), lo + int(j)
-
-
 def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray:
-    """Channels [c0, c1)'s tokens for ``peer`` (ascending), from ``_wide_tokens``."""
-    lo, hi = _span_in(a, wide, peer, c0, c1)
-    return wide[0][lo:hi]
+    """Channels [c0, c1)'s tokens for ``peer`` (ascending), from ``_wide_tokens`` (``_pieces`` finds the same
+    spans for a whole round at once)."""
+    toks, split = wide
+    mine = toks[split[peer]:split[peer + 1]]
+    i, j = np.searchsorted(mine, (a.bounds[c0], a.bounds[c1]))
+    return mine[i:j]
 
 
 def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of):
@@ -226,7 +221,7 @@ def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, w
         assert u.segments, u  # a batched round: every remote unit with rows is a batched lane's
         rows += [(i, u.peer, c0, c1, n) for c0, c1, n in u.segments]
     p_unit, p_peer, p_chan, p_end, ns = np.array(rows, np.int64).reshape(-1, 5).T
-    # where each piece's tokens are in the wide token array (``_span_in`` of every piece at once): the peer's
+    # where each piece's tokens are in the wide token array (``_tokens_in`` of every piece at once): the peer's
     # tokens are one ascending run there, so search the (peer, token) keys of all of them together
     span = int(a.bounds[-1]) + 1  # above every token and channel bound
     peer_of = np.repeat(np.arange(len(wide_split) - 1), np.diff(wide_split))
