@@ -56,7 +56,7 @@ from shmemx.shm.control import Control, JobState, PeStatus
 from shmemx.shm.segment import describe_shm_space, remove_job_segments
 from shmemx.udma.chaos import CHAOS_ENV
 from shmemx.udma.check.analyze import analyze
-from shmemx.udma.check.events import read_job_logs
+from shmemx.udma.events import read_job_logs
 from shmemx.udma.check.recorder import CHECK_ENV
 from shmemx.udma.check.report import EXIT_FINDINGS
 
@@ -482,7 +482,7 @@ class Job:
             self._write(self.err, line + "\n")
         missing = sorted(set(range(self.n)) - {log.pe for log in logs})
         note = (f"; no log from pe {', '.join(map(str, missing))}" if missing else "") + \
-            (f"; the log of pe {', '.join(map(str, full))} ran out of room (raise SHMEMX_CHECK_EVENTS)" if full else "")
+            (f"; the log of pe {', '.join(map(str, full))} ran out of room (raise SHMEMX_EVENTS)" if full else "")
         errors, warnings = len(findings.errors), len(findings.warnings)
         if not errors and not warnings:
             self._message(f"--check: no findings ({sum(len(log.records) for log in logs)} events of {len(logs)} "

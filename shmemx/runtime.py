@@ -36,7 +36,8 @@ from .shm.waits import WaitState
 from .udma import plane
 from .udma.chaos import Jitter
 from .udma.check import array as checked_arrays
-from .udma.check.recorder import Checker
+from .udma.check.recorder import CHECK_ENV, Checker
+from .udma.events import EventLog, Mask
 
 __all__ = [
     "InitAttr",
@@ -124,10 +125,10 @@ class Runtime:
         self.qp_num = 1
         self.udma = None  # the data plane (queues + engine): udma.plane.DataPlane
         self.stats = None  # this PE's counters (observe.counters.StatsSegment)
-        self.tracer = None  # the WQE/wait recorder when the job is traced (observe.trace.Tracer), else None
-        self.checker = None  # the event recorder of --check (udma.check.recorder.Checker), else None
+        self.events = None  # the event log when anything observes the job (udma.events.EventLog), else None
+        self.tracer = None  # writes the trace from the event log when the job is traced (observe.trace.Tracer)
+        self.recorder = None  # writes the recording from the event log when recorded (observe.record.Recorder)
         self.chaos = None  # the seeded jitter of kernel threads under --chaos (udma.chaos.Jitter), else None
-        self.recorder = None  # the event recorder for virtual time when recorded (observe.record.Recorder)
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -259,13 +260,10 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     _rt = rt
     try:
         rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
-        rt.tracer = Tracer.from_env()
-        rt.chaos = Jitter.from_env(my_pe)
-        rt.checker = Checker.from_env(rt)
-        if rt.checker is not None:
-            checked_arrays.install(rt.checker, heap)
-        rt.recorder = Recorder.from_env()
+        _observers(rt)
         plane.create(rt)  # this PE's queues and URMA identity
+        if rt.events is not None and rt.events.checker is not None:
+            rt.udma.array_type = checked_arrays.CheckedArray  # heap arrays post natively too
         me["status"] = PeStatus.READY
         atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
         barrier(rt, call=WaitCall.INIT, timeout=attr.option_attr.shm_init_timeout)
@@ -282,6 +280,21 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     return rt
 
 
+def _observers(rt: Runtime) -> None:
+    """The event log and its consumers, as the launcher's environment asks (--check, --trace, --record), and
+    the chaos jitter (--chaos). None of them changes which code runs."""
+    rt.tracer = Tracer.from_env()
+    rt.recorder = Recorder.from_env()
+    rt.chaos = Jitter.from_env(rt.my_pe)
+    check = bool(os.environ.get(CHECK_ENV))
+    mask = ((Mask.CHECK if check else 0) | (Mask.RECORD if rt.recorder is not None else 0)
+            | (Mask.TRACE if rt.tracer is not None else 0))
+    rt.events = EventLog.from_env(rt.job_id, rt.my_pe, Mask(mask))
+    if check:
+        rt.events.checker = Checker(rt, rt.events)
+        checked_arrays.install(rt.events.checker, rt.heap)
+
+
 def _undo_failed_init(rt: Runtime) -> None:
     """Remove what a failed init created, so that a corrected init can run in the same process."""
     try:
@@ -290,7 +303,11 @@ def _undo_failed_init(rt: Runtime) -> None:
         rt.ctl.pes[rt.my_pe]["status"] = PeStatus.STARTED
         if rt.stats is not None:
             rt.stats.close()
-        for what in (f"heap{rt.my_pe}", f"udma{rt.my_pe}", f"stats{rt.my_pe}"):
+        if rt.events is not None:
+            checked_arrays.uninstall()
+            rt.events.close()
+            rt.events = None
+        for what in (f"heap{rt.my_pe}", f"udma{rt.my_pe}", f"stats{rt.my_pe}", f"events{rt.my_pe}"):
             try:
                 os.unlink(os.path.join(SHM_DIR, segment_name(rt.job_id, what)))
             except FileNotFoundError:
@@ -348,16 +365,19 @@ def _close_inspection(rt: Runtime) -> None:
     """Publish the posted counts, write this PE's part of the trace, unmap the stats (the launcher reads them)."""
     if rt.udma is not None and rt.udma.qps:
         rt.udma.publish_counts()
+    ev = rt.events
+    rt.events = None  # nothing writes into it from here on (a region left after finalize)
+    log = ev.read() if ev is not None and (rt.tracer is not None or rt.recorder is not None) else None
     if rt.tracer is not None:
         try:
-            rt.tracer.write(rt.my_pe, rt.qp_num, rt.ctl.describe_offset)
+            rt.tracer.write(rt.my_pe, rt.qp_num, rt.ctl.describe_offset, log)
         except Exception:  # the job's result stands; the trace part is lost, and we say why
             print(f"shmemx: pe {rt.my_pe}: could not write the trace part:\n{traceback.format_exc()}",
                   file=sys.stderr)
         rt.tracer = None
     if rt.recorder is not None:
         try:
-            rt.recorder.write(rt.my_pe, rt.n_pes, rt.qp_num)
+            rt.recorder.write(rt.my_pe, rt.n_pes, rt.qp_num, log)
         except Exception:  # the job's result stands; the recording part is lost, and we say why
             print(f"shmemx: pe {rt.my_pe}: could not write the recording part:\n{traceback.format_exc()}",
                   file=sys.stderr)
@@ -365,10 +385,9 @@ def _close_inspection(rt: Runtime) -> None:
     if rt.stats is not None:
         rt.stats.close()
         rt.stats = None
-    if rt.checker is not None:
+    if ev is not None:
         checked_arrays.uninstall()
-        rt.checker.close()
-        rt.checker = None
+        ev.close()  # the segment stays for the launcher (--check analyses it); it removes the job's segments
 
 
 def abandon() -> None:

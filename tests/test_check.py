@@ -332,30 +332,30 @@ def _met_after_another_threads_record() -> None:
     import shmemx
     from shmemx.runtime import runtime
     from shmemx.shm.waits import set_thread_slot
-    from shmemx.udma.check.events import Kind
+    from shmemx.udma.events import Kind
 
     me, landing, arrived = _landing_and_flag()
     if me == 0:
         shmemx.aclshmemx_udma_put_signal_nbi(landing, np.ones(16, np.float32), 16, arrived, 1, 1)
         shmemx.aclshmemx_udma_quiet(1)
     else:
-        checker = runtime().checker
-        put = checker._put
+        log = runtime().events
+        put = log.put
 
         def another(ts):  # a record of block 1 (a JOIN of no launch: it orders nothing)
             set_thread_slot(1)
-            put(ts, Kind.JOIN, 0, a=0)
+            put(Kind.JOIN, 0, site=0, ts=ts)
 
-        def put_after_another(ts, kind, *args, **kw):
+        def put_after_another(kind, *args, **kw):
             if kind == Kind.MET:  # another thread's record lands between this thread's WAIT and MET
-                other = threading.Thread(target=another, args=(ts,))
+                other = threading.Thread(target=another, args=(kw.get("ts", 0),))
                 other.start()
                 other.join()
-            put(ts, kind, *args, **kw)
+            put(kind, *args, **kw)
 
-        checker._put = put_after_another
+        log.put = put_after_another
         shmemx.aclshmem_wait_until_all(arrived, shmemx.ACLSHMEM_CMP_EQ, 1)
-        checker._put = put
+        log.put = put
         assert float(landing[0:16].sum()) == 16.0
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()

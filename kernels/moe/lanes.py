@@ -106,7 +106,7 @@ class Lanes:
         self.lane_of = np.full((n_pes, qp_num), -1, np.intp)  # (peer, qp) -> its queue's index in ``batch``
         for i, (peer, q) in enumerate(order):
             self.lane_of[peer, q] = i
-        self.vectorize = True  # False: a round's units post one by one even while ``batch.fast`` (tests compare)
+        self.vectorize = True  # False: a round's units post one by one (tests compare the two)
         self.split_blocks = host_has_cores_for_blocks(n_pes)  # see ``one_block``; tests set it both ways
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
@@ -173,9 +173,9 @@ class Lanes:
 
     @property
     def batched(self) -> bool:
-        """Whether a round's units are built and posted all at once (``submit_units``): while no recorder needs
-        per-event calls; observed runs post unit by unit (``submit``), as every event's hook expects."""
-        return self.vectorize and self.batch.fast
+        """Whether a round's units are built and posted all at once (``submit_units``), observed or not; tests
+        set ``vectorize`` False to compare with posting unit by unit (``submit``)."""
+        return self.vectorize
 
     def one_poster(self, plan) -> bool:
         """Whether block 0 does the PE's posting and receiving of ``plan`` for every block while ``batched``: a plan

@@ -2,9 +2,9 @@
 
 ``shmemx.launch(kernel, block_dim, *args)`` runs ``kernel(*args)`` once per block, each in its own thread, and
 returns when all blocks returned. Block 0 runs on the calling thread and blocks 1.. on parked threads of this
-process, started once and reused by every launch (``_Pool``); while a recorder, the checker or chaos is on,
-every block gets a fresh thread instead, as their per-block hooks expect, and so does a launch made while another
-host thread's launch has the parked threads (the two may wait for each other). Inside, ``get_block_idx()`` /
+process, started once and reused by every launch (``_Pool``), observed or not; only a launch made while another
+host thread's launch has the parked threads gets fresh threads (the two may wait for each other). Inside,
+``get_block_idx()`` /
 ``get_block_num()`` say which block runs,
 ``sync_all()`` meets all blocks of this PE (AscendC ``SyncAll``), ``get_ub()`` is the block's UB scratch, and
 ``aclshmemx_barrier_all_vec()`` / ``aclshmemx_sync_vec_all()`` meet all blocks of all PEs.
@@ -55,7 +55,7 @@ class _Launch:
         self.barrier = threading.Barrier(block_dim)
         self.errors: list[tuple[int, BaseException]] = []
         self.ub = [None] * block_dim
-        self.launch_id = 0  # the recorder's id of this launch (observe.record), 0 when not recorded
+        self.launch_id = 0  # the event log's id of this launch (udma.events), 0 when no log is on
 
 
 _tls = threading.local()
@@ -121,59 +121,36 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
     if _current() is not None:
         raise RuntimeError(f"pe {rt.my_pe}: launch inside a kernel: kernels cannot launch kernels")
     state = _Launch(int(block_dim))
-    ck, rec = rt.checker, rt.recorder
-    launch_id = ck.launch(state.block_dim) if ck is not None else 0
-    state.launch_id = rec.launch(state.block_dim) if rec is not None else 0
+    ev = rt.events
+    state.launch_id = ev.launch(state.block_dim) if ev is not None else 0
 
     def body(idx: int) -> None:
         _tls.launch = state
         _tls.block_idx = idx
         set_thread_slot(idx)
-        if ck is not None:
-            ck.block(launch_id, True)
-        if rec is not None:
-            rec.block(state.launch_id, True)
+        if ev is not None:
+            ev.block(state.launch_id, True)
         try:
             kernel(*args, **kwargs)
         except BaseException as exc:
             state.errors.append((idx, exc))
             state.barrier.abort()
         finally:
-            if ck is not None:
-                ck.block(launch_id, False)
-            if rec is not None:
-                rec.block(state.launch_id, False)
+            if ev is not None:
+                ev.block(state.launch_id, False)
 
-    udma = rt.udma
-    here, pool = ck is None and rec is None and (udma is None or not udma.observed), None
-    if here and state.block_dim > 1:
-        pool = _the_pool()
-        if not pool.busy.acquire(blocking=False):
-            here = False  # another host thread's launch has the workers: this one may wait for it, so its
-            # blocks must not queue behind that launch's on the same workers
-    if here:
+    pool = _the_pool() if state.block_dim > 1 else None
+    if pool is None or pool.busy.acquire(blocking=False):
         try:
             _run_here(rt, state, body, pool)
         finally:
             if pool is not None:
                 pool.busy.release()
-    else:  # observed (or the workers busy): a fresh thread per block (the checker's and recorder's per-block
-        # hooks expect them)
-        threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
-                   for b in range(block_dim)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if ck is not None:
-            ck.join(launch_id)
-        if rec is not None:
-            rec.join(state.launch_id)
-        idents = {t.ident for t in threads}
-        if udma is not None:
-            for qp in udma.qps.values():
-                if qp.owner in idents:
-                    qp.release()
+    else:  # another host thread's launch has the workers: this one may wait for it, so its blocks must not
+        # queue behind that launch's on the same workers
+        _run_fresh(rt, state, body)
+    if ev is not None:
+        ev.join(state.launch_id)
     if state.errors:
         real = [(b, e) for b, e in state.errors if not isinstance(e, threading.BrokenBarrierError)]
         block, exc = min(real or state.errors, key=lambda be: be[0])
@@ -182,6 +159,22 @@ def launch(kernel, block_dim: int, *args, **kwargs) -> None:
         except AttributeError:
             pass
         raise exc
+
+
+def _run_fresh(rt, state: _Launch, body) -> None:
+    """Every block on a fresh thread of its own (a launch made while another host thread's launch has the parked
+    threads); the claims on send queues the blocks made end with the launch."""
+    threads = [threading.Thread(target=body, args=(b,), name=f"shmemx-pe{rt.my_pe}-block{b}", daemon=True)
+               for b in range(state.block_dim)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    idents = {t.ident for t in threads}
+    if rt.udma is not None:
+        for qp in rt.udma.qps.values():
+            if qp.owner in idents:
+                qp.release()
 
 
 def _run_here(rt, state: _Launch, body, pool: _Pool | None) -> None:
@@ -237,14 +230,14 @@ def sync_all() -> None:
     if state is None or state.block_dim == 1:
         return
     rt = runtime()
-    if rt.checker is not None:
-        rt.checker.sync(True)
-    if rt.recorder is not None:
-        rt.recorder.sync(state.launch_id)
+    ev = rt.events
+    if ev is not None:
+        ev.sync(True)
+    rt.stats.add_block_sync(thread_slot())
     try:
         state.barrier.wait(timeout=rt.timeout)
-        if rt.checker is not None:
-            rt.checker.sync(False)
+        if ev is not None:
+            ev.sync(False)
     except threading.BrokenBarrierError:
         if state.errors:
             raise

@@ -22,26 +22,22 @@ _now = time.perf_counter_ns
 
 
 class _Region:
-    __slots__ = ("tracer", "rt", "name", "start", "slot")
+    __slots__ = ("rt", "name", "start", "slot")
 
     def __init__(self, rt, name: str):
         self.rt = rt
-        self.tracer = rt.tracer
         self.name = name
 
     def __enter__(self):
         self.slot = thread_slot()
-        if self.rt.recorder is not None:
-            self.rt.recorder.region(self.name, True)
+        if self.rt.events is not None:
+            self.rt.events.region(self.name, True)
         self.start = _now()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.rt.recorder is not None:
-            self.rt.recorder.region(self.name, False)
-        tracer = self.tracer
-        if tracer is not None:
-            tracer.span(self.start, self.slot, "region", self.name)
+        if self.rt.events is not None:
+            self.rt.events.region(self.name, False)
         if self.rt.stats is not None:  # (None once finalize ran inside the region)
             self.rt.stats.add_region(self.slot, _now() - self.start)
 
@@ -92,5 +88,5 @@ def compute(us: float, *, name: str = "compute") -> None:
         raise ValueError(f"pe {rt.my_pe}: shmemx.compute(us={us!r}): us must be a finite number >= 0")
     if not isinstance(name, str):
         raise TypeError(f"pe {rt.my_pe}: shmemx.compute(name=...): name must be a string, got {name!r}")
-    if rt.recorder is not None:
-        rt.recorder.compute(float(us), name)
+    if rt.events is not None:
+        rt.events.compute(float(us), name)

@@ -110,8 +110,8 @@ def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], Non
             heap.segments[rt.my_pe].prefault(offset, size)
         if fill is not None:
             fill(block)
-    if rt.checker is not None and offset >= 0:  # before the barrier: a peer may write into it right after
-        rt.checker.alloc(offset, size, name, zero)
+    if rt.events is not None and offset >= 0:  # before the barrier: a peer may write into it right after
+        rt.events.alloc(offset, size, name, zero)
     seq = _agree(rt, WaitCall.MALLOC, size, align, offset, name)
     if offset < 0:
         raise HeapExhaustedError(
@@ -120,9 +120,7 @@ def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], Non
             f"start the job with a larger --heap-size")
     heap.commit(offset, size, name)
     _record(rt, offset, size, name)
-    if rt.checker is not None:
-        return wrap(heap.view(rt.my_pe, offset, (size,), np.uint8))
-    return heap.view(rt.my_pe, offset, (size,), np.uint8)
+    return wrap(heap.view(rt.my_pe, offset, (size,), np.uint8))  # a CheckedArray under --check
 
 
 def _check_size(what: str, value) -> int:
@@ -178,8 +176,8 @@ def aclshmem_free(arr: np.ndarray | None) -> None:
                          f"allocation of this PE")
     size, _ = rt.heap.allocations[offset]
     _agree(rt, WaitCall.FREE, size, 0, offset, "")
-    if rt.checker is not None:
-        rt.checker.free(offset, size)
+    if rt.events is not None:
+        rt.events.free(offset, size)
     rt.heap.release(offset)
     allocs = rt.ctl.pes[rt.my_pe]["allocs"]
     hits = np.flatnonzero((allocs["live"] != 0) & (allocs["offset"] == offset))

@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from ..runtime import runtime
+from ..shm.control import WaitCall
 from ..shm.waits import thread_slot
 from ..udma.layout import M32, NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, Opcode, build_write_batch
 from ..udma.rings import Api
@@ -136,13 +137,12 @@ class RawQueue:
 
     def post(self, wqes, *, cqes: int = 0) -> int:
         """``reserve`` + ``write`` + ``ring_doorbell`` of built WQEs in one call (one doorbell); returns the new
-        head. While no recorder needs per-event calls, a batch of WRITE / READ / WRITE_WITH_NOTIFY WQEs is stored
-        by native code (the same bytes, sidecar words and counts as the three calls); anything else takes them."""
+        head. A batch of WRITE / READ / WRITE_WITH_NOTIFY WQEs is stored by native code, observed or not (the same
+        bytes, sidecar words, counts and events as the three calls); anything else takes them."""
         data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
         q = self._qp
-        poster = q.udma.poster
-        if poster is not None and data.flags.c_contiguous:
-            head = poster.wqes(q.index, data, cqes, Api.RAW, thread_slot())
+        if data.flags.c_contiguous:
+            head = q.udma.poster.wqes(q.index, data, cqes, Api.RAW, thread_slot())
             if head >= 0:
                 for reg in self._pinned:  # as ring_doorbell: used by WQEs up to this head at most
                     reg.uses[q.index] = head
@@ -165,8 +165,8 @@ class RawQueues:
     (``build_writes`` / ``build_notifies``, ``which`` = the queue of each WQE, an index into ``queues``) and posted
     with one call (``post``: a segment per queue, a doorbell each). The WQE bytes are those each queue's own
     ``build_writes`` / ``build`` makes, and ``post`` is each segment's ``RawQueue.post`` (same bytes, sidecar words,
-    counts); while no recorder needs per-event calls (``fast``) the segments are stored by one native call that
-    kicks the engine once, else (and for a segment the native path refuses) by each queue's ``post``.
+    counts, events); the segments are stored by one native call that kicks the engine once, and a segment the
+    native path refuses (no room, another submitter, an opcode it does not store) by each queue's ``post``.
 
         batch = shmemx.RawQueues([shmemx.aclshmemx_udma_raw_queue(pe, 0) for pe in peers])
         wqes = batch.build_writes([0, 0, 1], rmt_va=rmt, sge_len=nbytes, sge_va=src)   # [3, 8] uint64
@@ -188,11 +188,6 @@ class RawQueues:
 
     def __len__(self) -> int:
         return len(self.queues)
-
-    @property
-    def fast(self) -> bool:
-        """Whether ``post`` stores natively (no recorder that needs per-event calls is on)."""
-        return self._udma.poster is not None
 
     def local_va(self, arr: np.ndarray, *, writable: bool = False) -> int:
         """Local VA of ``arr`` as a WQE source on any queue of the batch (``RawQueue.local_va``): a registered
@@ -263,9 +258,8 @@ class RawQueues:
                              f"and {data.nbytes} bytes of WQEs ({int(bbs.sum())} BBs expected) do not match")
         heads = np.zeros(len(which), np.int64)
         done = 0
-        poster = self._udma.poster
-        if poster is not None and len(which):
-            done = poster.wqes_many(np.ascontiguousarray(self.index[which]), bbs, cqes, data, heads, Api.RAW,
+        if len(which):
+            done = self._udma.poster.wqes_many(np.ascontiguousarray(self.index[which]), bbs, cqes, data, heads, Api.RAW,
                                     thread_slot())
         if done < len(which):
             at = int(bbs[:done].sum()) * 64
@@ -283,15 +277,21 @@ class RawQueues:
                     reg.uses.pop(key, None)
 
     def quiet(self, which) -> None:
-        """``aclshmemx_udma_qp_quiet`` of ``queues[which[0]]``, ``queues[which[1]]``, ... in that order: while
-        ``fast``, by one native call as long as each queue's CQEs are all in (or come within a quiet's spin) and
-        none failed, with one retire step for all of them; any other queue (and those after it) by the quiet call
-        itself, which waits asleep and raises on an error CQE."""
+        """``aclshmemx_udma_qp_quiet`` of ``queues[which[0]]``, ``queues[which[1]]``, ... in that order: by one
+        native call as long as each queue's CQEs are all in (or come within a quiet's spin) and none failed, with
+        one retire step for all of them; any other queue (and those after it) by the quiet call itself, which
+        waits asleep and raises on an error CQE. Either way each queue's quiet is one quiet event and one quiet in
+        the counters."""
         which = np.asarray(which, np.intp)
         done = 0
         udma = self._udma
-        if udma.poster is not None and len(which):
-            done = udma.quiet_many_fast(np.ascontiguousarray(self.index[which]))
+        chaos = udma.rt.chaos
+        if chaos is not None:
+            chaos.jitter()
+        if len(which):
+            done = udma.quiet_many_fast(np.ascontiguousarray(self.index[which]), WaitCall.QP_QUIET)
+        if chaos is not None:
+            chaos.jitter()
         if done < len(which):
             for i in which[done:].tolist():
                 q = self.queues[i]

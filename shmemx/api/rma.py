@@ -108,13 +108,13 @@ def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, con
     """Post a WRITE (remote_arr = dst) or READ (remote_arr = src), or stage it in a defer/submit ``batch``.
 
     The plain case (no batch, an OpConfig, arguments the checks accept at a glance, the calling block already the
-    queue's submitter, room in the ring) is posted by the native path (``_post.c``) in a few hundred ns; every
-    other case, and every call while a recorder is on, takes the checked path below."""
+    queue's submitter, room in the ring) is posted by the native path (``_post.c``) in a few hundred ns, observed
+    or not (it writes the events itself); every other case takes the checked path below, which writes the same
+    WQE bytes and events."""
     rt = runtime()
-    poster = rt.udma.poster
-    if (poster is not None and batch is None and type(config) is OpConfig
-            and poster.rw(remote_arr, local_arr, nelems, pe, qp_idx, opcode, config.flag, api,
-                          thread_slot()) >= 0):
+    if (batch is None and type(config) is OpConfig
+            and rt.udma.poster.rw(remote_arr, local_arr, nelems, pe, qp_idx, opcode, config.flag, api,
+                                  thread_slot()) >= 0):
         return
     qp, off, nbytes, local_va, reg = _transfer(rt, api, opcode, remote_arr, local_arr, nelems, pe, qp_idx)
     if batch is not None:
@@ -173,10 +173,9 @@ def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id
 
 def _put_signal(api: Api, dst, src, nelems, sig_addr, signal, pe, qp_idx, config) -> None:
     rt = runtime()
-    poster = rt.udma.poster
-    if (poster is not None and type(config) is OpConfig
-            and poster.notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, config.flag, api,
-                              thread_slot()) >= 0):
+    if (type(config) is OpConfig
+            and rt.udma.poster.notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, config.flag, api,
+                                      thread_slot()) >= 0):
         return  # the plain case, posted natively (see _rw)
     what = _CALLS[api]
     if type(config) is not OpConfig:
@@ -242,20 +241,26 @@ def aclshmemx_udma_qp_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, qp_
 def aclshmemx_udma_qp_quiet(pe, qp_idx) -> None:
     """Wait until every CQE-producing WQE posted to (pe, qp_idx) completed; raise ``CompletionError`` on an error
     CQE (after consuming the CQ up to ``cqe_cnt``, so the queue is usable again)."""
-    rt = runtime()
-    if rt.udma.poster is not None and rt.udma.quiet_fast(pe, qp_idx):  # all in, none failed: native
+    _quiet(runtime(), "aclshmemx_udma_qp_quiet", pe, qp_idx, WaitCall.QP_QUIET)
+
+
+def _quiet(rt, what: str, pe, qp_idx, call: WaitCall) -> None:
+    """The quiet of (pe, qp_idx): natively when every CQE is in (or comes within a quiet's spin) and none failed,
+    else by ``QueuePair.poll`` (which sleeps, and raises on an error CQE). Chaos jitters the thread around it."""
+    chaos = rt.chaos
+    if chaos is not None:
+        chaos.jitter()
+    if rt.udma.quiet_fast(pe, qp_idx, call):  # all in, none failed: native
+        if chaos is not None:
+            chaos.jitter()
         return
-    qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_qp_quiet", pe, qp_idx))
-    qp.poll(qp.cqe_cnt, "aclshmemx_udma_qp_quiet", call=WaitCall.QP_QUIET)
+    qp = rt.udma.qp(*check_target(rt, what, pe, qp_idx))
+    qp.poll(qp.cqe_cnt, what, call=call)
 
 
 def aclshmemx_udma_quiet(pe) -> None:
     """Quiet QP 0 of ``pe`` only (as on the hardware; other QPs need ``aclshmemx_udma_qp_quiet``)."""
-    rt = runtime()
-    if rt.udma.poster is not None and rt.udma.quiet_fast(pe, 0):
-        return
-    qp = rt.udma.qp(*check_target(rt, "aclshmemx_udma_quiet", pe, 0))
-    qp.poll(qp.cqe_cnt, "aclshmemx_udma_quiet", call=WaitCall.QUIET)
+    _quiet(runtime(), "aclshmemx_udma_quiet", pe, 0, WaitCall.QUIET)
 
 
 def aclshmem_quiet() -> None:
@@ -330,8 +335,8 @@ class _BatchCall:
         st._wqes.append(wqe)
         st._regs.append(reg)
         st.pending_count = n
-        if rt.checker is not None:
-            rt.checker.batch(st, qp, n, self.submit)
+        if rt.events is not None and rt.events.checker is not None:
+            rt.events.checker.batch(st, qp, n, self.submit)
         if self.submit:
             try:
                 _submit(qp, st, _CALLS[api])
@@ -380,10 +385,11 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
     offset = symmetric_offset(rt, where, sym, nbytes, pe, "dst" if remote_is_dst else "src")
     if nbytes == 0:
         return
-    if rt.recorder is not None:
-        rt.recorder.mte(pe, offset, nbytes, remote_is_dst, src if remote_is_dst else None)
+    ev = rt.events
+    if ev is not None and remote_is_dst:  # a release: recorded before the copy
+        ev.mte(pe, offset, nbytes, True, src)
     peer = rt.heap.peer_view(sym, pe).reshape(-1)[:nelems]
-    ck = rt.checker
+    ck = ev.checker if ev is not None else None
     if remote_is_dst:
         if ck is not None:  # a release (a flag stored by MTE): recorded before the copy
             ck.mte(pe, rt.heap.locate(sym)[1], nbytes, True, src.reshape(-1)[:nelems])
@@ -391,6 +397,8 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
         rt.ctl.wake(pe)
     else:
         np.copyto(dst.reshape(-1)[:nelems], peer)
+        if ev is not None:  # an acquire: recorded after the copy
+            ev.mte(pe, offset, nbytes, False)
         if ck is not None:
             ck.mte(pe, rt.heap.locate(sym)[1], nbytes, False, dst)
 
@@ -412,5 +420,5 @@ def aclshmemx_mte_quiet() -> None:
     """MTE copies are synchronous here: nothing to wait for (a recording notes the call: the replay models the
     copies as non-blocking, complete at this quiet)."""
     rt = runtime()
-    if rt.recorder is not None:
-        rt.recorder.mte_quiet()
+    if rt.events is not None:
+        rt.events.mte_quiet()

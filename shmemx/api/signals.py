@@ -15,6 +15,7 @@ entries that are nonzero exclude that word; an empty set makes ``*_all`` return 
 from __future__ import annotations
 
 import operator
+import time
 import weakref
 
 import numpy as np
@@ -54,6 +55,7 @@ _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operato
 _WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
 _BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES}
 _U64 = 2**64 - 1
+_now = time.perf_counter_ns
 
 
 def _check_cmp(cmp) -> int:
@@ -186,8 +188,8 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     value = _word_value(rt, w, signal, "aclshmemx_signal_op")
     if rt.chaos is not None:
         rt.chaos.jitter()
-    if rt.checker is not None:  # a release: recorded before the store
-        rt.checker.signal(pe, w.offset, w.dtype.itemsize, sig_op, value)
+    if rt.events is not None:  # a release: recorded before the store
+        rt.events.signal(pe, w.offset, w.dtype, sig_op, value)
     if sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
         # it before any waiter can see the wake.
@@ -198,8 +200,6 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.after_release()
-    if rt.recorder is not None:
-        rt.recorder.signal(pe, w.offset, w.dtype, sig_op, value)
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -209,52 +209,26 @@ def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
 
 
 def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
+    """Wait until word ``ivar[0] <cmp> value``: met already, or asleep in native code (``block_on_word``);
+    returns the value that met it. One path, observed or not: the event log only hears of it afterwards."""
     rt = runtime()
     if type(cmp) is not int or not 0 <= cmp <= 5:
         cmp = _check_cmp(cmp)
     w = _word(rt, ivar, name + " ivar")
     target = _word_value(rt, w, value, name)
-    words, idx, op = w.words, w.idx, _OPS[cmp]
-    if rt.chaos is not None:
-        rt.chaos.jitter()
-    v = words[idx]
-    if rt.checker is not None or rt.chaos is not None:
-        v = _checked_wait(rt, call, name, w, op, cmp, target)
-        if rt.checker is not None:  # an acquire: recorded after the word met the condition
-            rt.checker.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v)
-        return v
-    if not rt.udma.observed:  # no recorder needs per-event calls (DataPlane.refresh_fast_paths)
-        if op(v, target):  # met already: nothing to record
-            return v
-        return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
-                             Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
-                             lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
-    seen = [v]  # observed: the generic wait, which records the wait (or its instant) in the trace
-
-    def ready() -> bool:
-        v = words[idx]
-        if op(v, target):
-            seen[0] = v
-            return True
-        return False
-
-    block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
-                lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"), sleep=Sleep.wake(w.pe))
-    if rt.recorder is not None:
-        rt.recorder.wait(call, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, seen[0])
-    return seen[0]
-
-
-def _checked_wait(rt, call: WaitCall, name: str, w: _Word, op, cmp: int, target: int) -> int:
-    """The wait of ``_wait_word`` under ``--check`` or ``--chaos`` (jitter after it): the value that met it."""
-    words, idx = w.words, w.idx
-    v = words[idx]
-    if not op(v, target):
+    chaos, ev = rt.chaos, rt.events
+    if chaos is not None:
+        chaos.jitter()
+    t0 = _now() if ev is not None else 0
+    v = w.words[w.idx]
+    if not _OPS[cmp](v, target):
         v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
                           Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                           lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
-    if rt.chaos is not None:
-        rt.chaos.jitter()
+    if ev is not None:  # an acquire: recorded after the word met the condition
+        ev.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, v, t0=t0)
+    if chaos is not None:
+        chaos.jitter()
     return v
 
 
@@ -276,11 +250,12 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     target = _as_int(rt, value, w.dtype, "test")
     v = w.words[w.idx]
     met = _OPS[cmp](v, target)
-    if met and rt.checker is not None:
-        rt.checker.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v,
-                        test=True)
-    if rt.recorder is not None:
-        rt.recorder.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, int(met), test=True)
+    ev = rt.events
+    if ev is not None and met:
+        ev.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, v, test=True,
+                result=1)
+    elif ev is not None:
+        ev.unmet(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, 0)
     return met
 
 
@@ -328,20 +303,26 @@ class _Words:
                 f"{CMP_SYMBOLS[self.cmp]} {self.values if np.ndim(self.values) == 0 else self.values.tolist()}: "
                 f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
 
-    def block(self, rt, call: WaitCall, ready) -> None:
-        value = int(self.values) if np.ndim(self.values) == 0 else 0
-        wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
-                    dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
+    def block(self, rt, call: WaitCall, ready) -> int:
+        """Wait until ``ready()`` (the call's condition on the words): asleep in native code when the words allow
+        it (``native_block``: the all form), else through ``block_until``; returns its start (ns) for the event
+        log. Chaos jitters the thread around it."""
+        t0 = _now()
         if rt.chaos is not None:
             rt.chaos.jitter()
-        block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
+        if not (call == WaitCall.WAIT_UNTIL_ALL and self.native_block(rt, call)):
+            value = int(self.values) if np.ndim(self.values) == 0 else 0
+            wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
+                        dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
+            block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
         if rt.chaos is not None:
             rt.chaos.jitter()
+        return t0
 
     def native_block(self, rt, call: WaitCall) -> bool:
         """Wait until every active word meets the comparison, asleep in native code (``block_on_words``) when
         the words allow it (one comparison value, an integer dtype of the native waits, a positive stride);
-        False when the caller must take ``block``. Only while no recorder needs per-event calls."""
+        False when the caller must take ``block_until``."""
         ivars = self.ivars
         kind = WORD_KINDS.get(ivars.dtype.str)
         if kind is None or np.ndim(self.values) != 0 or not ivars.size:
@@ -360,38 +341,35 @@ class _Words:
                        lambda: self.describe(rt), ready)
         return True
 
-    def check(self, rt, call: WaitCall, met, test: bool = False) -> None:
-        """Tell the checker which words met the condition (``met``: their indices; None: every active one)."""
+    def event(self, rt, call: WaitCall, met, result: int, *, test: bool = False, t0: int = 0) -> None:
+        """Tell the event log of this wait or test: the words that met it (``met``: their indices; None: every
+        active one; an empty list: a test that did not hold) and what the call returned."""
+        ev = rt.events
+        if ev is None:
+            return
         if met is None:
             met = np.flatnonzero(self.active)
-        if not len(self.ivars) or not len(met):
-            return
-        stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
-        value = int(self.values) if np.ndim(self.values) == 0 else 0
-        rt.checker.wait(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.itemsize, self.cmp, value,
-                        test=test, met=met)
-
-    def record(self, rt, call: WaitCall, result: int, test: bool = False) -> None:
-        """Record this wait (or test) and its result in ``rt.recorder`` (``observe.record``)."""
         vector = np.ndim(self.values) != 0
         stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
-        rt.recorder.wait(call, self.pe, self.offset, stride, self.ivars.dtype, len(self.ivars), self.cmp,
-                         0 if vector else int(self.values), result, test=test,
-                         active=None if self.active.all() else self.active,
-                         values=self.values if vector else None)
+        value = 0 if vector else int(self.values)
+        extras = {}
+        if not self.active.all():
+            extras["active"] = [bool(a) for a in self.active]
+        if vector:
+            extras["values"] = [int(v) for v in self.values]
+        args = (call, self.pe, self.offset, stride, len(self.ivars), self.ivars.dtype, self.cmp, value)
+        if len(self.ivars) and len(met):
+            ev.wait(*args, test=test, met=met, result=result, t0=t0, extras=extras or None)
+        else:
+            ev.unmet(*args, result, extras or None)
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
     """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
-    if not rt.udma.observed and w.native_block(rt, WaitCall.WAIT_UNTIL_ALL):
-        return
-    w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
-    if rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_ALL, None)
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ALL, 1)
+    t0 = w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
+    w.event(rt, WaitCall.WAIT_UNTIL_ALL, None, 1, t0=t0)
 
 
 def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
@@ -399,8 +377,7 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
     rt = runtime()
     w = _Words(rt, "wait_until_any", ivars, cmp, value, status)
     if not w.active.any():
-        if rt.recorder is not None:
-            w.record(rt, WaitCall.WAIT_UNTIL_ANY, -1)
+        w.event(rt, WaitCall.WAIT_UNTIL_ANY, [], -1)
         return None
     found = []
 
@@ -411,11 +388,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
             return True
         return False
 
-    w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
-    if rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_ANY, found[:1])
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ANY, found[0])
+    t0 = w.block(rt, WaitCall.WAIT_UNTIL_ANY, ready)
+    w.event(rt, WaitCall.WAIT_UNTIL_ANY, found[:1], found[0], t0=t0)
     return found[0]
 
 
@@ -424,8 +398,7 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
     rt = runtime()
     w = _Words(rt, "wait_until_some", ivars, cmp, value, status)
     if not w.active.any():
-        if rt.recorder is not None:
-            w.record(rt, WaitCall.WAIT_UNTIL_SOME, 0)
+        w.event(rt, WaitCall.WAIT_UNTIL_SOME, [], 0)
         return []
     found: list[int] = []
 
@@ -436,11 +409,8 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
             return True
         return False
 
-    w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
-    if rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_SOME, found)
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(found))
+    t0 = w.block(rt, WaitCall.WAIT_UNTIL_SOME, ready)
+    w.event(rt, WaitCall.WAIT_UNTIL_SOME, found, len(found), t0=t0)
     return found
 
 
@@ -448,10 +418,7 @@ def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
     rt = runtime()
     w = _Words(rt, "test_all", ivars, cmp, value, status)
     met = bool(np.all(w.matches() | ~w.active))
-    if met and rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_ALL, None, test=True)
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ALL, int(met), test=True)
+    w.event(rt, WaitCall.WAIT_UNTIL_ALL, None if met else [], int(met), test=True)
     return met
 
 
@@ -459,10 +426,7 @@ def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | 
     rt = runtime()
     w = _Words(rt, "test_any", ivars, cmp, value, status)
     hits = np.flatnonzero(w.matches())
-    if len(hits) and rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_ANY, hits[:1], test=True)
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_ANY, int(hits[0]) if len(hits) else -1, test=True)
+    w.event(rt, WaitCall.WAIT_UNTIL_ANY, hits[:1], int(hits[0]) if len(hits) else -1, test=True)
     return int(hits[0]) if len(hits) else None
 
 
@@ -470,8 +434,5 @@ def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[
     rt = runtime()
     w = _Words(rt, "test_some", ivars, cmp, value, status)
     hits = [int(i) for i in np.flatnonzero(w.matches())]
-    if hits and rt.checker is not None:
-        w.check(rt, WaitCall.WAIT_UNTIL_SOME, hits, test=True)
-    if rt.recorder is not None:
-        w.record(rt, WaitCall.WAIT_UNTIL_SOME, len(hits), test=True)
+    w.event(rt, WaitCall.WAIT_UNTIL_SOME, hits, len(hits), test=True)
     return hits

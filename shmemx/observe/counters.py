@@ -7,10 +7,11 @@ Each PE owns one stats segment (``shmemx_<job>_stats<pe>``). After a 4 KiB heade
 of the user counters) it holds one record per wait slot of the PE (slot = AIV block index, 0 = the main thread,
 the last = the DMA engine), each written by its own thread only, so no word is shared and no atomic is needed:
 
-    record[slot] = timers [TIMERS] u64 | user counters [MAX_USER] u64 | per queue [n_pes * qp_num][2] u64
+    record[slot] = timers [TIMERS] u64 | user counters [MAX_USER] u64 | counts [COUNTS] u64
+                   | per queue [n_pes * qp_num][2] u64
 
 ``timers`` are (quiet ns, quiet calls, barrier ns, barrier calls, wait ns, waits that blocked, region ns,
-regions); a queue's pair is (WQEs posted, bytes posted) by that slot to (peer, qp) = ``index // qp_num, index %
+regions); ``counts`` are (doorbells rung, ``sync_all`` calls, CQEs consumed by quiets); a queue's pair is (WQEs posted, bytes posted) by that slot to (peer, qp) = ``index // qp_num, index %
 qp_num``. WQEs and bytes the engine completed come from the engine's own per-queue record in the UDMA segment
 (``hw.executed`` / ``hw.bytes``), which it already keeps per batch.
 
@@ -46,6 +47,10 @@ TIMERS = ("quiet_ns", "quiets", "barrier_ns", "barriers", "wait_ns", "waits", "r
 T_QUIET, T_BARRIER, T_WAIT, T_REGION = 0, 2, 4, 6  # index of the ns word; the count follows it
 MAX_USER = 64
 N_TIMERS = len(TIMERS)
+COUNTS = ("doorbells", "block_syncs", "cqes_consumed")  # per slot: doorbells rung, sync_all calls, CQEs consumed
+C_DOORBELLS, C_BLOCK_SYNCS, C_CQES = range(3)
+N_COUNTS = len(COUNTS)
+Q0 = N_TIMERS + MAX_USER + N_COUNTS  # a record's first per-queue word
 USED_OFFSET = 64  # u8 per slot: 1 once the slot's thread wrote anything
 NAMES_OFFSET = 1024  # S32 per user counter
 NAME_BYTES = 32
@@ -54,7 +59,7 @@ HEADER_SIZE = 4096
 
 
 def _slot_words(n_queues: int) -> int:
-    words = N_TIMERS + MAX_USER + 2 * n_queues
+    words = Q0 + 2 * n_queues
     return -(-words // 8) * 8  # a record starts on a cache line
 
 
@@ -109,14 +114,14 @@ class StatsSegment:
 
     def add_posted(self, slot: int, queue: int, wqes: int, nbytes: int) -> None:
         """Add ``wqes`` WQEs of ``nbytes`` posted by ``slot`` to queue ``queue`` (= peer * qp_num + qp)."""
-        i = self._base(slot) + N_TIMERS + MAX_USER + 2 * queue
+        i = self._base(slot) + Q0 + 2 * queue
         w = self.words
         w[i] += wqes
         w[i + 1] += nbytes
 
     def add_posted_many(self, slot: int, queues: np.ndarray, wqes: np.ndarray, nbytes: np.ndarray) -> None:
         """``add_posted`` for many queues (distinct indices) at once."""
-        i = self._base(slot) - HEADER_SIZE // 8 + N_TIMERS + MAX_USER + 2 * np.asarray(queues, np.int64)
+        i = self._base(slot) - HEADER_SIZE // 8 + Q0 + 2 * np.asarray(queues, np.int64)
         row = self.records.reshape(-1)  # ``words`` from the first record on
         row[i] += np.asarray(wqes, np.uint64)
         row[i + 1] += np.asarray(nbytes, np.uint64)
@@ -128,8 +133,23 @@ class StatsSegment:
         w[i] += ns
         w[i + 1] += 1
 
-    def add_quiet(self, slot: int, ns: int) -> None:
-        self.add_time(slot, T_QUIET, ns)
+    def add_quiet(self, slot: int, ns: int, calls: int = 1) -> None:
+        """``calls`` quiets (one native call may quiet several queues) that took ``ns`` together."""
+        i = self._base(slot) + T_QUIET
+        w = self.words
+        w[i] += ns
+        w[i + 1] += calls
+
+    def add_counts(self, slot: int, doorbells: int, cqes: int) -> None:
+        """Doorbells rung and CQEs consumed by ``slot`` (published with its posted counts)."""
+        i = self._base(slot) + N_TIMERS + MAX_USER
+        w = self.words
+        w[i + C_DOORBELLS] += doorbells
+        w[i + C_CQES] += cqes
+
+    def add_block_sync(self, slot: int) -> None:
+        """One ``sync_all`` of block ``slot``."""
+        self.words[self._base(slot) + N_TIMERS + MAX_USER + C_BLOCK_SYNCS] += 1
 
     def add_barrier(self, slot: int, ns: int) -> None:
         self.add_time(slot, T_BARRIER, ns)
@@ -174,6 +194,7 @@ class JobStats:
         completed_wqes, completed_bytes: ``[n_pes, n_pes, qp_num] uint64``: executed by pe's engine.
         block_posted_wqes, block_posted_bytes: ``[n_pes, slots] uint64``: per (pe, block), summed over queues.
         timers: ``{name: [n_pes, slots] uint64}`` for each of ``TIMERS`` (ns, or number of calls).
+        counts: ``{name: [n_pes, slots] uint64}`` for each of ``COUNTS`` (doorbells, block_syncs, cqes_consumed).
         user: ``{counter name: [n_pes, slots] uint64}``.
         missing: PEs whose segments could not be read (not started, or already removed).
 
@@ -190,6 +211,7 @@ class JobStats:
         self.block_posted_wqes = np.zeros((n_pes, MAX_WAIT_SLOTS), np.uint64)
         self.block_posted_bytes = np.zeros((n_pes, MAX_WAIT_SLOTS), np.uint64)
         self.timers = {name: np.zeros((n_pes, MAX_WAIT_SLOTS), np.uint64) for name in TIMERS}
+        self.counts = {name: np.zeros((n_pes, MAX_WAIT_SLOTS), np.uint64) for name in COUNTS}
         self.user: dict[str, np.ndarray] = {}
         self.missing: list[int] = []
 
@@ -235,7 +257,7 @@ class JobStats:
     def _take(self, pe: int, seg: StatsSegment) -> None:
         slots = np.flatnonzero(seg.used)
         rec = np.array(seg.records[slots])  # copy: only the slots in use (the file is sparse)
-        q0 = N_TIMERS + MAX_USER
+        q0 = Q0
         queues = rec[:, q0:q0 + 2 * seg.n_queues].reshape(len(slots), seg.n_queues, 2)
         self.posted_wqes[pe] = queues[:, :, 0].sum(axis=0).reshape(self.n_pes, self.qp_num)
         self.posted_bytes[pe] = queues[:, :, 1].sum(axis=0).reshape(self.n_pes, self.qp_num)
@@ -243,6 +265,8 @@ class JobStats:
         self.block_posted_bytes[pe, slots] = queues[:, :, 1].sum(axis=1)
         for t, name in enumerate(TIMERS):
             self.timers[name][pe, slots] = rec[:, t]
+        for k, name in enumerate(COUNTS):
+            self.counts[name][pe, slots] = rec[:, N_TIMERS + MAX_USER + k]
         for index, raw in enumerate(seg.names):
             if not raw:
                 break
@@ -260,6 +284,8 @@ class JobStats:
             "wqes_completed": self.completed_wqes.sum(axis=(1, 2)),
             "bytes_completed": self.completed_bytes.sum(axis=(1, 2)),
         }
+        for name in COUNTS:
+            out[name] = self.counts[name].sum(axis=1)
         for name in TIMERS:
             total = self.timers[name].sum(axis=1)
             out[name.replace("_ns", "_s")] = total / 1e9 if name.endswith("_ns") else total

@@ -1,32 +1,32 @@
 """Recordings for virtual time: every event of every thread of a job, in program order, for ``shmemx replay``.
 
-``shmemx run --record FILE`` sets ``SHMEMX_RECORD_DIR`` for the ranks; each rank makes a ``Recorder`` at init
-(``rt.recorder``, None when off) that the places where events happen call, never import:
+``shmemx run --record FILE`` sets ``SHMEMX_RECORD_DIR`` for the ranks; each rank then runs with its event log on
+(``udma.events``, ``Mask.RECORD``: the log keeps the BBs of every doorbell and the bytes of small payloads), the
+same code as any run, and at finalize its ``Recorder`` turns its own log into rows, one row of ten int64 per event
+in the array of the thread that made it:
 
-=================================  ===========================================================================
-where                              what (one row of ten int64 per event, in the calling thread's own array)
-=================================  ===========================================================================
-``QueuePair.post_rw`` /            POST: queue, first BB position, BBs, and the BBs themselves, copied from the
-``post_bytes`` / ``ring_doorbell``  ring after the WQEs were written and before the doorbell (the exact WQEs the
-                                   engine executes: opcode, flag, length, remote VA, signal VA and value); then a
-                                   VALUE row for each payload of at most 32 bytes (a flag or generation number
-                                   written as data: its source bytes, so that a replay knows what it writes)
-``QueuePair.poll``                 QUIET: queue, the CQE count it waits for
-``shm.barrier.barrier``            BARRIER: which call, its number
-``api.signals``                    WAIT / TEST: the words (pe, offset, stride, dtype, count), the comparison,
-                                   the value, and the result the call returned; SIGNAL (``signal_op``)
-``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction (and a VALUE row if small);
-                                   MTE_QUIET (``aclshmemx_mte_quiet``: the thread's copies are complete)
-``api.blocks``                     LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
-``api.inspection``                 REGION enter and exit, COMPUTE (``shmemx.compute(us=...)``)
-=================================  ===========================================================================
+=================  ==========================================================================================
+event              row (after the kind)
+=================  ==========================================================================================
+POST               queue, first BB position, BBs, first row in the thread's BB blob (the exact WQEs the engine
+                   executes: opcode, flag, length, remote VA, signal VA and value, as copied from the ring
+                   before the doorbell); then a VALUE row for each payload of at most 32 bytes (a flag or
+                   generation number written as data: its source bytes, so that a replay knows what it writes)
+QUIET              queue, the CQE count it waited for, the call
+WAIT / TEST        the words (pe, offset, stride, dtype, count), the comparison, the value, the call's result;
+SIGNAL             ``signal_op``
+MTE / MTE_QUIET    the peer, its heap offset, bytes, direction (and a VALUE row if small) / the thread's copies
+                   are complete (``aclshmemx_mte_quiet``)
+BARRIER            which call, its number
+LAUNCH ... JOIN    LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
+REGION / COMPUTE   a user region's enter and exit, ``shmemx.compute(us=...)``
+=================  ==========================================================================================
 
-Nothing host-dependent is recorded: no clock is read, and a wait is recorded whether it blocked or not, so the
-same kernel gives the same recording however loaded the host is (only results that depend on timing, such as
-which word a ``wait_until_any`` saw first, can differ, and the replay says where they mattered). Each thread
-appends to an array of its own (threads of a PE interleave in host order; a thread's own order is its program
-order), so rows need no lock. At finalize each rank writes ``<dir>/pe<N>.npz``; the launcher stores the parts
-in one zip file (``merge_parts``), read back with ``Recording``.
+Nothing host-dependent is recorded: the rows keep no clock, and a wait is recorded whether it blocked or not, so
+the same kernel gives the same recording however loaded the host is (only results that depend on timing, such as
+which word a ``wait_until_any`` saw first, can differ, and the replay says where they mattered). At finalize each
+rank writes ``<dir>/pe<N>.npz``; the launcher stores the parts in one zip file (``merge_parts``), read back with
+``Recording``.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import zipfile
 import numpy as np
 
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
-from ..shm.waits import thread_slot
+from ..udma.events import Kind, Log, QUIET_A, SIGNAL_A, WAIT_A, dtype_code
 
-__all__ = ["Recorder", "Recording", "Ev", "ROW", "RECORD_DIR_ENV", "merge_parts", "FORMAT", "FORMATS"]
+__all__ = ["Recorder", "Recording", "Ev", "ROW", "RECORD_DIR_ENV", "merge_parts", "FORMAT", "FORMATS", "dtype_code"]
 
 RECORD_DIR_ENV = "SHMEMX_RECORD_DIR"
 FORMAT = "shmemx-record/2"
@@ -52,6 +52,7 @@ FORMAT = "shmemx-record/2"
 # sync_all, its block's end)
 FORMATS = ("shmemx-record/1", FORMAT)
 ROW = 10  # int64 per event: the kind, then nine fields
+_NO_BLOB = (1 << 64) - 1
 
 
 class Ev(enum.IntEnum):
@@ -75,12 +76,6 @@ class Ev(enum.IntEnum):
 
 
 SMALL_PAYLOAD = 32  # payloads up to this many bytes (flags, generation numbers) are recorded with their value
-_WRITE, _NOTIFY = 0x3, 0x5
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    """A word's dtype as an int: itemsize | signed << 8 (| float << 9)."""
-    return dtype.itemsize | (dtype.kind == "i") << 8 | (dtype.kind == "f") << 9
 
 
 def _s64(v: int) -> int:
@@ -89,15 +84,11 @@ def _s64(v: int) -> int:
 
 
 class Recorder:
-    """The recording of one PE (see the module docstring); ``Recorder.from_env()`` is None unless recording."""
+    """The recording of one PE: ``Recorder.from_env()`` is None unless recording; ``write`` turns the PE's event
+    log into its part (see the module docstring)."""
 
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
-        self.slots: dict[int, array.array] = {}
-        self.bbs: dict[int, bytearray] = {}  # per thread slot: its posted WQEs' BBs, 64 bytes each, in POST order
-        self.names: dict[str, int] = {}
-        self.extras: list[dict] = []
-        self.launches = 0
         self.written: str | None = None
 
     @classmethod
@@ -105,120 +96,14 @@ class Recorder:
         out_dir = os.environ.get(RECORD_DIR_ENV)
         return cls(out_dir) if out_dir else None
 
-    def _rows(self, slot: int | None = None) -> array.array:
-        slot = thread_slot() if slot is None else slot
-        rows = self.slots.get(slot)
-        if rows is None:
-            rows = self.slots[slot] = array.array("q")
-            self.bbs[slot] = bytearray()
-        return rows
-
-    def _add(self, *fields: int) -> None:
-        self._rows().extend(fields + (0,) * (ROW - len(fields)))
-
-    def _name(self, name: str) -> int:
-        i = self.names.get(name)
-        if i is None:
-            i = self.names[name] = len(self.names)
-        return i
-
-    # --- the hooks (each an append or two) ----------------------------------------------------------------
-
-    def post(self, q, pos: int, bbs: int) -> None:
-        """WQEs of queue ``q`` at BB positions ``[pos, pos + bbs)``, written and about to be doorbelled."""
-        thread = thread_slot()
-        rows = self._rows(thread)
-        blob = self.bbs[thread]  # (the thread's own: posts of other threads cannot interleave with its rows)
-        row = len(blob) // 64
-        base, slot = q.sq_base, pos & q.mask
-        first = min(bbs, q.depth - slot)
-        blob += q.mm[base + 64 * slot:base + 64 * (slot + first)]
-        if first < bbs:  # wrapped at the ring end
-            blob += q.mm[base:base + 64 * (bbs - first)]
-        rows.extend((Ev.POST, q.index, pos, bbs, row, 0, 0, 0, 0, 0))
-        self._small_payloads(q, rows, blob, row, pos, bbs)
-
-    def _small_payloads(self, q, rows: array.array, blob: bytearray, row: int, pos: int, bbs: int) -> None:
-        """VALUE rows for the WRITEs / notifies among these BBs whose payload is small: a flag or a generation
-        number written as data, which a wait may watch (their source bytes, read now: a correct kernel does not
-        change a source before its WQE completed)."""
-        w32 = np.frombuffer(bytes(blob[64 * row:]), "<u4").reshape(bbs, 16)
-        ops = w32[:, 1] >> 8 & 0xFF
-        small = ((ops == _WRITE) & (w32[:, 12] <= SMALL_PAYLOAD)) | (ops == _NOTIFY)
-        for i in np.flatnonzero(small).tolist():
-            if ops[i] == _NOTIFY:
-                if i + 1 >= bbs or w32[i + 1, 4] > SMALL_PAYLOAD:
-                    continue
-                length, va = int(w32[i + 1, 4]), int(w32[i + 1, 6]) | int(w32[i + 1, 7]) << 32
-            else:
-                length, va = int(w32[i, 12]), int(w32[i, 14]) | int(w32[i, 15]) << 32
-            where = q.udma.registry.resolve(va, length) if length else None
-            if where is not None:
-                buf, off = where
-                rows.extend(_value_row(pos + i, bytes(buf[off:off + length])))
-
-    def quiet(self, q, target: int, call: int) -> None:
-        self._add(Ev.QUIET, q.index, target, int(call))
-
-    def barrier(self, call: int, number: int) -> None:
-        self._add(Ev.BARRIER, int(call), number)
-
-    def wait(self, call: int, pe: int, offset: int, stride: int, dtype: np.dtype, count: int, cmp: int, value: int,
-             result: int, *, test: bool = False, active=None, values=None) -> None:
-        """A wait_until-family call (or a test) on ``count`` words at ``offset + i * stride`` of PE ``pe``;
-        ``result`` what it returned (a value, an index, a count of indices, a bool; -1 for none). ``active``
-        (the status mask) and ``values`` (one value per word) only when the call had them."""
-        code = dtype_code(dtype)
-        if active is not None or values is not None:
-            self.extras.append({"active": None if active is None else [bool(a) for a in active],
-                                "values": None if values is None else [int(v) for v in values]})
-            code |= len(self.extras) << 16
-        self._add(Ev.TEST if test else Ev.WAIT, int(call), pe, offset, stride, code, count, cmp, _s64(value),
-                  _s64(result))
-
-    def signal(self, pe: int, offset: int, dtype: np.dtype, op: int, value: int) -> None:
-        self._add(Ev.SIGNAL, pe, offset, dtype_code(dtype), op, _s64(value))
-
-    def mte(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
-        """An MTE copy to (``put``) or from PE ``pe``'s heap at ``offset``; ``src`` (a put's source array) is
-        recorded when the copy is small (a flag)."""
-        self._add(Ev.MTE, pe, offset, nbytes, int(put))
-        if put and src is not None and nbytes <= SMALL_PAYLOAD:
-            self._rows().extend(_value_row(-1, np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:nbytes]
-                                           .tobytes()))
-
-    def mte_quiet(self) -> None:
-        self._add(Ev.MTE_QUIET)
-
-    def region(self, name: str, enter: bool) -> None:
-        self._add(Ev.REGION, self._name(name), int(enter))
-
-    def compute(self, us: float, name: str) -> None:
-        self._add(Ev.COMPUTE, int(np.float64(us).view(np.int64)), self._name(name))
-
-    def launch(self, block_dim: int) -> int:
-        """A kernel launch by the calling thread; returns its id (for ``block``, ``sync``, ``join``)."""
-        self.launches += 1
-        self._add(Ev.LAUNCH, self.launches, block_dim)
-        return self.launches
-
-    def block(self, launch_id: int, begin: bool) -> None:
-        self._add(Ev.BLOCK, launch_id, int(begin))
-
-    def sync(self, launch_id: int) -> None:
-        self._add(Ev.SYNC, launch_id)
-
-    def join(self, launch_id: int) -> None:
-        self._add(Ev.JOIN, launch_id)
-
-    # --- export -------------------------------------------------------------------------------------------
-
-    def write(self, pe: int, n_pes: int, qp_num: int) -> str:
-        """Write this PE's part to ``<out_dir>/pe<pe>.npz``; returns the path."""
-        meta = {"pe": pe, "n_pes": n_pes, "qp_num": qp_num, "names": list(self.names), "extras": self.extras,
+    def write(self, pe: int, n_pes: int, qp_num: int, log: Log) -> str:
+        """Write this PE's part, made from its event log, to ``<out_dir>/pe<pe>.npz``; returns the path."""
+        rows = _Rows(log, qp_num)
+        rows.convert()
+        meta = {"pe": pe, "n_pes": n_pes, "qp_num": qp_num, "names": list(rows.names), "extras": rows.extras,
                 "heap_va_base": HEAP_VA_BASE, "heap_va_stride": HEAP_VA_STRIDE}
-        arrays = {f"slot{s}": np.frombuffer(rows, np.int64).reshape(-1, ROW) for s, rows in self.slots.items()}
-        arrays.update({f"bbs{s}": np.frombuffer(bytes(b), np.uint8).reshape(-1, 64) for s, b in self.bbs.items()})
+        arrays = {f"slot{s}": np.frombuffer(r, np.int64).reshape(-1, ROW) for s, r in rows.slots.items()}
+        arrays.update({f"bbs{s}": np.frombuffer(bytes(b), np.uint8).reshape(-1, 64) for s, b in rows.bbs.items()})
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         path = os.path.join(self.out_dir, f"pe{pe}.npz")
         tmp = path + ".tmp.npz"
@@ -228,9 +113,101 @@ class Recorder:
         return path
 
 
-def _value_row(pos: int, data: bytes) -> tuple:
-    words = np.frombuffer(data.ljust(SMALL_PAYLOAD, b"\0"), "<i8").tolist()
-    return (Ev.VALUE, pos, len(data), *words, 0, 0, 0)
+class _Rows:
+    """The rows of one PE's recording, made from its event log (``convert``): per thread slot its rows and its
+    BB blob, the names of regions and compute annotations, the extras of waits."""
+
+    def __init__(self, log: Log, qp_num: int):
+        self.log = log
+        self.qp_num = qp_num
+        self.slots: dict[int, array.array] = {}
+        self.bbs: dict[int, bytearray] = {}
+        self.names: dict[str, int] = {}
+        self.extras: list[dict] = []
+        self.waits: dict[int, tuple] = {}  # block -> its WAIT record, until its WAIT_INFO
+
+    def add(self, block: int, *fields: int) -> None:
+        self._thread(block).extend([_s64(f) for f in fields] + [0] * (ROW - len(fields)))
+
+    def _thread(self, block: int) -> array.array:
+        """The rows of thread slot ``block`` (made, with its BB blob, at its first event)."""
+        rows = self.slots.get(block)
+        if rows is None:
+            rows = self.slots[block] = array.array("q")
+            self.bbs[block] = bytearray()
+        return rows
+
+    def name(self, offset: int, length: int) -> int:
+        text = self.log.string(offset, length)
+        return self.names.setdefault(text, len(self.names))
+
+    def convert(self) -> None:
+        handlers = {Kind.DOORBELL: self._doorbell, Kind.VALUE: self._value, Kind.QUIET: self._quiet,
+                    Kind.WAIT: self._wait, Kind.WAIT_INFO: self._wait_info, Kind.SIGNAL: self._signal,
+                    Kind.MTE: self._mte, Kind.ARRIVE: self._barrier, Kind.REGION: self._region,
+                    Kind.COMPUTE: self._compute}
+        simple = {Kind.MTE_QUIET: lambda r: (Ev.MTE_QUIET,), Kind.LAUNCH: lambda r: (Ev.LAUNCH, r["a"], r["b"]),
+                  Kind.BLOCK_BEGIN: lambda r: (Ev.BLOCK, r["a"], 1), Kind.BLOCK_END: lambda r: (Ev.BLOCK, r["a"], 0),
+                  Kind.SYNC_ARRIVE: lambda r: (Ev.SYNC, r["a"]), Kind.JOIN: lambda r: (Ev.JOIN, r["a"])}
+        for r in self.log.records.tolist():
+            rec = dict(zip(("ts", "kind", "block", "flags", "site", "a", "b", "c", "d", "e", "f", "g"), r))
+            kind = rec["kind"]
+            if kind in handlers:
+                handlers[kind](rec)
+            elif kind in simple:
+                self.add(rec["block"], *simple[kind](rec))
+
+    def _doorbell(self, r: dict) -> None:
+        block, q, pos, bbs, at = r["block"], r["a"], r["b"], r["c"], r["d"]
+        self._thread(block)
+        blob = self.bbs[block]
+        row = len(blob) // 64
+        blob += self.log.blob(at, 64 * bbs) if at != _NO_BLOB else bytes(64 * bbs)
+        self.add(block, Ev.POST, q, pos, bbs, row)
+
+    def _value(self, r: dict) -> None:
+        pos = -1 if r["a"] == (1 << 64) - 1 else r["a"]
+        self.add(r["block"], Ev.VALUE, pos, r["b"], r["c"], r["d"], r["e"], r["f"] | r["g"] << 32)
+
+    def _quiet(self, r: dict) -> None:
+        peer, qp, call = QUIET_A.unpack(r["a"])
+        self.add(r["block"], Ev.QUIET, peer * self.qp_num + qp, r["c"], call)
+
+    def _wait(self, r: dict) -> None:
+        self.waits[r["block"]] = r
+
+    def _wait_info(self, r: dict) -> None:
+        w = self.waits.pop(r["block"], None)
+        extras = json.loads(self.log.blob(r["d"], r["e"])) if r["d"] != _NO_BLOB and r["e"] else {}
+        if w is not None:
+            pe, cmp, _size, call = WAIT_A.unpack(w["a"])
+            where = (call, pe, w["b"], w["c"], w["d"], cmp, w["e"])
+        else:  # a test that did not hold: the words are in its extras
+            where = tuple(extras.pop(k) for k in ("call", "pe", "offset", "stride", "count", "cmp", "value"))
+        call, pe, offset, stride, count, cmp, value = where
+        code = r["b"]
+        kept = {k: extras.get(k) for k in ("active", "values")}
+        if kept["active"] is not None or kept["values"] is not None:
+            self.extras.append(kept)
+            code |= len(self.extras) << 16
+        self.add(r["block"], Ev.TEST if r["flags"] & 1 else Ev.WAIT, call, pe, offset, stride, code, count, cmp,
+                 value, r["c"])
+
+    def _signal(self, r: dict) -> None:
+        pe, op, _size = SIGNAL_A.unpack(r["a"])
+        self.add(r["block"], Ev.SIGNAL, pe, r["b"], r["c"], op, r["e"])
+
+    def _mte(self, r: dict) -> None:
+        self.add(r["block"], Ev.MTE, r["a"], r["b"], r["c"], r["d"])
+
+    def _barrier(self, r: dict) -> None:
+        self.add(r["block"], Ev.BARRIER, r["b"], r["a"])
+
+    def _region(self, r: dict) -> None:
+        self.add(r["block"], Ev.REGION, self.name(r["a"], r["b"]), r["c"])
+
+    def _compute(self, r: dict) -> None:
+        self.add(r["block"], Ev.COMPUTE, r["a"], self.name(r["b"], r["c"]))
 
 
 def merge_parts(out_path: str, part_dir: str, n_pes: int, meta: dict | None = None) -> list[int]:

@@ -1,17 +1,17 @@
 """WQE traces: record cheaply while the job runs, export Chrome trace-event JSON (Perfetto) at the end.
 
-``shmemx run --trace out.json`` sets ``SHMEMX_TRACE_DIR`` for the ranks; each rank then makes a ``Tracer`` at
-init and hands flat ``array('q')`` buffers to the places that record (flat integers, not tuples: a tuple per WQE
-would make the garbage collector run every ~700 posts and now and then walk the whole heap, which measured at up
-to 0.75 us per post):
+``shmemx run --trace out.json`` sets ``SHMEMX_TRACE_DIR`` for the ranks; each rank then runs with its event log
+on (``udma.events``: the same code as any run, which writes its events itself) and makes a ``Tracer`` at init,
+which reads two sources at the end:
 
-* every posting path (``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell``) appends three integers per WQE
-  to its queue's array (time, BB position, bytes << 16 | opcode << 8 | block): one ``None`` check when off;
-* the DMA engine appends five per turn on a queue (start, end, queue, first BB position, BBs covered); under
-  ``--chaos`` one per completed WQE (and one with 0 BBs per earlier piece of a split one), and six per decision
-  of its chaos policy (``decisions``: time, kind, queue, BB position, two arguments; ``udma/_chaos.c``);
-* waits, quiets, barriers and user regions (``with shmemx.region("notify"):``, ``api.inspection``) append one
-  tuple each (per call, not per WQE).
+* the event log: a POST record per WQE (time, queue, BB position, bytes, opcode, block), stamped before its
+  doorbell by the native posting path and the Python one alike; a QUIET record per quiet (its start and end), a
+  WAIT and WAIT_INFO per wait or test (start, end, the words and the comparison), ARRIVE / DEPART per barrier and
+  REGION per user region (``with shmemx.region("notify"):``, ``api.inspection``);
+* the DMA engine's own records (flat ``array('q')``): five per turn on a queue (start, end, queue, first BB
+  position, BBs covered); under ``--chaos`` one per completed WQE (and one with 0 BBs per earlier piece of a split
+  one), and six per decision of its chaos policy (``decisions``: time, kind, queue, BB position, two arguments;
+  ``udma/_chaos.c``).
 
 At finalize (or when a failing rank tears down) each rank expands its records into events and writes them to
 ``<dir>/pe<N>.json``; the launcher concatenates the parts into one JSON document. Times are nanoseconds of the
@@ -46,6 +46,7 @@ import time
 import numpy as np
 
 from ..shm.control import CMP_SYMBOLS, WaitCall
+from ..udma.events import Kind, Log, POST_A, QUIET_A, WAIT_A
 from ..udma.layout import M32, opcode_name, wqe_bbs_of
 
 __all__ = ["Tracer", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
@@ -74,10 +75,11 @@ class Tracer:
     """The records of one PE (see the module docstring).
 
     Attributes:
-        queues: ``{queue index: list}``: post records of each queue, appended by its submitter.
+        queues: ``{queue index: array('q')}``: post records of each queue (time ns, BB position, bytes << 16 |
+            opcode << 8 | block), made from the event log (``take``).
         engine: the engine's turn records.
         decisions: the engine's chaos decisions (under ``--chaos``).
-        spans: waits, quiets, barriers and regions of every thread of this PE.
+        spans: waits, quiets, barriers and regions of every thread of this PE, made from the event log.
     """
 
     def __init__(self, out_dir: str, t0: int):
@@ -97,24 +99,55 @@ class Tracer:
         t0 = os.environ.get(TRACE_T0_ENV)
         return cls(out_dir, int(t0) if t0 else _now())
 
-    def queue(self, index: int) -> array.array:
-        """The post records of queue ``index``: 3 int64 per WQE (time ns, BB position, bytes << 16 | opcode << 8
-        | block), appended by its submitter. An array, not tuples: nothing the garbage collector must track."""
-        return self.queues.setdefault(index, array.array("q"))
+    # --- reading the event log --------------------------------------------------------------------------------
 
-    # --- recording (each costs an append) -------------------------------------------------------------------
+    def take(self, log: Log, qp_num: int) -> None:
+        """The posts and spans of this PE's event log (``queues``, ``spans``)."""
+        r = log.records
+        open_spans: dict = {}  # (block, what) -> (start, name) of an arrival or a region's enter
+        queue_of: dict[int, int] = {}  # block -> the queue of its last doorbell (its POSTs follow it)
+        waits: dict[int, tuple] = {}  # block -> its last WAIT record, until its WAIT_INFO
+        cols = ("ts", "kind", "block", "flags", "a", "b", "c", "d", "e", "f")
+        for ts, kind, block, flags, a, b, c, d, e, f in zip(*(r[k].tolist() for k in cols)):
+            if kind == Kind.DOORBELL:
+                queue_of[block] = a
+            elif kind == Kind.POST:
+                pos, _peer, _qp, op = POST_A.unpack(a)
+                self.queues.setdefault(queue_of.get(block, 0), array.array("q")).extend(
+                    (ts, pos, f << 16 | op << 8 | block))
+            elif kind == Kind.QUIET:
+                peer, qp, call = QUIET_A.unpack(a)
+                self.spans.append((d, ts, block, "quiet", WaitCall(call).name.lower(), (peer, qp, c)))
+            elif kind == Kind.WAIT:
+                waits[block] = (a, b, c, d, e)
+            elif kind == Kind.WAIT_INFO and block in waits:
+                self._wait(ts, block, a, b, waits.pop(block))
+            elif kind == Kind.ARRIVE:
+                open_spans[block, "barrier"] = (ts, WaitCall(b).name.lower())
+            elif kind == Kind.DEPART and (block, "barrier") in open_spans:
+                start, name = open_spans.pop((block, "barrier"))
+                self.spans.append((start, ts, block, "barrier", name, (a,)))
+            elif kind == Kind.REGION:
+                name = log.string(a, b)
+                if c:
+                    open_spans[block, "region", name] = (ts, name)
+                elif (block, "region", name) in open_spans:
+                    start, _ = open_spans.pop((block, "region", name))
+                    self.spans.append((start, ts, block, "region", name, ()))
 
-    def span(self, start: int, slot: int, kind: str, name: str, args: tuple = ()) -> None:
-        self.spans.append((start, _now(), slot, kind, name, args))
+    def _wait(self, end: int, block: int, start: int, code: int, wait: tuple) -> None:
+        """A wait's span (``WAIT`` fields ``wait``, its start and dtype code from ``WAIT_INFO``)."""
+        a, offset, _stride, count, value = wait
+        pe, cmp, size, call = WAIT_A.unpack(a)
+        kind = "f" if code >> 9 & 1 else "i" if code >> 8 & 1 else "u"
+        self.spans.append((start, end, block, "wait", WaitCall(call).name.lower(),
+                           (pe, offset, cmp, value, f"<{kind}{size}", count)))
 
-    def wait(self, start: int, slot: int, call: int, args: tuple) -> None:
-        """A wait_until-family call: args = (pe, offset, cmp, value, dtype, count)."""
-        self.spans.append((start, _now(), slot, "wait", WaitCall(call).name.lower(), args))
-
-    # --- export ---------------------------------------------------------------------------------------------
-
-    def write(self, pe: int, qp_num: int, describe_offset=None) -> str:
-        """Write this PE's events to ``<out_dir>/pe<pe>.json`` (comma-separated event objects); returns the path."""
+    def write(self, pe: int, qp_num: int, describe_offset=None, log: Log | None = None) -> str:
+        """Write this PE's events (from its event log ``log`` and the engine's records) to
+        ``<out_dir>/pe<pe>.json`` (comma-separated event objects); returns the path."""
+        if log is not None:
+            self.take(log, qp_num)
         lines = _Export(self, pe, qp_num, describe_offset).events()
         path = os.path.join(self.out_dir, f"pe{pe}.json")
         tmp = path + ".tmp"

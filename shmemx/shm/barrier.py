@@ -30,27 +30,22 @@ __all__ = ["barrier"]
 def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = None) -> None:
     """Block until every PE of the job has called ``barrier`` as many times as this PE has.
 
-    Counted in the calling block's barrier time (user barriers only, not init/finalize/malloc/free) and traced
-    as a span named by the call.
+    Counted in the calling block's barrier time (user barriers only, not init/finalize/malloc/free); its arrival
+    (before) and departure (after) go to the event log when one is on (``rt.events``).
     """
     start = time.perf_counter_ns()
-    ck = rt.checker
+    ev = rt.events
     if rt.chaos is not None:
         rt.chaos.jitter()
-    if ck is not None:
-        ck.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1, call, True)
-    if rt.recorder is not None:
-        rt.recorder.barrier(call, int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1)
+    if ev is not None:
+        ev.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]) + 1, call, True)
     try:
         _barrier(rt, call, timeout)
-        if ck is not None:
-            ck.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]), call, False)
+        if ev is not None:
+            ev.barrier(int(rt.ctl.pes[rt.my_pe]["barriers"]), call, False)
     finally:
         if call in BARRIER_CALLS and rt.stats is not None:
             rt.stats.add_barrier(thread_slot(), time.perf_counter_ns() - start)
-        if rt.tracer is not None:
-            number = int(rt.ctl.pes[rt.my_pe]["barriers"])
-            rt.tracer.span(start, thread_slot(), "barrier", call.name.lower(), (number,))
         if rt.chaos is not None:
             rt.chaos.barrier_exit(int(rt.ctl.pes[rt.my_pe]["barriers"]), rt.n_pes)
 

@@ -2,16 +2,16 @@
 
 Every blocking call (wait_until and friends, quiets, barriers, init/finalize, collective allocation) waits
 through ``block_until`` (a Python condition) or ``block_on_word`` (one word of shared memory and a comparison:
-wait_until / signal_wait_until while no recorder needs per-event calls, and quiets, on a CQE's owner bit). Both
+wait_until / signal_wait_until, wait_until_all, and quiets, on a CQE's owner bit). Both
 sleep without the interpreter lock (``futex_wait`` and ``_native.sleep`` are native); ``block_on_word`` also
 spins without it (``_native.spin``), so the PE's kernel blocks run meanwhile. They do three things the callers
 must not do themselves:
 
 1. **It records the wait** in the thread's wait slot of the control segment (which call, which PE and heap
    offset, which comparison, since when), so that ``shmemx dump`` and the launcher's timeout report can say who
-   waits on what while the job hangs. Later check and replay modes hook in here too. What the slot holds is a
-   ``Wait`` record; a wait that blocked is reported to the runtime's recorders (``rt.stats``, ``rt.tracer``),
-   which this module only calls, never imports.
+   waits on what while the job hangs. What the slot holds is a ``Wait`` record; the time of a wait that blocked
+   goes to the runtime's counters (``rt.stats``), which this module only calls, never imports. (The event log
+   of observed runs hears of a wait from the API call that made it, after it returned.)
 2. **It never burns a core.** With 8-16 ranks on 2 cores a busy poll costs milliseconds per hop and starves the
    DMA engines (machine_limits.md section 3). A wait spins only while there are no more ranks than cores, and
    only while spinning pays: after a few spins in a row that ended asleep anyway (the partner was not running,
@@ -165,8 +165,6 @@ def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[],
         PeerFailedError: the launcher aborted the job while this thread waited.
     """
     if pred():
-        if rt.tracer is not None and wait.call in WAIT_CALLS:  # a wait that did not block: an instant in the trace
-            rt.tracer.wait(time.perf_counter_ns(), thread_slot(), wait.call, wait.trace_args())
         return
     started = time.perf_counter_ns()
     if _spin_until(rt, pred, rt.spin if spin is None else spin):
@@ -207,7 +205,7 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
     The same wait slot, spin, sleep, deadline, abort check and accounting as ``block_until``; the spinning and
     the sleeping are native (``_native.spin`` / ``_native.sleep``), so the PE's other threads (kernel blocks)
     run meanwhile, and from a futex wake-up to the return only native code runs before the epilogue. Used by
-    wait_until / signal_wait_until while no recorder needs per-event calls, and by quiets (a CQE's owner bit).
+    wait_until / signal_wait_until and by quiets (a CQE's owner bit).
 
     Args:
         addr: the word's address in this process; ``kind``: ``WORD_KINDS`` of its dtype.
@@ -238,8 +236,8 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
 
 def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
                    describe: Callable[[], str], pred: Callable[[], bool], *, sleep_pe: int | None = None) -> None:
-    """``block_on_word`` for a set of words that must all meet one comparison (wait_until_all while no recorder
-    needs per-event calls): the words at ``addr + i * stride`` whose byte ``active[i]`` is non-zero.
+    """``block_on_word`` for a set of words that must all meet one comparison (wait_until_all): the words at
+    ``addr + i * stride`` whose byte ``active[i]`` is non-zero.
 
     The same wait slot, deadline, abort check and accounting as ``block_until``; the spin (while ranks do not
     outnumber cores) polls ``pred``, then the sleep is native (``_native.sleep_all``): a wake-up re-checks the
@@ -352,10 +350,7 @@ def _add_wait_time(rt, slot: int, started: int) -> None:
 
 
 def _account(rt, wait: Wait, started: int, slot: int) -> None:
-    """A wait_until-family call that blocked: its time in the thread's stats slot, and a span in the trace.
-
-    (Quiets and barriers account for themselves, around the whole call.)"""
+    """A wait_until-family call that blocked: its time in the thread's stats slot (the event log hears of every
+    wait from its caller, blocked or not; quiets and barriers account for themselves, around the whole call)."""
     if wait.call in WAIT_CALLS:
         _add_wait_time(rt, slot, started)
-        if rt.tracer is not None:
-            rt.tracer.wait(started, slot, wait.call, wait.trace_args())

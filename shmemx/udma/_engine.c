@@ -154,7 +154,7 @@ static Fault check_segment(Engine *e, int pe, uint32_t tid, uint32_t token, uint
     return OK;
 }
 
-static uint8_t *resolve_local(Engine *e, uint64_t va, uint64_t len) {
+uint8_t *shmemx_resolve_local(Engine *e, uint64_t va, uint64_t len) {
     uint64_t my_va = e->heap_va_base + (uint64_t)e->my_pe * e->heap_va_stride;
     if (in_range(va, len, my_va, e->heap_size)) return e->heap[e->my_pe] + (va - my_va);
     if (in_range(va, len, e->amo_va, e->amo_len)) return e->seg + e->amo_off + (va - e->amo_va);
@@ -196,7 +196,7 @@ static Fault check(Engine *e, const Wqe *w, Target *t) {
     uint64_t rva = w64(w, L->q_rmt_va);
     Fault f = check_segment(e, (int)pe, w32(w, L->w_seg) & 0xFFFFF, w32(w, L->w_token), rva, len, W_REMOTE);
     if (f.status) return f;
-    t->local = resolve_local(e, lva, len);
+    t->local = shmemx_resolve_local(e, lva, len);
     if (!t->local) return (Fault){L->st_local_access, W_LOCAL};
     uint64_t base = e->heap_va_base + pe * e->heap_va_stride;
     t->pe = (int)pe;
@@ -994,7 +994,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (!m) return NULL;
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) { Py_DECREF(&EngineType); Py_DECREF(m); return NULL; }
-    if (shmemx_post_init(m) < 0) { Py_DECREF(m); return NULL; }
+    if (shmemx_post_init(m) < 0 || shmemx_events_init(m) < 0) { Py_DECREF(m); return NULL; }
     PyModule_AddIntConstant(m, "BATCH_BBS", BATCH_BBS);
     PyModule_AddIntConstant(m, "WAKE_EVERY", WAKE_EVERY);
     PyModule_AddIntConstant(m, "COOP_MIN_BYTES", COOP_MIN_BYTES);

@@ -167,6 +167,36 @@ static inline void kick(Engine *e) {
         syscall(SYS_futex, &e->seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
+/* The event log of a PE (_events.c; udma/events.py declares it): the record kinds and mask bits its native
+ * writers use, taken from events.py at init. */
+typedef struct {
+    int site, post, quiet, doorbell, value, src_changed; /* record kinds */
+    int local_heap;                                     /* POST flags bit: the local side is a heap offset */
+    int sites, fingerprints, wqe_bytes;                 /* mask bits */
+} EventCodes;
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *base;      /* the mapped segment: header page, records, blob */
+    uint64_t *hdr;      /* its header as u64 words */
+    uint64_t capacity;  /* records */
+    uint64_t blob_cap;  /* bytes */
+    uint32_t mask;      /* what is recorded (events.Mask) */
+    EventCodes k;
+    PyObject *classify; /* classify(code) -> -1 internal / 1 the kernel's (the site of a record) */
+    PyObject *kinds;    /* code -> classify's answer */
+    PyObject *sites;    /* (code, line) -> site id */
+} Events;
+
+extern PyTypeObject EventsType;
+int events_put(Events *ev, int64_t ts, int kind, int block, int flags, uint32_t site, uint64_t a, uint64_t b,
+               uint64_t c, uint64_t d, uint64_t e, uint32_t f, uint32_t g);
+int64_t events_blob(Events *ev, const void *data, uint64_t n);
+uint32_t events_site(Events *ev);
+uint64_t fingerprint(const uint8_t *p, uint64_t n);
+int shmemx_events_init(PyObject *module);
+uint8_t *shmemx_resolve_local(Engine *e, uint64_t va, uint64_t len);
+
 /* The turn core's entries for out-of-order policies (_engine.c). */
 void engine_turn(Engine *e, uint32_t q, uint32_t bbs);
 int engine_piece(Engine *e, uint32_t q, uint32_t pos, uint64_t lo, uint64_t hi, int last);

@@ -20,7 +20,8 @@
  */
 #include "_engine.h"
 
-enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_WORDS };
+enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_DOORBELLS,
+       ST_CQES, ST_WORDS };
 #define NPY_C_CONTIGUOUS 0x0001
 #define ASSIST_AFTER_NS 20000 /* a spinning quiet leaves a spinning engine this long to take its queue's work */
 
@@ -42,10 +43,18 @@ typedef struct {
     int writable;
 } Reg;
 
+/* A WRITE's source while --check fingerprints sources: its fingerprint at post, checked again by the quiet that
+ * retires the WQE (a source refilled before its quiet). ``end``: the BB position after the WQE. */
+typedef struct { uint32_t end, pos; uint8_t *addr; uint64_t len, hash; } Pin;
+typedef struct { Pin *v; uint32_t first, n, cap; } Pins; /* one FIFO per queue */
+
 typedef struct {
     PyObject_HEAD
     Engine *engine;
+    Events *ev;                       /* the event log while observed (set_events), else NULL */
+    Pins *pins;                       /* per queue, while the log fingerprints sources */
     PyObject *ndarray;                /* numpy.ndarray */
+    PyObject *alt;                    /* an ndarray subclass the heap arrays may have (accept), or NULL */
     PyObject *state_obj;              /* keeps the state block alive */
     int64_t *st;                      /* [n_slots][ST_WORDS] */
     uint32_t *tpn, *tid, *token;      /* per queue: what QueuePair.post_rw packs */
@@ -167,6 +176,12 @@ static PyObject *Poster_seen(Poster *p, PyObject *reg) {
     Py_RETURN_NONE;
 }
 
+/* An ndarray, or the heap arrays' subclass (read through the same NpArray prefix). */
+static inline int is_array(const Poster *p, PyObject *o) {
+    PyObject *t = (PyObject *)Py_TYPE(o);
+    return t == p->ndarray || (t == p->alt && p->alt);
+}
+
 /* A checked transfer: the queue, the remote heap offset, the bytes, the local VA and its registration. */
 typedef struct {
     uint32_t q;
@@ -180,7 +195,7 @@ typedef struct {
 static int transfer(Poster *p, PyObject *ro, PyObject *lo, PyObject *nel, PyObject *pe_o, PyObject *qp_o,
                     int writable, long slot, Transfer *t) {
     Engine *e = p->engine;
-    if ((PyObject *)Py_TYPE(ro) != p->ndarray || (PyObject *)Py_TYPE(lo) != p->ndarray || !PyLong_CheckExact(nel)
+    if (!is_array(p, ro) || !is_array(p, lo) || !PyLong_CheckExact(nel)
         || !PyLong_CheckExact(pe_o) || !PyLong_CheckExact(qp_o))
         return -1;
     NpArray *r = (NpArray *)ro, *l = (NpArray *)lo;
@@ -225,6 +240,151 @@ static inline int room(Poster *p, uint32_t q, uint32_t bbs) {
     return ((uint32_t)(st[ST_HEAD] + bbs - st[ST_TAIL])) + p->credit_guard < p->engine->sq_depth;
 }
 
+/* --- events (while the log is on: set_events) ----------------------------------------------------------
+ *
+ * What a post and a quiet tell the event log (udma/events.py has the record layouts): every doorbell one
+ * DOORBELL record (queue, first BB, BBs, where its BBs went in the blob when the log keeps WQE bytes), then one
+ * POST record per WQE decoded from the ring, after the WQEs were written and before the doorbell (a release:
+ * stamped before it becomes visible), and a VALUE record for a small payload; every quiet one QUIET record after
+ * its CQEs were consumed (an acquire), preceded by a SRC_CHANGED record for each source it retired whose bytes
+ * changed since the post. The Python posting and polling paths (queues.py) call the same functions (Poster
+ * emit_posted / emit_quiet), so each event has one writer. */
+
+#define SMALL_PAYLOAD 32 /* payloads up to this many bytes are logged with their bytes (a flag, a generation) */
+
+static void pin(Poster *p, uint32_t q, uint32_t end, uint32_t pos, uint8_t *addr, uint64_t len, uint64_t hash) {
+    if (!p->pins) {
+        p->pins = calloc(p->engine->n_slots, sizeof(Pins));
+        if (!p->pins) return;
+    }
+    Pins *f = &p->pins[q];
+    if (f->n == f->cap) {
+        uint32_t cap = f->cap ? 2 * f->cap : 64;
+        Pin *v = malloc(cap * sizeof(Pin));
+        if (!v) return;
+        for (uint32_t k = 0; k < f->n; k++) v[k] = f->v[(f->first + k) % f->cap];
+        free(f->v);
+        f->v = v; f->cap = cap; f->first = 0;
+    }
+    f->v[(f->first + f->n++) % f->cap] = (Pin){end, pos, addr, len, hash};
+}
+
+/* The sources of queue q retired up to ``tail``: a SRC_CHANGED record for each whose bytes changed. */
+static void check_pins(Poster *p, uint32_t q, uint32_t tail, int64_t ts, long slot, uint32_t site) {
+    Pins *f = p->pins ? &p->pins[q] : NULL;
+    Engine *e = p->engine;
+    while (f && f->n) {
+        Pin *x = &f->v[f->first];
+        if ((uint32_t)(tail - x->end) >= 0x80000000u) break; /* not retired yet */
+        if (fingerprint(x->addr, x->len) != x->hash)
+            events_put(p->ev, ts, p->ev->k.src_changed, (int)slot, 0, site, (q / e->qp_num) | (q % e->qp_num) << 16,
+                       x->pos, x->len, 0, 0, 0, 0);
+        f->first = (f->first + 1) % f->cap;
+        f->n--;
+    }
+}
+
+/* One WQE of queue q at BB ``pos`` (``w``: its bytes, two BBs unwrapped): its POST record, its pin, its value. */
+static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int64_t ts, long api, long slot,
+                     uint32_t site) {
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    Events *ev = p->ev;
+    uint32_t dw0, dw1, len = 0;
+    uint64_t eid_lo, rva, lva = 0, sig = 0, value = 0, third = 0;
+    memcpy(&dw0, w + 4 * L->w_dw0, 4);
+    memcpy(&dw1, w + 4 * L->w_dw1, 4);
+    memcpy(&eid_lo, w + 8 * L->q_eid_lo, 8);
+    memcpy(&rva, w + 8 * L->q_rmt_va, 8);
+    uint32_t op = (dw1 >> 8) & 0xFF, flag = (dw0 >> 16) & 0xFF;
+    uint32_t peer = (uint32_t)(eid_lo & 0xFFFFFFFFu);
+    if (peer >= (uint32_t)e->n_pes) peer = q / e->qp_num;
+    uint64_t peer_va = e->heap_va_base + (uint64_t)peer * e->heap_va_stride;
+    int notify = op == (uint32_t)L->op_notify, amo = op == (uint32_t)L->op_faa || op == (uint32_t)L->op_cas;
+    int sge = notify ? L->notify_sge : 4 * L->w_sge_len;
+    memcpy(&len, w + sge, 4);
+    memcpy(&lva, w + (notify ? L->notify_sge + 8 : 8 * L->q_sge_va), 8);
+    if (notify) {
+        memcpy(&sig, w + L->notify_ctx + 8, 8);
+        sig -= peer_va;
+        memcpy(&value, w + L->notify_ctx + 16, 8);
+    } else if (amo) {
+        uint32_t size = len == 8 ? 8 : 4;
+        memcpy(&value, w + L->amo_operand, size);
+        if (op == (uint32_t)L->op_cas) memcpy(&third, w + L->amo_operand + size, size);
+    }
+    uint64_t loff = lva - p->heap_va, lref = lva;
+    int flags = (int)(flag | (uint32_t)api << 8);
+    if (lva >= p->heap_va && loff + len <= e->heap_size) {
+        flags |= ev->k.local_heap;
+        lref = loff;
+    }
+    int write = op == (uint32_t)L->op_write || notify;
+    uint8_t *src = write && len ? shmemx_resolve_local(e, lva, len) : NULL;
+    if (src && lva >= e->amo_va && lva - e->amo_va < e->amo_len) src = NULL; /* the amo scratch is no source */
+    if (src && op == (uint32_t)L->op_write && len <= 8) memcpy(&value, src, len);
+    uint32_t bbs = notify || amo ? 2 : 1;
+    if (src && (ev->mask & ev->k.fingerprints)) {
+        uint64_t hash = fingerprint(src, len);
+        third = (uint32_t)hash;
+        pin(p, q, pos + bbs, pos, src, len, hash);
+    }
+    events_put(ev, ts, ev->k.post, (int)slot, flags, site,
+               (uint64_t)pos | (uint64_t)peer << 32 | (uint64_t)(q % e->qp_num) << 48 | (uint64_t)op << 56,
+               rva - peer_va, lref, sig, value, len, (uint32_t)third);
+    if (src && len <= SMALL_PAYLOAD && (ev->mask & ev->k.wqe_bytes)) {
+        uint64_t words[4] = {0};
+        memcpy(words, src, len);
+        events_put(ev, ts, ev->k.value, (int)slot, 0, site, pos, len, words[0], words[1], words[2],
+                   (uint32_t)words[3], (uint32_t)(words[3] >> 32));
+    }
+}
+
+/* The events of ``bbs`` BBs of queue q from ``head``, written and about to be doorbelled with ``cqes`` CQEs. */
+static void emit_posted(Poster *p, uint32_t q, uint32_t head, uint32_t bbs, long api, long slot, long cqes) {
+    Engine *e = p->engine;
+    const Layout *L = &e->L;
+    Events *ev = p->ev;
+    uint32_t mask = e->sq_depth - 1;
+    const uint8_t *ring = sq_of(e, q);
+    int64_t ts = now_ns();
+    uint32_t site = (ev->mask & ev->k.sites) ? events_site(ev) : 0;
+    int64_t blob = -1;
+    if (ev->mask & ev->k.wqe_bytes) { /* the exact BBs, unwrapped, for the recording */
+        uint32_t first = head & mask, part = bbs < e->sq_depth - first ? bbs : e->sq_depth - first;
+        blob = events_blob(ev, ring + 64 * (uint64_t)first, 64 * (uint64_t)part);
+        if (blob >= 0 && part < bbs && events_blob(ev, ring, 64 * (uint64_t)(bbs - part)) < 0) blob = -1;
+    }
+    events_put(ev, ts, ev->k.doorbell, (int)slot, (int)api, site, q, head, bbs, (uint64_t)blob, (uint64_t)cqes, 0, 0);
+    uint8_t w[128];
+    for (uint32_t k = 0; k < bbs;) {
+        uint32_t pos = head + k;
+        memcpy(w, ring + 64 * (uint64_t)(pos & mask), 64);
+        uint32_t dw1;
+        memcpy(&dw1, w + 4 * L->w_dw1, 4);
+        uint32_t op = (dw1 >> 8) & 0xFF;
+        uint32_t n = (op == (uint32_t)L->op_notify || op == (uint32_t)L->op_faa || op == (uint32_t)L->op_cas)
+                     && k + 1 < bbs ? 2 : 1;
+        if (n == 2) memcpy(w + 64, ring + 64 * (uint64_t)((pos + 1) & mask), 64);
+        else memset(w + 64, 0, 64);
+        emit_wqe(p, q, pos, w, ts, api, slot, site);
+        k += n;
+    }
+}
+
+/* A quiet of queue q that returned: its SRC_CHANGED records, then its QUIET record (after the CQEs). */
+static void emit_quiet(Poster *p, uint32_t q, long call, uint32_t target, int64_t t0, long slot, uint32_t consumed) {
+    Engine *e = p->engine;
+    Events *ev = p->ev;
+    int64_t ts = now_ns();
+    uint32_t site = (ev->mask & ev->k.sites) ? events_site(ev) : 0;
+    uint32_t tail = (uint32_t)p->st[(uint64_t)q * ST_WORDS + ST_TAIL];
+    check_pins(p, q, tail, ts, slot, site);
+    events_put(ev, ts, ev->k.quiet, (int)slot, 0, site,
+               (q / e->qp_num) | (uint64_t)(q % e->qp_num) << 16 | (uint64_t)(call & 0xFF) << 24, tail, target,
+               (uint64_t)t0, consumed, 0, 0);
+}
+
 /* Words 0-11 of a WQE of this queue (the SQE base: what every opcode shares). */
 static void sqe_base(Poster *p, const Transfer *t, uint32_t *w, long opcode, long flag) {
     Engine *e = p->engine;
@@ -243,7 +403,8 @@ static void sqe_base(Poster *p, const Transfer *t, uint32_t *w, long opcode, lon
 
 /* Store ``bbs`` BBs at the head (a two-BB WQE at the last slot wraps), the sidecar word, head, cqe_cnt, the
  * doorbell (last); kick the engine; count; record the registration's use. Returns the BB position. */
-static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32_t bbs, long flag, long api) {
+static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32_t bbs, long flag, long api,
+                         long slot) {
     Engine *e = p->engine;
     uint32_t q = t->q;
     int64_t *st = p->st + (uint64_t)q * ST_WORDS;
@@ -264,10 +425,13 @@ static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32
     uint32_t next = head + bbs;
     st[ST_HEAD] = next;
     wq[p->wq_head] = next;
-    if (flag & e->L.cqe_flag) {
+    int cqe = (flag & e->L.cqe_flag) != 0;
+    if (cqe) {
         st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + 1);
         wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
     }
+    if (p->ev) emit_posted(p, q, head, bbs, api, slot, cqe);
+    st[ST_DOORBELLS] += 1;
     st32(hw_of(e, q) + e->L.hw_sq_db, next); /* the doorbell, last */
     kick(e);
     st[ST_N_POSTED] += 1;
@@ -291,7 +455,7 @@ static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
     sqe_base(p, &t, w, opcode, flag);
     w[L->w_sge_len] = (uint32_t)t.nbytes;
     memcpy(w + 2 * L->q_sge_va, &t.local_va, 8);
-    return publish(p, &t, w, 1, flag, api);
+    return publish(p, &t, w, 1, flag, api, slot);
 }
 
 /* notify(dst, src, nelems, sig_addr, signal, pe, qp_idx, flag, api, slot) -> BB position, or -1: one
@@ -304,7 +468,7 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     long flag = PyLong_AsLong(args[7]), api = PyLong_AsLong(args[8]), slot = PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return NULL;
     PyObject *so = args[3], *sv = args[4];
-    if ((PyObject *)Py_TYPE(so) != p->ndarray || !PyLong_CheckExact(sv)) return PyLong_FromLong(-1);
+    if (!is_array(p, so) || !PyLong_CheckExact(sv)) return PyLong_FromLong(-1);
     PyObject *sd = ((NpArray *)so)->descr;
     if (sd != p->sig_descr[0] && sd != p->sig_descr[1]) return PyLong_FromLong(-1);
     int overflow = 0;
@@ -335,7 +499,7 @@ static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t narg
     uint32_t len = (uint32_t)t.nbytes;
     memcpy(b + L->notify_sge, &len, 4);
     memcpy(b + L->notify_sge + 8, &t.local_va, 8);
-    return publish(p, &t, w, 2, flag, api);
+    return publish(p, &t, w, 2, flag, api, slot);
 }
 
 /* Store ``bbs`` BBs of built WQEs (``src``) for queue index ``q``: each a one-BB WRITE / READ or a two-BB
@@ -389,6 +553,8 @@ static int64_t store_wqes(Poster *p, long q, const uint8_t *src, uint32_t bbs, l
         st[ST_CQE_CNT] = (uint32_t)(st[ST_CQE_CNT] + (uint32_t)cqes);
         wq[p->wq_cqe_cnt] = (uint32_t)st[ST_CQE_CNT];
     }
+    if (p->ev) emit_posted(p, (uint32_t)q, head, bbs, api, slot, cqes);
+    st[ST_DOORBELLS] += 1;
     st32(hw_of(e, (uint32_t)q) + L->hw_sq_db, next); /* the doorbell, last */
     st[ST_N_POSTED] += n_wqes;
     st[ST_B_POSTED] += nbytes;
@@ -463,14 +629,15 @@ static inline int cqe_written(Engine *e, uint32_t q, uint32_t pos) {
     return ((word >> e->L.owner_shift) & 1) == (((pos / e->cq_depth) & 1) ^ 1);
 }
 
-/* quiet(pe, qp_idx, spin_ns) -> -1 (take the Python path: QueuePair.poll) or bits: 1 the CQ tail advanced
- * (run the retire hook), 2 the caller's queue is retired to its head (release it). Consumes the CQEs up to
- * cqe_cnt when the engine has written them all, none is an error and the queue is not in error, executing the
- * queue's rung WQEs itself when the engine is not at them (shmemx_engine_assist) and spinning for them up to
- * spin_ns, without the interpreter lock; anything else is the Python path's (which sleeps,
- * records the wait, raises). */
+/* quiet(pe, qp_idx, spin_ns, call, slot) -> -1 (take the Python path: QueuePair.poll) or bits: 1 the CQ tail
+ * advanced (run the retire hook), 2 the caller's queue is retired to its head (release it). Consumes the CQEs
+ * up to cqe_cnt when the engine has written them all, none is an error and the queue is not in error, executing
+ * the queue's rung WQEs itself when the engine is not at them (shmemx_engine_assist) and spinning for them up to
+ * spin_ns, without the interpreter lock; anything else is the Python path's (which sleeps, records the wait,
+ * raises). ``call`` (a WaitCall) and ``slot`` (the caller's block) are what the quiet's event says. */
 /* The quiet of queue index ``q`` (not this PE's own): the bits of ``quiet``, or -1. */
-static int quiet_one(Poster *p, uint32_t q, long long spin_ns) {
+static int quiet_one(Poster *p, uint32_t q, long long spin_ns, long call, long slot) {
+    int64_t t0 = p->ev ? now_ns() : 0;
     Engine *e = p->engine;
     const Layout *L = &e->L;
     int64_t *st = p->st + (uint64_t)q * ST_WORDS;
@@ -519,6 +686,7 @@ static int quiet_one(Poster *p, uint32_t q, long long spin_ns) {
         tail = tail + ((entry_idx - tail) & 0xFFFF);
         st[ST_TAIL] = tail;
         st[ST_CQ_TAIL] = target;
+        st[ST_CQES] += n;
         ((uint32_t *)(e->seg + p->cq_ctx_off + 64 * (uint64_t)q))[p->cq_tail_word] = target;
         hw[p->hw_cq_db] = target & 0xFFFFFF;
         ((uint32_t *)(e->seg + p->wq_off + 64 * (uint64_t)q))[p->wq_tail_word] = tail;
@@ -526,27 +694,30 @@ static int quiet_one(Poster *p, uint32_t q, long long spin_ns) {
     }
     if (st[ST_OWNER] == (int64_t)PyThread_get_thread_ident() && (uint32_t)st[ST_TAIL] == (uint32_t)st[ST_HEAD])
         bits |= 2;
+    if (p->ev) emit_quiet(p, q, call, target, t0, slot, n);
     return bits;
 }
 
 static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet takes 3 arguments"); return NULL; }
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "quiet takes 5 arguments"); return NULL; }
     Engine *e = p->engine;
     if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
     long pe = PyLong_AsLong(args[0]), qp_idx = PyLong_AsLong(args[1]);
     long long spin_ns = PyLong_AsLongLong(args[2]);
+    long call = PyLong_AsLong(args[3]), slot = PyLong_AsLong(args[4]);
     if (PyErr_Occurred()) { PyErr_Clear(); return PyLong_FromLong(-1); }
     if (pe < 0 || pe >= e->n_pes || pe == e->my_pe || qp_idx < 0 || qp_idx >= e->qp_num) return PyLong_FromLong(-1);
-    return PyLong_FromLong(quiet_one(p, (uint32_t)(pe * e->qp_num + qp_idx), spin_ns));
+    return PyLong_FromLong(quiet_one(p, (uint32_t)(pe * e->qp_num + qp_idx), spin_ns, call, slot));
 }
 
-/* quiet_many(queues, bits, spin_ns) -> how many queues were quieted (a prefix): ``quiet`` of queue index
- * ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
+/* quiet_many(queues, bits, spin_ns, call, slot) -> how many queues were quieted (a prefix): ``quiet`` of queue
+ * index ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
  * ``queues``, ``bits``: C-contiguous int64 buffers of one length. */
 static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "quiet_many takes 3 arguments"); return NULL; }
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "quiet_many takes 5 arguments"); return NULL; }
     Engine *e = p->engine;
     long long spin_ns = PyLong_AsLongLong(args[2]);
+    long call = PyLong_AsLong(args[3]), slot = PyLong_AsLong(args[4]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer qv, bv;
     if (PyObject_GetBuffer(args[0], &qv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -565,12 +736,71 @@ static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t 
     for (; done < m; done++) {
         int64_t q = qs[done];
         if (q < 0 || q >= (int64_t)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe) break;
-        int b = quiet_one(p, (uint32_t)q, spin_ns);
+        int b = quiet_one(p, (uint32_t)q, spin_ns, call, slot);
         if (b < 0) break;
         bits[done] = b;
     }
     PyBuffer_Release(&qv); PyBuffer_Release(&bv);
     return PyLong_FromSsize_t(done);
+}
+
+/* accept(type): arrays of this ndarray subclass (the heap arrays of check mode) post as ndarrays do. */
+static PyObject *Poster_accept(Poster *p, PyObject *arg) {
+    if (!PyType_Check(arg) || !PyType_IsSubtype((PyTypeObject *)arg, (PyTypeObject *)p->ndarray)) {
+        PyErr_SetString(PyExc_TypeError, "accept: an ndarray subclass");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(p->alt, arg);
+    Py_RETURN_NONE;
+}
+
+/* set_events(log or None): the event log the posts and quiets write into (udma/events.py), or none. */
+static PyObject *Poster_set_events(Poster *p, PyObject *arg) {
+    if (arg != Py_None && !PyObject_TypeCheck(arg, &EventsType)) {
+        PyErr_SetString(PyExc_TypeError, "set_events: an _engine.Events or None");
+        return NULL;
+    }
+    Py_XINCREF(arg == Py_None ? NULL : arg);
+    Py_XSETREF(p->ev, arg == Py_None ? NULL : (Events *)arg);
+    Py_RETURN_NONE;
+}
+
+static int event_args(Poster *p, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
+    if (nargs != want) { PyErr_Format(PyExc_TypeError, "takes %zd arguments", want); return -1; }
+    for (Py_ssize_t k = 0; k < nargs; k++) {
+        out[k] = PyLong_AsLongLong(args[k]);
+        if (out[k] == -1 && PyErr_Occurred()) return -1;
+    }
+    if (out[0] < 0 || out[0] >= p->engine->n_slots) { PyErr_SetString(PyExc_ValueError, "queue index out of range"); return -1; }
+    return 0;
+}
+
+/* emit_posted(q, head, bbs, api, slot, cqes): the events of WQEs the Python path wrote at [head, head + bbs) of
+ * queue index q, before it rings their doorbell (what the native posts emit themselves). */
+static PyObject *Poster_emit_posted(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[6];
+    if (event_args(p, args, nargs, 6, a) < 0) return NULL;
+    if (p->ev && a[2] > 0) emit_posted(p, (uint32_t)a[0], (uint32_t)a[1], (uint32_t)a[2], (long)a[3], (long)a[4], (long)a[5]);
+    Py_RETURN_NONE;
+}
+
+/* emit_quiet(q, call, target, t0, slot, consumed): the events of a quiet of queue index q that the Python path
+ * made (QueuePair.poll), after its CQEs and before the retire hook may drop a registration. */
+static PyObject *Poster_emit_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[6];
+    if (event_args(p, args, nargs, 6, a) < 0) return NULL;
+    if (p->ev) emit_quiet(p, (uint32_t)a[0], (long)a[1], (uint32_t)a[2], a[3], (long)a[4], (uint32_t)a[5]);
+    Py_RETURN_NONE;
+}
+
+/* fingerprint(buffer) -> the 64-bit fingerprint a source gets at its post (tests). */
+static PyObject *Poster_fingerprint(Poster *p, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    uint64_t h = fingerprint(view.buf, (uint64_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(h);
 }
 
 /* set_allocations(starts, ends): this PE's live heap allocations as two bytes objects of native int64. */
@@ -674,6 +904,11 @@ static void Poster_dealloc(Poster *p) {
     if (p->qidx && p->engine)
         for (uint32_t k = 0; k < p->engine->n_slots; k++) Py_XDECREF(p->qidx[k]);
     for (int k = 0; k < 8; k++) Py_XDECREF(p->descr[k]);
+    if (p->pins && p->engine)
+        for (uint32_t k = 0; k < p->engine->n_slots; k++) free(p->pins[k].v);
+    free(p->pins);
+    Py_XDECREF(p->ev);
+    Py_XDECREF(p->alt);
     Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
     forget(p);
     Py_XDECREF(p->state_obj); Py_XDECREF(p->sig_descr[0]); Py_XDECREF(p->sig_descr[1]);
@@ -692,6 +927,13 @@ static PyMethodDef Poster_methods[] = {
     {"quiet_many", (PyCFunction)(void (*)(void))Poster_quiet_many, METH_FASTCALL,
      "Quiet queues in turn while their CQEs are all in; returns how many."},
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
+    {"accept", (PyCFunction)Poster_accept, METH_O, "Post arrays of this ndarray subclass as ndarrays."},
+    {"set_events", (PyCFunction)Poster_set_events, METH_O, "The event log posts and quiets write into, or None."},
+    {"emit_posted", (PyCFunction)(void (*)(void))Poster_emit_posted, METH_FASTCALL,
+     "The events of WQEs the Python path wrote, before their doorbell."},
+    {"emit_quiet", (PyCFunction)(void (*)(void))Poster_emit_quiet, METH_FASTCALL,
+     "The events of a quiet the Python path made."},
+    {"fingerprint", (PyCFunction)Poster_fingerprint, METH_O, "A source's fingerprint (tests)."},
     {"set_allocations", (PyCFunction)Poster_set_allocations, METH_VARARGS, "This PE's live heap allocations."},
     {"probe", (PyCFunction)Poster_probe, METH_O, "What the poster reads of an ndarray (a layout check)."},
     {NULL, NULL, 0, NULL},
@@ -720,7 +962,7 @@ int shmemx_post_init(PyObject *m) {
     Py_INCREF(&PosterType);
     if (PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0) { Py_DECREF(&PosterType); return -1; }
     const char *names[] = {"ST_HEAD", "ST_TAIL", "ST_CQE_CNT", "ST_CQ_TAIL", "ST_OWNER", "ST_OWNER_BLOCK",
-                           "ST_N_POSTED", "ST_B_POSTED", "ST_WORDS"};
+                           "ST_N_POSTED", "ST_B_POSTED", "ST_DOORBELLS", "ST_CQES", "ST_WORDS"};
     for (int k = 0; k <= ST_WORDS; k++) PyModule_AddIntConstant(m, names[k], k);
     return 0;
 }

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..errors import InternalError
 from ..shm.waits import thread_slot
 from . import _engine
 from .describe import VaNames
@@ -51,8 +52,8 @@ class DataPlane:
         self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
         self.qstate = np.zeros((self.seg.n_slots, _engine.ST_WORDS), np.int64)  # posting state (QueuePair, _post.c)
         self.qwords = memoryview(self.qstate).cast("B").cast("q")
-        self.poster = None  # the native posting path (_post.c) while no recorder needs per-event calls
-        self.observed = False  # a recorder that needs per-event calls is on (refresh_fast_paths)
+        self.poster = None  # the native posting path (_post.c), made at start
+        self.array_type = None  # the heap arrays' ndarray subclass, if any (check.array.CheckedArray under --check)
         self.quiet_spin_ns = int(QUIET_SPIN_FACTOR * rt.spin * 1e9)
         self.qps: dict[int, QueuePair] = {}
         self.peers: list[dict] = []
@@ -80,85 +81,75 @@ class DataPlane:
                 for qp in range(self.qp_num):
                     q = QueuePair(self, peer, qp)
                     self.qps[q.index] = q
-        if rt.tracer is not None:
-            for q in self.qps.values():
-                q.trace = rt.tracer.queue(q.index)
+        self.poster = self._make_poster()
+        self.observe(rt.events)
+        if rt.tracer is not None:  # the engine's own records of its turns, for the trace
             self.engine.trace = rt.tracer.engine
-        if rt.checker is not None:
-            for q in self.qps.values():
-                q.check = rt.checker
-        if rt.recorder is not None:
-            for q in self.qps.values():
-                q.record = rt.recorder
-        self.refresh_fast_paths()
         self.engine.start()
 
-    def refresh_fast_paths(self) -> None:
-        """Use the native posting path unless a recorder that needs a call per event is on (``rt.tracer``, and
-        ``rt.recorder`` / ``rt.checker`` / ``rt.chaos`` when those exist): observed runs post through
-        ``QueuePair.post_rw`` / ``post_bytes`` / ``ring_doorbell`` and wait through ``shm.waits`` so that the hooks
-        see every event. Call it again after switching a recorder on or off."""
-        rt = self.rt
-        self.observed = any(getattr(rt, name, None) is not None for name in ("tracer", "recorder", "checker", "chaos"))
-        self.poster = None if self.observed else self._make_poster()
-        if self.poster is None:
-            self.registry.seen = None
-            self.rt.heap.on_change = None
+    def observe(self, events) -> None:
+        """Write posts and quiets into ``events`` (an ``events.EventLog``), or nothing (None). Observation never
+        changes which code runs: the native path writes the events itself."""
+        self.poster.set_events(None if events is None else events.native)
 
-    def quiet_fast(self, pe, qp_idx) -> bool:
+    def quiet_fast(self, pe, qp_idx, call: int) -> bool:
         """The quiet of (pe, qp_idx) by the native path (``Poster.quiet``) when every CQE is in (or comes within
         a quiet's spin) and none failed; False when ``QueuePair.poll`` must do it (waiting asleep, raising)."""
         start = time.perf_counter_ns()
-        bits = self.poster.quiet(pe, qp_idx, self.quiet_spin_ns)
+        slot = thread_slot()
+        bits = self.poster.quiet(pe, qp_idx, self.quiet_spin_ns, call, slot & 0xFF)
         if bits < 0:
             return False
-        rt = self.rt
-        if bits:
-            qp = self.qps[pe * self.qp_num + qp_idx]
-            if bits & 1:
-                self.retired(qp)
-            if bits & 2:
-                qp.release()  # publishes the posted counts
-            elif qp.n_posted and qp.owner == threading.get_ident():
-                qp.publish()
-        rt.stats.add_quiet(thread_slot(), time.perf_counter_ns() - start)
+        qp = self.qps[pe * self.qp_num + qp_idx]
+        if bits & 1:
+            self.retired(qp)
+        if bits & 2:
+            qp.release()  # publishes the counts
+        elif qp.owner == threading.get_ident():
+            qp.publish()
+        self.rt.stats.add_quiet(slot, time.perf_counter_ns() - start)
         return True
 
-    def quiet_many_fast(self, indices: np.ndarray) -> int:
+    def quiet_many_fast(self, indices: np.ndarray, call: int) -> int:
         """``quiet_fast`` of the queues ``indices`` (int64 slot indices) in turn by one native call
         (``Poster.quiet_many``): one retire hook for all of them, the retired queues released together. Returns
-        how many were quieted (a prefix; the caller quiets the rest through ``QueuePair.poll``)."""
+        how many were quieted (a prefix; the caller quiets the rest through ``QueuePair.poll``); each counts as one
+        quiet in the stats, as each quiet call does."""
         start = time.perf_counter_ns()
+        slot = thread_slot()
         bits = np.zeros(len(indices), np.int64)
-        done = self.poster.quiet_many(indices, bits, self.quiet_spin_ns)
+        done = self.poster.quiet_many(indices, bits, self.quiet_spin_ns, call, slot & 0xFF)
         if not done:
             return 0
         idx, bits = indices[:done], bits[:done]
         if (bits & 1).any():
             self.retired(None)
-        free = idx[(bits & 2) != 0]
-        if len(free):  # QueuePair.release of each: publish the posted counts, no owner
-            st = self.qstate
-            E = _engine
-            n, b, block = st[free, E.ST_N_POSTED], st[free, E.ST_B_POSTED], st[free, E.ST_OWNER_BLOCK]
-            st[free, E.ST_N_POSTED] = st[free, E.ST_B_POSTED] = st[free, E.ST_OWNER] = 0
-            st[free, E.ST_OWNER_BLOCK] = -1
-            some = np.flatnonzero(n)
-            for slot in np.unique(block[some]).tolist():
-                sel = some[block[some] == slot]
-                self.rt.stats.add_posted_many(max(slot, 0), free[sel], n[sel], b[sel])
-        held = idx[(bits & 2) == 0]
-        if len(held):
-            me = threading.get_ident()
-            for i in held.tolist():
-                qp = self.qps[i]
-                if qp.n_posted and qp.owner == me:
-                    qp.publish()
-        self.rt.stats.add_quiet(thread_slot(), time.perf_counter_ns() - start)
+        self._publish_many(idx[(bits & 2) != 0], release=True)
+        self._publish_many(idx[(bits & 2) == 0], release=False)
+        self.rt.stats.add_quiet(slot, time.perf_counter_ns() - start, done)
         return done
 
+    def _publish_many(self, queues: np.ndarray, release: bool) -> None:
+        """``QueuePair.publish`` of many queues at once (``release``: and ``QueuePair.release``: no owner); only
+        queues the calling thread owns unless released (the quiet retired them to their heads)."""
+        if not len(queues):
+            return
+        st, E = self.qstate, _engine
+        if not release:
+            queues = queues[st[queues, E.ST_OWNER] == threading.get_ident()]
+        n, b, block = st[queues, E.ST_N_POSTED], st[queues, E.ST_B_POSTED], st[queues, E.ST_OWNER_BLOCK]
+        d, c = st[queues, E.ST_DOORBELLS], st[queues, E.ST_CQES]
+        st[queues, E.ST_N_POSTED] = st[queues, E.ST_B_POSTED] = st[queues, E.ST_DOORBELLS] = st[queues, E.ST_CQES] = 0
+        if release:
+            st[queues, E.ST_OWNER] = 0
+            st[queues, E.ST_OWNER_BLOCK] = -1
+        for slot in np.unique(block).tolist():
+            sel = block == slot
+            self.rt.stats.add_posted_many(max(slot, 0), queues[sel], n[sel], b[sel])
+            self.rt.stats.add_counts(max(slot, 0), int(d[sel].sum()), int(c[sel].sum()))
+
     def _make_poster(self):
-        """The native posting path, or None when its reading of numpy arrays does not match this numpy."""
+        """The native posting path (its reading of numpy arrays checked against this numpy's own answers)."""
         rt = self.rt
         seg = self.seg
         n = seg.n_slots
@@ -175,7 +166,10 @@ class DataPlane:
         poster = _engine.Poster(self.engine.native, np.ndarray, self.registry, self.qstate,
                                 (np.dtype("<i8"), np.dtype("<u8")), config)
         if not _reads_arrays(poster):
-            return None
+            raise InternalError(f"pe {rt.my_pe}: the native posting path does not read numpy {np.__version__}'s "
+                                f"arrays as numpy does (shmemx/udma/_post.c, NpArray): shmemx needs updating")
+        if self.array_type is not None:
+            poster.accept(self.array_type)
         heap = rt.heap
 
         def allocations(heap) -> None:
@@ -218,7 +212,7 @@ class DataPlane:
         """Publish every queue's posted counts into the stats (``mine_only``: the queues this thread owns)."""
         me = threading.get_ident()
         for q in self.qps.values():
-            if q.n_posted and (not mine_only or q.owner == me):
+            if (q.n_posted or q.doorbells or q.cqes) and (not mine_only or q.owner == me):
                 q.publish()
 
     def check_errors(self) -> None:

@@ -33,10 +33,10 @@ from ..errors import CompletionError, ShmemError, SubmitterError
 from ..shm.control import WaitCall
 from ..shm.waits import CMP_MASKED, WORD_KINDS, Wait, block_on_word, thread_slot
 from .describe import format_cqe, format_wqe
-from .layout import (C_ENTRY_IDX, C_STATUS, DW0, DW1, M32, NOTIFY_WQE, OPCODE_BYTE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
+from .layout import (C_ENTRY_IDX, C_STATUS, DW0, DW1, M32, NOTIFY_WQE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
                      decode_cqe, decode_wqe, pack_wqe, tp_word, wqe_length)
-from ._engine import (ST_B_POSTED, ST_CQ_TAIL, ST_CQE_CNT, ST_HEAD, ST_N_POSTED, ST_OWNER, ST_OWNER_BLOCK, ST_TAIL,
-                      ST_WORDS)
+from ._engine import (ST_B_POSTED, ST_CQ_TAIL, ST_CQE_CNT, ST_CQES, ST_DOORBELLS, ST_HEAD, ST_N_POSTED, ST_OWNER,
+                      ST_OWNER_BLOCK, ST_TAIL, ST_WORDS)
 from .rings import Api, decode_sidecar, read_wqe, scan_wqes, sidecar_word
 from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_STATUS,
                       HW_ERR_SUBSTATUS, HW_ERR_WHERE, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL)
@@ -109,9 +109,6 @@ class QueuePair:
         self._s = udma.qwords
         self._o = i * ST_WORDS
         self.owner_block = -1
-        self.trace = None  # array('q') of (time, BB position, bytes << 16 | opcode << 8 | block) when tracing
-        self.check = None  # the runtime's checker (udma.check) while the job runs under --check
-        self.record = None  # the runtime's event recorder (observe.record.Recorder) while the job is recorded
         self._kick = udma.engine.kick  # wakes the engine after a doorbell store
 
     def __repr__(self) -> str:
@@ -124,6 +121,8 @@ class QueuePair:
     owner_block = _state_word(ST_OWNER_BLOCK, "the submitter's AIV block (-1: none)")
     n_posted = _state_word(ST_N_POSTED, "WQEs posted since the last publish")
     b_posted = _state_word(ST_B_POSTED, "bytes posted since the last publish")
+    doorbells = _state_word(ST_DOORBELLS, "doorbells rung since the last publish")
+    cqes = _state_word(ST_CQES, "CQEs consumed since the last publish")
 
     @property
     def owner(self) -> int | None:
@@ -164,8 +163,8 @@ class QueuePair:
         if self.owner == me:
             return
         if self.owner is not None and self.head != self.tail and self.udma.thread_alive(self.owner):
-            if self.check is not None:
-                self.check.claim(self)
+            if self.udma.rt.events is not None:
+                self.udma.rt.events.claim(self.peer, self.qp_idx)
             mine = thread_slot()
             raise SubmitterError(
                 f"pe {self.my_pe}: {what} to pe {self.peer} qp {self.qp_idx}: the send queue is in use by block "
@@ -182,12 +181,17 @@ class QueuePair:
         self.owner_block = -1
 
     def publish(self) -> None:
-        """Add the WQEs and bytes posted since the last call to the owner's stats slot (by the owning thread)."""
+        """Add the WQEs, bytes, doorbells and CQEs counted since the last call to the owner's stats slot (by the
+        owning thread)."""
         n = self.n_posted
         if n:
             b = self.b_posted
             self.n_posted = self.b_posted = 0
             self.udma.rt.stats.add_posted(max(self.owner_block, 0), self.index, n, b)
+        d, c = self.doorbells, self.cqes
+        if d or c:
+            self.doorbells = self.cqes = 0
+            self.udma.rt.stats.add_counts(max(self.owner_block, 0), d, c)
 
     # --- posting -----------------------------------------------------------------------------------------
 
@@ -202,14 +206,23 @@ class QueuePair:
                 f"CQE outstanding to free it: post a CQE-producing WQE (config cqe=1) at least every "
                 f"{self.depth - CREDIT_GUARD} BBs")
 
+    def _emit(self, head: int, bbs: int, api: int, cqes: int) -> None:
+        """The events of the ``bbs`` BBs written from ``head`` (before their doorbell): the native writer's, as for
+        the native posts (``Poster.emit_posted``)."""
+        self.udma.poster.emit_posted(self.index, head & M32, bbs, int(api), max(self.owner_block, 0) & 0xFF, cqes)
+
     def _rang(self, head: int, flag: int, api: int, bbs: int) -> None:
         w = self._w
         w[self._i_sidecar + ((head - bbs) & self.mask)] = sidecar_word(api, self.owner_block)
+        cqe = 1 if flag & 0x20 else 0
+        if self.udma.rt.events is not None:
+            self._emit(head - bbs, bbs, api, cqe)
         self.head = head
         w[self._i_head] = head & M32
-        if flag & 0x20:
+        if cqe:
             self.cqe_cnt = (self.cqe_cnt + 1) & M32
             w[self._i_cqe_cnt] = self.cqe_cnt
+        self.doorbells += 1
         w[self._i_db] = head & M32  # the doorbell, last
         self._kick()
 
@@ -226,20 +239,14 @@ class QueuePair:
                          self.eid_lo, self.eid_hi, self.token, 0, rmt_va, length, 0, local_va)
         w = self._w
         w[self._i_sidecar + slot] = api | self.owner_block << 8  # sidecar_word, inlined
+        if self.udma.rt.events is not None:  # stamped before the doorbell: the engine may run the WQE right after
+            self._emit(head, 1, api, 1 if flag & 0x20 else 0)
         self.head = new = (head + 1) & M32
         w[self._i_head] = new
         if flag & 0x20:
             self.cqe_cnt = (self.cqe_cnt + 1) & M32
             w[self._i_cqe_cnt] = self.cqe_cnt
-        tr = self.trace
-        if tr is not None:  # stamped before the doorbell: the engine may run the WQE right after it
-            tr.append(_now())  # three appends to an array: no object that the GC has to track
-            tr.append(head)
-            tr.append(length << 16 | opcode << 8 | self.owner_block)
-        if self.check is not None:
-            self.check.post(self, head, opcode, flag, rmt_va, length, local_va, api)
-        if self.record is not None:
-            self.record.post(self, head, 1)
+        self.doorbells += 1
         w[self._i_db] = new  # the doorbell, last
         self._kick()
         self.n_posted += 1
@@ -260,30 +267,16 @@ class QueuePair:
         if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
             self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
         length = wqe_length(wqe)
-        tr = self.trace
-        if tr is not None:  # stamped before the doorbell (``_rang``): the engine may run the WQE right after it
-            tr.append(_now())
-            tr.append(head)
-            tr.append(length << 16 | wqe[OPCODE_BYTE] << 8 | self.owner_block)
-        if self.check is not None:
-            self.check.post_wqe(self, head, wqe, api)
-        if self.record is not None:
-            self.record.post(self, head, bbs)
         self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
         self.b_posted += length
         return head
 
     def _count_batch(self, n: int) -> None:
-        """Count (and trace) the WQEs in the ``n`` BBs a doorbell publishes from ``self.head`` (raw / submit path)."""
-        positions, lengths, ops = scan_wqes(self.sq32, self.mask, self.head, n)
+        """Count the WQEs in the ``n`` BBs a doorbell publishes from ``self.head`` (raw / submit path)."""
+        positions, lengths, _ops = scan_wqes(self.sq32, self.mask, self.head, n)
         self.n_posted += len(positions)
         self.b_posted += int(lengths.sum())
-        if self.trace is not None:
-            rows = np.empty((len(positions), 3), np.int64)
-            rows[:, 0], rows[:, 1] = _now(), positions
-            rows[:, 2] = lengths << 16 | ops << 8 | self.owner_block
-            self.trace.frombytes(rows.tobytes())
 
     def rw_bytes(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int) -> bytes:
         """The 64 bytes ``post_rw`` would write for this WRITE or READ (a defer batch stages them)."""
@@ -324,15 +317,14 @@ class QueuePair:
             slots = (self.head + np.arange(n)) & self.mask
             self.sidecar[slots] = sidecar_word(api, thread_slot())
             self._count_batch(n)
-            if self.check is not None:
-                self.check.doorbell(self, n, api)
-            if self.record is not None:
-                self.record.post(self, self.head, n)
+            if self.udma.rt.events is not None:
+                self._emit(self.head, n, api, cqes)
         self.head = head
         self.wq32[WQ_HEAD] = head & M32
         if cqes:
             self.cqe_cnt = (self.cqe_cnt + cqes) & M32
             self.wq32[WQ_CQE_CNT] = self.cqe_cnt
+        self.doorbells += 1
         self.hw32[HW_SQ_DB] = head & M32
         self._kick()
 
@@ -373,24 +365,17 @@ class QueuePair:
         chaos = self.udma.rt.chaos
         if chaos is not None:
             chaos.jitter()
-        if self.record is not None:
-            self.record.quiet(self, target, call)
         try:
-            self._poll(target, what, call, report, release)
-            if self.check is not None:
-                self.check.quiet(self)
+            self._poll(target, what, call, report, release, start)
         finally:
             rt = self.udma.rt
-            slot = thread_slot()
-            if self.n_posted and self.owner == threading.get_ident():
+            if (self.n_posted or self.doorbells or self.cqes) and self.owner == threading.get_ident():
                 self.publish()
-            rt.stats.add_quiet(slot, _now() - start)
-            if rt.tracer is not None:
-                rt.tracer.span(start, slot, "quiet", call.name.lower(), (self.peer, self.qp_idx, target))
+            rt.stats.add_quiet(thread_slot(), _now() - start)
             if chaos is not None:
                 chaos.jitter()
 
-    def _poll(self, target: int, what: str, call: WaitCall, report: bool, release: bool) -> None:
+    def _poll(self, target: int, what: str, call: WaitCall, report: bool, release: bool, start: int) -> None:
         t = self.cq_tail
         first_error = None
         while t != target:
@@ -401,6 +386,10 @@ class QueuePair:
             error = self._consume(t, k)
             first_error = first_error or error
             t = (t + k) & M32
+        consumed = (t - self.cq_tail) & M32
+        self.cqes += consumed
+        if self.udma.rt.events is not None:  # after the CQEs, before the retire hook may drop a registration
+            self.udma.poster.emit_quiet(self.index, int(call), target, start, thread_slot() & 0xFF, consumed)
         if t != self.cq_tail:
             self._retire(t)
         if release and self.owner == threading.get_ident() and self.tail == self.head:

@@ -40,7 +40,7 @@ from ...shm.control import WaitCall
 from ..layout import Odr
 from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, compact, order_matters,
                      same_bytes, word_value)
-from .events import LOCAL_HEAP, Access, Kind, Log
+from ..events import LOCAL_HEAP, Access, Kind, Log
 from .report import Finding, Findings, Side, describe_wqe
 from .rules import OPS, Rules
 from .shadow import ReadRec, Shadow, State, WriteRec

@@ -1,0 +1,251 @@
+/* The event log of one PE: what observation (--check, --trace, --record) reads, written by the code that runs.
+ *
+ * One shared-memory segment per PE (udma/events.py declares its layout: a header page, fixed 64-byte records,
+ * then a blob area for strings, WQE bytes and small payloads). Every writer holds the interpreter lock: the
+ * native posting path (_post.c) and the Python side (events.EventLog) append through events_put and events_blob
+ * below, so the records of a thread are in its program order. A record's kind byte is stored last, with release
+ * order, so that a reader in another process (the launcher, after a crash) takes a slot with a kind as whole.
+ * The record kinds and mask bits the native side writes come from events.py (one home), handed over at init.
+ *
+ * Sites: under --check every record names the kernel's source line that made it (the first Python frame outside
+ * shmemx, numpy and threading). events_site walks the calling thread's frames; which code objects are inside is
+ * asked once per code object of the ``classify`` callable (and the code object kept, so its address stays its
+ * own); each (code, line) gets a site id with a SITE record and its "file\0function" string in the blob.
+ *
+ * Fingerprints: a WRITE's source is summed at its post and again when the quiet that retires it returns
+ * (_post.c); fingerprint() is a 64-bit multiply-rotate hash over 8-byte words, four lanes, at memory speed.
+ */
+#include "_engine.h"
+
+enum { H_RECORDS = 3, H_BLOB = 4, H_MASK = 5, H_BLOB_CAP = 6 }; /* u64 words of the header (events.HEADER) */
+#define HEADER_BYTES 4096
+#define REC_BYTES 64
+
+static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+uint64_t fingerprint(const uint8_t *p, uint64_t n) {
+    const uint64_t k1 = 0x9E3779B185EBCA87ULL, k2 = 0xC2B2AE3D27D4EB4FULL;
+    uint64_t h[4] = {k1, k2, k1 ^ k2, ~k1}, w;
+    uint64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            memcpy(&w, p + i + 8 * k, 8);
+            h[k] = rotl(h[k] + w * k2, 31) * k1;
+        }
+    uint64_t acc = rotl(h[0], 1) + rotl(h[1], 7) + rotl(h[2], 12) + rotl(h[3], 18) + n;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        acc = rotl(acc ^ (w * k2), 27) * k1 + k2;
+    }
+    for (; i < n; i++) acc = rotl(acc ^ (p[i] * k1), 11) * k2;
+    acc ^= acc >> 33;
+    acc *= k2;
+    return acc ^ (acc >> 29);
+}
+
+/* Append one record; returns 0, or -1 when the log is full (counted: the reader reports the overflow). */
+int events_put(Events *ev, int64_t ts, int kind, int block, int flags, uint32_t site, uint64_t a, uint64_t b,
+               uint64_t c, uint64_t d, uint64_t e, uint32_t f, uint32_t g) {
+    uint64_t i = __atomic_fetch_add(&ev->hdr[H_RECORDS], 1, __ATOMIC_RELAXED);
+    if (i >= ev->capacity) return -1;
+    uint8_t *r = ev->base + HEADER_BYTES + i * REC_BYTES;
+    uint64_t t = ts ? (uint64_t)ts : (uint64_t)now_ns();
+    uint8_t blk = (uint8_t)block;
+    uint16_t fl = (uint16_t)flags;
+    memcpy(r, &t, 8);
+    r[9] = blk;
+    memcpy(r + 10, &fl, 2);
+    memcpy(r + 12, &site, 4);
+    memcpy(r + 16, &a, 8);
+    memcpy(r + 24, &b, 8);
+    memcpy(r + 32, &c, 8);
+    memcpy(r + 40, &d, 8);
+    memcpy(r + 48, &e, 8);
+    memcpy(r + 56, &f, 4);
+    memcpy(r + 60, &g, 4);
+    __atomic_store_n(r + 8, (uint8_t)kind, __ATOMIC_RELEASE); /* the kind last: a slot with a kind is whole */
+    return 0;
+}
+
+/* Append ``n`` bytes to the blob area; returns their offset in it, or -1 when it is full. */
+int64_t events_blob(Events *ev, const void *data, uint64_t n) {
+    uint64_t at = __atomic_fetch_add(&ev->hdr[H_BLOB], n, __ATOMIC_RELAXED);
+    if (at + n > ev->blob_cap) return -1;
+    memcpy(ev->base + HEADER_BYTES + ev->capacity * REC_BYTES + at, data, n);
+    return (int64_t)at;
+}
+
+/* The site id of (code, line): a SITE record and its strings the first time. 0 on failure (no site). */
+static uint32_t site_of(Events *ev, PyObject *code, int line) {
+    PyObject *key = Py_BuildValue("(Oi)", code, line);
+    if (!key) { PyErr_Clear(); return 0; }
+    PyObject *known = PyDict_GetItemWithError(ev->sites, key);
+    if (known) {
+        Py_DECREF(key);
+        return (uint32_t)PyLong_AsUnsignedLong(known);
+    }
+    uint32_t sid = (uint32_t)PyDict_Size(ev->sites) + 1;
+    PyObject *file = PyObject_GetAttrString(code, "co_filename"), *name = PyObject_GetAttrString(code, "co_name");
+    PyObject *text = file && name ? PyUnicode_FromFormat("%U%c%U", file, 0, name) : NULL;
+    Py_ssize_t n = 0;
+    const char *utf8 = text ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    PyObject *id = PyLong_FromUnsignedLong(sid);
+    int ok = utf8 && id && PyDict_SetItem(ev->sites, key, id) == 0;
+    if (ok) {
+        int64_t at = events_blob(ev, utf8, (uint64_t)(n > 4096 ? 4096 : n));
+        events_put(ev, 0, ev->k.site, 0, 0, sid, sid, at < 0 ? 0 : (uint64_t)at, at < 0 ? 0 : (uint64_t)n, 0, 0,
+                   (uint32_t)line, 0);
+    }
+    Py_XDECREF(file); Py_XDECREF(name); Py_XDECREF(text); Py_XDECREF(id); Py_DECREF(key);
+    if (!ok) { PyErr_Clear(); return 0; }
+    return sid;
+}
+
+/* -1 internal (shmemx, numpy, threading), 1 the kernel's: ``classify(code)``, asked once per code object. */
+static int kind_of(Events *ev, PyObject *code) {
+    PyObject *known = PyDict_GetItemWithError(ev->kinds, code);
+    if (known) return (int)PyLong_AsLong(known);
+    PyObject *v = PyObject_CallOneArg(ev->classify, code);
+    int kind = v ? (int)PyLong_AsLong(v) : -1;
+    if (!v || PyErr_Occurred() || PyDict_SetItem(ev->kinds, code, v) < 0) PyErr_Clear();
+    Py_XDECREF(v);
+    return kind;
+}
+
+/* The site of the calling thread's first kernel frame (0 when the whole stack is internal). */
+uint32_t events_site(Events *ev) {
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(f);
+    uint32_t sid = 0;
+    while (f) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int kind = kind_of(ev, (PyObject *)code);
+        if (kind > 0) sid = site_of(ev, (PyObject *)code, PyFrame_GetLineNumber(f));
+        Py_DECREF(code);
+        PyFrameObject *back = kind > 0 ? NULL : PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    return sid;
+}
+
+/* --- the Python type ---------------------------------------------------------------------------------- */
+
+static inline uint64_t arg_u64(PyObject *o) {
+    return PyLong_Check(o) ? PyLong_AsUnsignedLongLongMask(o) : 0;
+}
+
+/* put(ts, kind, block, flags, site, a, b, c, d, e, f, g): one record; ts 0 = now; site -1 = the caller's site
+ * (when the log has sites on: events.Mask.SITES), else taken as given. Returns True, False when full. */
+static PyObject *Events_put(Events *ev, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) { PyErr_SetString(PyExc_TypeError, "put takes 12 arguments"); return NULL; }
+    long long site = PyLong_AsLongLong(args[4]);
+    if (site == -1 && PyErr_Occurred()) return NULL;
+    uint32_t sid = site >= 0 ? (uint32_t)site : (ev->mask & ev->k.sites) ? events_site(ev) : 0;
+    int64_t ts = PyLong_AsLongLong(args[0]);
+    int rc = events_put(ev, ts, (int)PyLong_AsLong(args[1]), (int)PyLong_AsLong(args[2]),
+                        (int)PyLong_AsLong(args[3]), sid, arg_u64(args[5]), arg_u64(args[6]), arg_u64(args[7]),
+                        arg_u64(args[8]), arg_u64(args[9]), (uint32_t)arg_u64(args[10]),
+                        (uint32_t)arg_u64(args[11]));
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(rc == 0);
+}
+
+static PyObject *Events_site(Events *ev, PyObject *unused) { return PyLong_FromUnsignedLong(events_site(ev)); }
+
+static PyObject *Events_site_of(Events *ev, PyObject *args) {
+    PyObject *code;
+    int line;
+    if (!PyArg_ParseTuple(args, "Oi", &code, &line)) return NULL;
+    return PyLong_FromUnsignedLong(site_of(ev, code, line));
+}
+
+/* blob(data) -> its offset in the blob area, or -1 when full. */
+static PyObject *Events_blob(Events *ev, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int64_t at = events_blob(ev, view.buf, (uint64_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(at);
+}
+
+static int get_code(PyObject *d, const char *name, int *out) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v) { PyErr_Format(PyExc_KeyError, "events layout: %s missing", name); return -1; }
+    *out = (int)PyLong_AsLong(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Events(addr, capacity, blob_cap, mask, classify, codes): the log mapped at ``addr`` (its header already
+ * written); ``codes`` names the record kinds and mask bits the native side uses (events.native_codes()). */
+static int Events_init(Events *ev, PyObject *args, PyObject *kw) {
+    unsigned long long addr, capacity, blob_cap;
+    unsigned int mask;
+    PyObject *classify, *codes;
+    if (!PyArg_ParseTuple(args, "KKKIOO!", &addr, &capacity, &blob_cap, &mask, &classify, &PyDict_Type, &codes))
+        return -1;
+    EventCodes *k = &ev->k;
+    if (get_code(codes, "site", &k->site) || get_code(codes, "post", &k->post) || get_code(codes, "quiet", &k->quiet)
+        || get_code(codes, "doorbell", &k->doorbell) || get_code(codes, "value", &k->value)
+        || get_code(codes, "src_changed", &k->src_changed) || get_code(codes, "local_heap", &k->local_heap)
+        || get_code(codes, "sites", &k->sites) || get_code(codes, "fingerprints", &k->fingerprints)
+        || get_code(codes, "wqe_bytes", &k->wqe_bytes))
+        return -1;
+    ev->base = (uint8_t *)(uintptr_t)addr;
+    ev->hdr = (uint64_t *)ev->base;
+    ev->capacity = capacity;
+    ev->blob_cap = blob_cap;
+    ev->mask = mask;
+    Py_INCREF(classify);
+    Py_XSETREF(ev->classify, classify);
+    Py_XSETREF(ev->kinds, PyDict_New());
+    Py_XSETREF(ev->sites, PyDict_New());
+    return ev->kinds && ev->sites ? 0 : -1;
+}
+
+static void Events_dealloc(Events *ev) {
+    Py_XDECREF(ev->classify);
+    Py_XDECREF(ev->kinds);
+    Py_XDECREF(ev->sites);
+    Py_TYPE(ev)->tp_free((PyObject *)ev);
+}
+
+static PyObject *Events_get_mask(Events *ev, void *closure) { return PyLong_FromUnsignedLong(ev->mask); }
+
+static PyObject *Events_get_written(Events *ev, void *closure) {
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&ev->hdr[H_RECORDS], __ATOMIC_ACQUIRE));
+}
+
+static PyGetSetDef Events_getset[] = {
+    {"mask", (getter)Events_get_mask, NULL, "What the log records (events.Mask bits).", NULL},
+    {"written", (getter)Events_get_written, NULL, "Records appended so far (past the capacity: dropped).", NULL},
+    {NULL},
+};
+
+static PyMethodDef Events_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))Events_put, METH_FASTCALL, "Append one record."},
+    {"site", (PyCFunction)Events_site, METH_NOARGS, "The site id of the calling kernel line."},
+    {"site_of", (PyCFunction)Events_site_of, METH_VARARGS, "The site id of (code, line)."},
+    {"blob", (PyCFunction)Events_blob, METH_O, "Append bytes to the blob area; their offset or -1."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject EventsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmemx.udma._engine.Events",
+    .tp_basicsize = sizeof(Events),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The event log of one PE (udma/events.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Events_init,
+    .tp_dealloc = (destructor)Events_dealloc,
+    .tp_methods = Events_methods,
+    .tp_getset = Events_getset,
+};
+
+int shmemx_events_init(PyObject *m) {
+    if (PyType_Ready(&EventsType) < 0) return -1;
+    Py_INCREF(&EventsType);
+    if (PyModule_AddObject(m, "Events", (PyObject *)&EventsType) < 0) { Py_DECREF(&EventsType); return -1; }
+    return 0;
+}
