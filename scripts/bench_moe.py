@@ -76,7 +76,6 @@ def payload(rank: int, T: int, H: int):
 def _job(cfg: dict, out_path: str) -> None:
     import shmemx
     from shmemx.kernels import moe
-    from shmemx.kernels.moe.lanes import host_has_cores_for_blocks
 
     shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, 4)
     shmemx.init()
@@ -134,7 +133,7 @@ def _job(cfg: dict, out_path: str) -> None:
             buf.set_schedule(qp_policy=policy, rotate=rotate, aggregate=aggregate)
             buf.shared_lanes = "batch" if lanes == "split" else lanes
             # "split": batched lanes, the blocks splitting the work even where block 0 would take it all
-            buf.lanes.split_blocks = lanes == "split" or host_has_cores_for_blocks(P)
+            buf.split_blocks = lanes == "split"
         seconds = probe()
         if me < 2:
             probes[ci, 0, me] = seconds

@@ -37,7 +37,7 @@ from .api.udma_atomics import (aclshmemx_udma_atomic_add, aclshmemx_udma_atomic_
 from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_block_idx, get_block_num, get_ub,
                          launch, sync_all)
 from .api.raw import RawQueue, RawQueues, aclshmemx_udma_raw_queue
-from .api.inspection import compute, count, region, stats
+from .api.inspection import compute, count, native_access, region, stats
 from .observe.counters import JobStats
 from .api.host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
                        aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes, qp_num)
@@ -87,5 +87,5 @@ __all__ = [
     # raw WQE path
     "RawQueue", "RawQueues", "aclshmemx_udma_raw_queue",
     # inspection: trace regions, counters
-    "region", "count", "stats", "JobStats", "compute",
+    "region", "count", "stats", "JobStats", "compute", "native_access",
 ]

@@ -492,7 +492,7 @@ def _moe_job(schedules, variants, quantised, errors, lanes=("batch",), splits=(N
     shmemx.init()
     me, n = shmemx.my_pe(), shmemx.n_pes()
     buf = moe.Buffer(T, H, K, E, num_channels=CHANNELS, qp_num=4)
-    default = buf.lanes.split_blocks
+    default = buf.split_blocks
     for variant in variants:
         allin = [_inputs(r, n, variant) for r in range(n)]
         for schedule in schedules:
@@ -500,9 +500,9 @@ def _moe_job(schedules, variants, quantised, errors, lanes=("batch",), splits=(N
             for mode in lanes:
                 buf.shared_lanes = mode
                 for split in splits if mode == "batch" else (None,):
-                    buf.lanes.split_blocks = default if split is None else split
+                    buf.split_blocks = default if split is None else split
                     _check_dispatch_combine(buf, allin, schedule)
-    buf.lanes.split_blocks = default if splits[-1] is None else splits[-1]
+    buf.split_blocks = default if splits[-1] is None else splits[-1]
     if quantised:
         _check_quantised(buf, [_inputs(r, n) for r in range(n)])
     if errors:
@@ -621,7 +621,7 @@ def _batched_rings_job(mode: str, out_dir: str):
         # in runs that are not consecutive, several segments to a unit)
         buf = moe.Buffer(T, H, K, E, num_channels=channels, qp_num=4, shared_lanes=lanes)
         buf.lanes.vectorize = vectorize
-        buf.lanes.split_blocks = mode == "split"
+        buf.split_blocks = mode == "split"
         assert buf.lanes.batched == vectorize
         for schedule in schedules:
             buf.set_schedule(qp_policy=schedule.qp_policy, rotate=schedule.rotate, aggregate=schedule.aggregate)

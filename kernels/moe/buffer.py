@@ -57,10 +57,13 @@ class Buffer:
         num_experts: E, a multiple of the number of PEs.
         num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
             10 (nor the Ascend port's 4): level with 4 on the reference machine and the one that needs the fewest
-            QPs (``scripts/bench_moe.py --repeat``; README "Performance"). An emulated PE's blocks are threads of
-            one process; on a host whose cores the PEs fill (fewer than two per PE), block 0 runs every channel's
-            share of a batched call (``Lanes.one_block``: the same WQEs, order and results), since the blocks
-            could only take turns on the PE's core; with cores to spare the blocks split the work.
+            QPs (``scripts/bench_moe.py --repeat``; README "Performance").
+        split_blocks: whether the C channels of a batched fullmesh call run on C blocks (True) or on block 0
+            alone (False, the default, on every host: the same WQEs, order and results, ``Lanes.one_block``). An
+            emulated PE's blocks are threads of one process: on a host whose cores the PEs fill (fewer than two
+            per PE) they could only take turns on the PE's core, and one block saves their hand-offs; with cores
+            to spare, splitting runs the blocks' copies and reductions in parallel. Reported in ``CallStats``
+            (``blocks_launched``, ``split_blocks``); settable as ``buffer.split_blocks``.
         qp_num: QPs per peer the buffer may use (default: what ``qp_policy`` needs); the job needs at least as
             many (``aclshmemx_set_qp_num`` before init).
         qp_policy, rotate, aggregate: the initial ``Schedule`` (change it with ``set_schedule``). The default
@@ -98,7 +101,7 @@ class Buffer:
                  aggregate: bool = False, server_size: int | None = None, history: int = 16,
                  zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
                  group_width: int | None = None, token_blocks: int | None = None,
-                 weight_blocks: int | None = None, shared_lanes: str = "batch"):
+                 weight_blocks: int | None = None, shared_lanes: str = "batch", split_blocks: bool = False):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
         self.shared_lanes = shared_lanes
         for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
@@ -152,6 +155,7 @@ class Buffer:
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise
+        self.lanes.split_blocks = bool(split_blocks)
         self.zero_copy = bool(zero_copy)
         self._owed: list[int] = []  # zero copy: sources owed the credit of the last dispatch's rows
         self._seq = 0
@@ -414,10 +418,13 @@ class Buffer:
         if sched.name == "fullmesh":
             # one block when it does every block's work (``Lanes.one_block``): parked blocks woken only to
             # return would each give this PE's core away for a wake-up
-            shmemx.launch(dispatch_kernel, 1 if self.lanes.one_block(plan) else self.num_channels, args)
+            self._launched(stats, 1 if self.lanes.one_block(plan) else self.num_channels)
+            shmemx.launch(dispatch_kernel, stats.blocks_launched, args)
         elif sched.name == "groups":
+            self._launched(stats, blocks)
             shmemx.launch(_groups.groups_dispatch_kernel, blocks, args, waves)
         else:
+            self._launched(stats, blocks)
             shmemx.launch(_hier.hier_dispatch_kernel, blocks, args, self._hier_spec(prefix), relay_out)
         stats.kernel = time.perf_counter() - t_kernel
         self._cross_server(stats)
@@ -542,10 +549,13 @@ class Buffer:
             out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
         t_kernel = time.perf_counter()
         if sched.name == "fullmesh":
-            shmemx.launch(combine_kernel, 1 if self.lanes.one_block(plan) else n_ch, args)  # as dispatch
+            self._launched(stats, 1 if self.lanes.one_block(plan) else n_ch)  # as dispatch
+            shmemx.launch(combine_kernel, stats.blocks_launched, args)
         elif sched.name == "groups":
+            self._launched(stats, blocks)
             shmemx.launch(_groups.groups_combine_kernel, blocks, args, waves)
         else:
+            self._launched(stats, blocks)
             self._hier_combine_args(args, handle)
             shmemx.launch(_hier.hier_combine_kernel, blocks, args, self._hier_spec(prefix, handle.relay))
         stats.kernel = time.perf_counter() - t_kernel
@@ -584,6 +594,20 @@ class Buffer:
         lo = (self.me // s) * s
         args.own_masks = (mask[:, lo:lo + s].astype(np.uint64) << np.arange(s, dtype=np.uint64)).sum(
             1, dtype=np.uint64)
+
+    @property
+    def split_blocks(self) -> bool:
+        """Whether a batched fullmesh call of C channels runs on C blocks (True) or on block 0 alone (False)."""
+        return self.lanes.split_blocks
+
+    @split_blocks.setter
+    def split_blocks(self, value: bool) -> None:
+        self.lanes.split_blocks = bool(value)
+
+    def _launched(self, stats: CallStats, blocks: int) -> None:
+        """Note the main kernel's block count and the setting that chose it in ``stats``."""
+        stats.blocks_launched = blocks
+        stats.split_blocks = self.lanes.split_blocks
 
     def _cross_server(self, stats: CallStats) -> None:
         """Hidden-row bytes this PE sent to PEs of other servers (of the Buffer's topology)."""

@@ -179,8 +179,8 @@ def _wait_sources(a: CombineArgs, sources: list[int]) -> None:
 
 def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     """Sum the returned rows of tokens [t0, t1) in ascending rank order (float32, after the bias when there is
-    one), round once to bfloat16: natively (``_reduce.bf16_reduce``, one pass, without the interpreter lock), or
-    with numpy when the heap views are observed (the checker's arrays record every read) or the native module is
+    one), round once to bfloat16: natively (``_reduce.bf16_reduce``, one pass, without the interpreter lock;
+    ``shmemx.native_access`` tells ``--check`` which rows it read), or with numpy where the native module is
     missing. Both give the same bits."""
     if t1 <= t0:
         return
@@ -192,10 +192,11 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
     gather = np.take_along_axis(rows, order, axis=1)  # [n, width]: contributors in rank order, then zero rows
     cx, cw = a.views["combine_x"], a.views["combine_weights"]
-    if bf16_reduce is not None and type(cx) is np.ndarray:
-        bf16_reduce(cx.view(np.uint16), np.ascontiguousarray(gather, np.int64),
+    if bf16_reduce is not None:
+        bf16_reduce(cx.view(np.ndarray).view(np.uint16), np.ascontiguousarray(gather, np.int64),
                     np.ascontiguousarray(counts, np.int64), a.out_x[t0:t1].view(np.uint16),
                     None if a.bias is None else a.bias[t0:t1], a.out_x.shape[1])
+        shmemx.native_access(cx, lambda: np.unique(gather[np.arange(width) < counts[:, None]]))
     else:
         _reduce_numpy(a, t0, gather, counts, cx)
     if a.out_weights is not None:

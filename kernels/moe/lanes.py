@@ -15,8 +15,6 @@ at all, hence one signal per (peer, QP), and the receiver waits for all of them.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 import shmemx
@@ -27,16 +25,6 @@ __all__ = ["Lanes", "Writes", "FENCE_SO"]
 
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
-
-
-def host_has_cores_for_blocks(n_pes: int) -> bool:
-    """Whether this host has at least two cores (of those this process may run on) per PE of the job: one for
-    the PE's DMA engine thread, one more for its blocks, so that a second block can run beside the first."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return cores >= 2 * n_pes
 
 
 class Writes:
@@ -107,7 +95,7 @@ class Lanes:
         for i, (peer, q) in enumerate(order):
             self.lane_of[peer, q] = i
         self.vectorize = True  # False: a round's units post one by one (tests compare the two)
-        self.split_blocks = host_has_cores_for_blocks(n_pes)  # see ``one_block``; tests set it both ways
+        self.split_blocks = False  # see ``one_block``: the Buffer's setting (``Buffer.split_blocks``)
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
         self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap
@@ -191,11 +179,12 @@ class Lanes:
     def one_block(self, plan) -> bool:
         """Whether block 0 does the whole kernel of ``plan``, every block's share included (its own rows, for
         combine its part of the reduction), and blocks 1.. return at once: ``one_poster``, unless
-        ``split_blocks`` (by default: the host has at least two cores per PE, ``host_has_cores_for_blocks``).
-        Where the PEs fill the cores, the blocks' shares run one after another anyway (none of them gets a core
-        of its own), and splitting them only adds the hand-offs between the blocks' threads and the
-        ``sync_all`` s that order them (``scripts/bench_moe.py``: 4 channels against 1). The WQEs, their
-        order per lane, the records and the signals are the same either way; so are the results."""
+        ``split_blocks`` (a setting of the Buffer, the same on every host: ``Buffer(split_blocks=...)``). Where
+        the PEs fill the cores, the blocks' shares run one after another anyway (none of them gets a core of its
+        own), and splitting them only adds the hand-offs between the blocks' threads and the ``sync_all`` s that
+        order them (``scripts/bench_moe.py``: 4 channels against 1); with two cores per PE to spare, splitting
+        lets the blocks' native copies and reductions run in parallel. The WQEs, their order per lane, the
+        records and the signals are the same either way; so are the results."""
         return not self.split_blocks and self.one_poster(plan)
 
     def round_units(self, plan, block: int, k: int, one_poster: bool) -> list:

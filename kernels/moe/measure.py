@@ -99,6 +99,8 @@ class CallStats:
         round_dsts: ``[rounds, P] bool`` the PEs posted to in each round.
         peer_hidden_bytes: ``[P] int64`` hidden-row bytes sent to each PE; cross_server_bytes: those to other
             servers.
+        blocks_launched: AIV blocks of the main kernel's launch; split_blocks: the Buffer's setting (a batched
+            fullmesh call of C channels runs on C blocks, or on block 0 alone).
     """
 
     kind: str
@@ -121,6 +123,8 @@ class CallStats:
     round_dsts: np.ndarray | None = None
     peer_hidden_bytes: np.ndarray | None = None
     cross_server_bytes: int = 0
+    blocks_launched: int = 0
+    split_blocks: bool = False
 
     @classmethod
     def empty(cls, kind: str, pe: int, seq: int, schedule, rounds: int, blocks: int, n_pes: int,
@@ -160,7 +164,7 @@ class CallStats:
         """The numbers as plain Python values (JSON-ready; what the experiments collect per PE)."""
         out = {k: getattr(self, k) for k in ("kind", "pe", "seq", "schedule", "rounds", "wall", "notify",
                                                   "kernel", "local_rows", "local_bytes", "sent_rows", "recv_rows",
-                                                  "cross_server_bytes")}
+                                                  "cross_server_bytes", "blocks_launched", "split_blocks")}
         out.update(self.totals())
         out["phases"] = self.phase_max()
         out["qp_wqes"] = self.qp_wqes.tolist()

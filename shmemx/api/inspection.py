@@ -1,7 +1,8 @@
 """The inspection API of a rank: ``region`` (a named span of a kernel), ``count`` (a user counter), ``stats``
-(every PE's counters as arrays) and ``compute`` (modelled time of work the kernel does not post).
+(every PE's counters as arrays), ``compute`` (modelled time of work the kernel does not post) and
+``native_access`` (heap memory a kernel's own native code read or wrote, for ``--check``).
 
-Regions and counters are recorded into the runtime's recorders (``rt.tracer``, ``rt.stats``, ``rt.recorder``, see
+Regions go to the event log (``rt.events``) when one is on, counters to the PE's stats (``rt.stats``, see
 ``observe``); ``shmemx run --trace``, ``--stats`` and ``--record`` show them for the whole job.
 """
 
@@ -15,8 +16,9 @@ import numpy as np
 from ..observe.counters import JobStats
 from ..runtime import runtime
 from ..shm.waits import thread_slot
+from ..udma.check.array import note_access
 
-__all__ = ["region", "count", "stats", "compute"]
+__all__ = ["region", "count", "stats", "compute", "native_access"]
 
 _now = time.perf_counter_ns
 
@@ -90,3 +92,12 @@ def compute(us: float, *, name: str = "compute") -> None:
         raise TypeError(f"pe {rt.my_pe}: shmemx.compute(name=...): name must be a string, got {name!r}")
     if rt.events is not None:
         rt.events.compute(float(us), name)
+
+
+def native_access(view: np.ndarray, key=None, *, write: bool = False) -> None:
+    """Native code of the kernel (a C reduction, a copy that numpy does not see) read ``view[key]`` (the whole
+    view when ``key`` is None; ``write``: wrote it), where ``view`` is heap memory: under ``--check`` this is the
+    kernel line's access, as the numpy operation the native code replaces would be; otherwise nothing (one
+    check). ``key`` may be a function that makes the key, called only under ``--check``. Call it after a read
+    and before a write. Pass the native code ``view.view(np.ndarray)``."""
+    note_access(view, key, write)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ...shm.heap import data_address
 
-__all__ = ["CheckedArray", "install", "uninstall", "wrap"]
+__all__ = ["CheckedArray", "install", "uninstall", "wrap", "note_access", "plain"]
 
 _ck = None  # the process's Checker while installed
 _heap = None
@@ -59,6 +59,28 @@ def wrap(arr: np.ndarray, direct: bool = False) -> np.ndarray:
 
 def _plain(x):
     return x.view(np.ndarray) if isinstance(x, CheckedArray) else x
+
+
+def plain(arr):
+    """``arr`` as a plain ndarray of the same memory (a CheckedArray's view; anything else as it is)."""
+    return _plain(arr)
+
+
+def note_access(arr, key=None, write: bool = False) -> None:
+    """Native code of a kernel read (or wrote) ``arr[key]`` (the whole view when ``key`` is None): under
+    ``--check`` an access of the kernel line that called, as the numpy operation it replaces would be; nothing
+    otherwise. ``key`` may be a function that makes the key. Call it after a read, before a write."""
+    ck = _ck
+    if ck is None or not isinstance(arr, CheckedArray):
+        return
+    site = ck.caller(3)
+    if site < 0:
+        return
+    if callable(key):
+        key = key()
+    r = _ranges(arr) if key is None else _key_ranges(arr, key)
+    if r is not None and r[1]:
+        ck.access(r[0], r[1], write, site, approx=r[2])
 
 
 def _runs(arr: np.ndarray, base: int) -> tuple[list, bool]:
