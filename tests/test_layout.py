@@ -252,6 +252,17 @@ def _roundtrip(f: dict) -> None:
     assert w.cqe == f["flag"] >> 5 & 1
     text = describe.format_wqe(w)
     assert "\n" not in text
+    _columns_match(raw, w)
+
+
+def _columns_match(raw: bytes, w) -> None:
+    """``wqe_columns`` (the vectorised decoder the replay uses) reads the fields ``decode_wqe`` reads."""
+    col = {k: int(v[0]) for k, v in layout.wqe_columns(np.frombuffer(raw, np.uint8).reshape(-1, 64), [0]).items()}
+    notify, atomic = w.opcode == Opcode.WRITE_WITH_NOTIFY, w.opcode in (Opcode.FAA, Opcode.CAS)
+    want = dict(opcode=w.opcode, flag=w.flag, length=w.sge_len, rmt_va=w.rmt_va, sge_va=w.sge_va,
+                notify_va=w.notify_va if notify else 0, notify_value=w.notify_value if notify else 0,
+                operand=w.operand if atomic else 0, compare=w.compare if w.opcode == Opcode.CAS else 0)
+    assert col == want
 
 
 # --- CQE --------------------------------------------------------------------------------------------------------

@@ -215,6 +215,26 @@ def plain_store_body() -> None:
     shmemx.finalize()
 
 
+def get_watched_body() -> None:
+    """PE 0's block 0 gets PE 1's word into PE 0's own heap word; its block 1 waits on that word."""
+    shmemx.init()
+    me = shmemx.my_pe()
+    word = shmemx.zeros(1, np.int64, name="word")
+    src = shmemx.full(1, 7, np.int64, name="src")
+    shmemx.aclshmem_barrier_all()
+    if me == 0:
+        def kernel():
+            if shmemx.get_block_idx() == 0:
+                shmemx.aclshmemx_udma_get_nbi(word, src, 1, 1)
+                shmemx.aclshmemx_udma_quiet(1)
+            else:
+                shmemx.aclshmem_wait_until(word, shmemx.ACLSHMEM_CMP_EQ, 7)
+
+        shmemx.launch(kernel, 2)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
 # --- topology ----------------------------------------------------------------------------------------------------
 
 def test_builtin_topologies_name_a_source_for_every_value():
@@ -462,6 +482,17 @@ def test_small_payloads_carry_their_value(record):
     assert close(doc["pes"][1]["regions"]["g1"], arrive)
     assert close(doc["pes"][1]["regions"]["g2"], L["intra"] + 10.0 + arrive)
     assert doc["warnings"] == []
+
+
+def test_a_get_lands_on_the_word_a_wait_watches(record):
+    """A READ's local side is decoded from the WQE's SGE (``layout.wqe_columns``): the get into PE 0's own word
+    releases the wait of PE 0's other block at the get's arrival (its bytes were not recorded: an unknown word,
+    met with a warning), not never."""
+    doc = replay(record(2, get_watched_body))
+    kinds = [w["kind"] for w in doc["warnings"]]
+    assert "never" not in kinds, doc["warnings"]
+    arrive = POST + DB + WQE + 2 * L["intra"] + 8 / B["intra"]  # the request there, the data back
+    assert doc["pes"][0]["end_us"] >= arrive
 
 
 def test_a_wait_met_by_an_unrecorded_store_is_released_with_a_warning(record):

@@ -70,6 +70,7 @@ __all__ = [
     "Cqe",
     "pack_wqe",
     "decode_wqe",
+    "wqe_columns",
     "decode_cqe",
     "pack_cqe",
     "build_write_batch",
@@ -437,6 +438,39 @@ def decode_wqe(data) -> Wqe:
         if opcode == Opcode.CAS:
             (w.compare,) = struct.unpack_from(fmt, data, AMO_OPERAND_OFFSET + size)
     return w
+
+
+def wqe_columns(bbs: np.ndarray, starts: np.ndarray) -> dict:
+    """The fields of the WQEs that start at rows ``starts`` of ``bbs`` (``[m, 64] uint8``: a two-BB WQE's
+    second BB in the next row), decoded at once from the named positions above: the vectorised twin of
+    ``decode_wqe`` (a test pins them equal). Columns: ``opcode``, ``flag``, ``length`` (SGE bytes), ``rmt_va``,
+    ``sge_va`` (the local side), ``notify_va``, ``notify_value`` (a WRITE_WITH_NOTIFY's), ``operand`` (an FAA's
+    add, a CAS's swap), ``compare`` (a CAS's); int64 or uint64, zero where a field does not apply."""
+    m = len(bbs)
+    w32 = np.ascontiguousarray(bbs).view("<u4").reshape(m, 16)
+    w64 = np.ascontiguousarray(bbs).view("<u8").reshape(m, 8)
+    st = np.asarray(starts, np.int64)
+    nxt = np.minimum(st + 1, max(m - 1, 0))
+    opcode = opcode_of(w32[st, W_DW1]).astype(np.int64)
+    notify = opcode == Opcode.WRITE_WITH_NOTIFY
+    atomic = (opcode == Opcode.FAA) | (opcode == Opcode.CAS)
+
+    def second(byte: int, words) -> np.ndarray:  # a field of the second BB (byte offset from the WQE's start)
+        return words[nxt, (byte - WQEBB_SIZE) // (4 if words is w32 else 8)]
+
+    sge_len = np.where(notify, second(NOTIFY_SGE_OFFSET, w32), w32[st, W_SGE_LEN]).astype(np.int64)
+    size4 = sge_len == 4
+    operand64, compare64 = second(AMO_OPERAND_OFFSET, w64), second(AMO_OPERAND_OFFSET + 8, w64)
+    operand32, compare32 = second(AMO_OPERAND_OFFSET, w32), second(AMO_OPERAND_OFFSET + 4, w32)
+    cas = opcode == Opcode.CAS
+    return dict(
+        opcode=opcode, flag=flag_of(w32[st, W_DW0]).astype(np.int64), length=sge_len,
+        rmt_va=w64[st, Q_RMT_VA].astype(np.uint64),
+        sge_va=np.where(notify, second(NOTIFY_SGE_OFFSET + 8, w64), w64[st, Q_SGE_VA]).astype(np.uint64),
+        notify_va=np.where(notify, w64[st, NOTIFY_CTX_OFFSET // 8 + 1], 0).astype(np.uint64),
+        notify_value=np.where(notify, second(NOTIFY_CTX_OFFSET + 16, w64), 0).astype(np.uint64),
+        operand=np.where(atomic, np.where(size4, operand32, operand64), 0).astype(np.uint64),
+        compare=np.where(cas, np.where(size4, compare32, compare64), 0).astype(np.uint64))
 
 
 def build_write_batch(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..record import FORMATS, Ev, Recording
-from ...udma.layout import Opcode, TWO_BB_OPCODES
+from ...udma.layout import TWO_BB_OPCODES, W_DW1, Opcode, opcode_of, wqe_columns
 
 __all__ = ["Program", "Wqes", "Words", "load_program", "REDUCE"]
 
@@ -174,9 +174,7 @@ def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[W
     posts.sort()
     bbs = np.ascontiguousarray(np.concatenate(blobs)) if blobs else np.zeros((0, 64), np.uint8)
     m = len(bbs)
-    w32 = bbs.view("<u4").reshape(m, 16)
-    w64 = bbs.view("<u8").reshape(m, 8)
-    op_all = (w32[:, 1] >> 8) & 0xFF
+    op_all = opcode_of(bbs.view("<u4").reshape(m, 16)[:, W_DW1])
     two = np.isin(op_all, _TWO_BB)
     is_start = np.ones(m, bool)
     queue_of = np.zeros(m, np.int64)
@@ -193,27 +191,19 @@ def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[W
                 else:
                     i += 1
     st = np.flatnonzero(is_start)
-    nxt = np.minimum(st + 1, max(m - 1, 0))
-    op = op_all[st].astype(np.int64)
+    col = wqe_columns(bbs, st)  # the one decoder of WQE words (udma.layout)
+    op = col["opcode"]
     notify = op == Opcode.WRITE_WITH_NOTIFY
-    atomic = (op == Opcode.FAA) | (op == Opcode.CAS)
-    nbytes = np.where(notify, w32[nxt, 4], w32[st, 12]).astype(np.int64)
     queue = queue_of[st]
     peer = queue // qp_num
-    rmt = w64[st, 5].astype(np.int64)
-    offset = rmt - (heap_base + peer * heap_stride)
+    offset = col["rmt_va"].astype(np.int64) - (heap_base + peer * heap_stride)
     offset[(offset < 0) | (offset >= heap_stride)] = -1
-    local = w64[st, 6].astype(np.int64) - (heap_base + part.pe * heap_stride)
+    local = col["sge_va"].astype(np.int64) - (heap_base + part.pe * heap_stride)
     local[(local < 0) | (local >= heap_stride) | (op != Opcode.READ)] = -1
-    sig = np.where(notify, w64[st, 7].astype(np.int64) - (heap_base + peer * heap_stride), -1)
-    value = np.where(notify | atomic, w64[nxt, 0], 0).astype(np.uint64)
-    size4 = nbytes == 4
-    swap4, cmp4 = w32[nxt, 0].astype(np.uint64), w32[nxt, 1].astype(np.uint64)
-    cas = op == Opcode.CAS
-    value = np.where(cas & size4, swap4, value)
-    compare = np.where(cas, np.where(size4, cmp4, w64[nxt, 1]), 0).astype(np.uint64)
-    wq = Wqes(queue=queue, peer=peer, qp=queue % qp_num, opcode=op, flag=((w32[st, 0] >> 16) & 0xFF).astype(np.int64),
-              nbytes=nbytes, offset=offset, local=local, sig_offset=sig, value=value, compare=compare, pos=pos_of[st])
+    sig = np.where(notify, col["notify_va"].astype(np.int64) - (heap_base + peer * heap_stride), -1)
+    value = np.where(notify, col["notify_value"], col["operand"])
+    wq = Wqes(queue=queue, peer=peer, qp=queue % qp_num, opcode=op, flag=col["flag"], nbytes=col["length"],
+              offset=offset, local=local, sig_offset=sig, value=value, compare=col["compare"], pos=pos_of[st])
     index_of_row = np.cumsum(is_start) - 1  # WQE index of each start row
     ranges = {}
     for row, n, _, _ in posts:
