@@ -24,6 +24,7 @@ from ..runtime import runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
 from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_on_words, block_until
+from ..udma.events import Watched
 from .checks import check_pe
 
 __all__ = [
@@ -226,7 +227,7 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
                           Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
                           lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     if ev is not None:  # an acquire: recorded after the word met the condition
-        ev.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, v, t0=t0)
+        ev.wait(Watched(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target), v, t0=t0)
     if chaos is not None:
         chaos.jitter()
     return v
@@ -251,11 +252,12 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     v = w.words[w.idx]
     met = _OPS[cmp](v, target)
     ev = rt.events
-    if ev is not None and met:
-        ev.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, v, test=True,
-                result=1)
-    elif ev is not None:
-        ev.unmet(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target, 0)
+    if ev is not None:
+        words = Watched(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target)
+        if met:
+            ev.wait(words, v, test=True, result=1)
+        else:
+            ev.unmet(words, 0)
     return met
 
 
@@ -357,11 +359,11 @@ class _Words:
             extras["active"] = [bool(a) for a in self.active]
         if vector:
             extras["values"] = [int(v) for v in self.values]
-        args = (call, self.pe, self.offset, stride, len(self.ivars), self.ivars.dtype, self.cmp, value)
+        words = Watched(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.dtype, self.cmp, value)
         if len(self.ivars) and len(met):
-            ev.wait(*args, test=test, met=met, result=result, t0=t0, extras=extras or None)
+            ev.wait(words, test=test, met=met, result=result, t0=t0, extras=extras or None)
         else:
-            ev.unmet(*args, result, extras or None)
+            ev.unmet(words, result, extras or None)
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:

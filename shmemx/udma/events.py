@@ -46,7 +46,7 @@ from . import _engine
 
 __all__ = ["Kind", "Mask", "BitFields", "POST_A", "LANE_A", "SIGNAL_A", "WAIT_A", "QUIET_A", "ACCESS_A", "RECORD",
            "RECORD_SIZE", "RECORD_DTYPE", "HEADER_SIZE", "DEFAULT_EVENTS", "EVENTS_ENV", "LOCAL_HEAP", "EventLog",
-           "Access", "Log", "read_log", "read_job_logs", "dtype_code", "log_size"]
+           "Access", "Watched", "Log", "read_log", "read_job_logs", "dtype_code", "log_size"]
 
 RECORD = struct.Struct("<QBBHIQQQQQII")
 RECORD_SIZE = RECORD.size
@@ -206,6 +206,21 @@ _ARRAY_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check", 
 CLASSIFY = _classify((_SHMEMX_DIR, _THREADING), _NUMPY_DIR, _ARRAY_FILE)
 
 
+@dataclass(frozen=True)
+class Watched:
+    """The words a wait or test watches, as its WAIT record says them: the call, ``count`` words of ``dtype`` at
+    ``offset + i * stride`` of PE ``pe``, compared with ``cmp`` against ``value``."""
+
+    call: int
+    pe: int
+    offset: int
+    stride: int
+    count: int
+    dtype: np.dtype
+    cmp: int
+    value: int
+
+
 class EventLog:
     """This PE's event log (``rt.events``); see the module docstring. The native writer is ``native``; the
     posting path hands it to the poster (``Poster.set_events``)."""
@@ -238,11 +253,12 @@ class EventLog:
 
     # --- writing --------------------------------------------------------------------------------------------
 
-    def put(self, kind: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, e: int = 0, f: int = 0, g: int = 0, *,
-            flags: int = 0, site: int = -1, ts: int = 0) -> None:
-        """One record of the calling thread (``site`` -1: its kernel line, when the log has sites)."""
+    def put(self, kind: int, *fields: int, flags: int = 0, site: int = -1, ts: int = 0) -> None:
+        """One record of the calling thread: ``fields`` are a..g (missing ones 0); ``site`` -1: its kernel line,
+        when the log has sites; ``ts`` 0: now."""
         if self.checker is not None:
             self.checker.flush()
+        a, b, c, d, e, f, g = fields + (0,) * (7 - len(fields))
         self._put(ts, kind, thread_slot() & 0xFF, flags, site, a & _U64, b & _U64, c & _U64, d & _U64, e & _U64,
                   f & 0xFFFF_FFFF, g & 0xFFFF_FFFF)
 
@@ -265,35 +281,34 @@ class EventLog:
         """``aclshmemx_signal_op`` (before its store)."""
         self.put(Kind.SIGNAL, SIGNAL_A.pack(pe=pe, op=op, size=dtype.itemsize), offset, dtype_code(dtype), 0, value)
 
-    def wait(self, call: int, pe: int, offset: int, stride: int, count: int, dtype: np.dtype, cmp: int, value: int,
-             seen: int = 0, *, test: bool = False, met=None, result: int | None = None, t0: int = 0,
-             extras: dict | None = None) -> None:
-        """A wait that returned or a test whose condition held (``met``: the indices that met it, for the
-        any/some forms); ``result``: what the call returned, for the recording; a test that did not hold is
-        ``unmet``."""
+    def wait(self, w: "Watched", seen: int = 0, *, test: bool = False, met=None, result: int | None = None,
+             t0: int = 0, extras: dict | None = None) -> None:
+        """A wait on the words ``w`` that returned, or a test whose condition held (``seen``: the value that met
+        it; ``met``: the indices that met it, for the any/some forms; ``result``: what the call returned, for the
+        recording; ``t0``: its start); a test that did not hold is ``unmet``."""
         ts = _now()
         seen &= _U64
-        self.put(Kind.WAIT, WAIT_A.pack(pe=pe, cmp=cmp, size=dtype.itemsize, call=call), offset, stride, count,
-                 value, seen, seen >> 32, flags=int(test), ts=ts)
+        self.put(Kind.WAIT, WAIT_A.pack(pe=w.pe, cmp=w.cmp, size=w.dtype.itemsize, call=w.call), w.offset, w.stride,
+                 w.count, w.value, seen, seen >> 32, flags=int(test), ts=ts)
         if met is not None:
             self._met(met, ts)
         if self.infos:
-            self._info(dtype, result if result is not None else seen, t0 or ts, extras, test, ts)
+            self._info(w.dtype, result if result is not None else seen, t0 or ts, extras, test, ts)
 
-    def unmet(self, call: int, pe: int, offset: int, stride: int, count: int, dtype: np.dtype, cmp: int,
-              value: int, result: int, extras: dict | None = None) -> None:
-        """A test whose condition did not hold: only what the recording needs (the analysis sees no edge)."""
+    def unmet(self, w: "Watched", result: int, extras: dict | None = None) -> None:
+        """A test on the words ``w`` whose condition did not hold: only what the recording needs (the analysis
+        sees no edge)."""
         if self.infos:
             ts = _now()
-            self._info(dtype, result, ts, extras, True, ts, call=call, pe=pe, offset=offset, stride=stride,
-                       count=count, cmp=cmp, value=value)
+            self._info(w.dtype, result, ts, extras, True, ts, call=int(w.call), pe=w.pe, offset=w.offset,
+                       stride=w.stride, count=w.count, cmp=w.cmp, value=w.value)
 
     def _met(self, met, ts: int) -> None:
         met = [int(i) for i in met]
         for k in range(0, max(len(met), 1), 20):
             part = met[k:k + 20] + [0] * (20 - len(met[k:k + 20]))
             words = [sum(part[j * 4 + i] << 16 * i for i in range(4)) for j in range(5)]
-            self.put(Kind.MET, *words, f=len(met[k:k + 20]), ts=ts)
+            self.put(Kind.MET, *words, len(met[k:k + 20]), ts=ts)
 
     def _info(self, dtype, result: int, t0: int, extras, test: bool, ts: int, **unmet) -> None:
         off = length = 0

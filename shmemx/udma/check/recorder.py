@@ -69,17 +69,20 @@ class Checker:
         so drop them."""
         tls = self._tls
         pending = tls.pending
-        if pending:
-            tls.pending = None
-            for ref, pe, ranges, site, ts in pending:
-                if ref() is None:
-                    if type(ranges) is int:  # a contiguous view: pe is its address, ranges its bytes
-                        found = self.rt.heap.locate_address(pe)
-                        if found is None or not ranges:
-                            continue
-                        pe, ranges = found[0], ((found[1], ranges),)
-                    for off, n in ranges:
-                        self._record(ts, Kind.ACCESS, site, ACCESS_A.pack(pe=pe), off, n)
+        if not pending:
+            return
+        tls.pending = None
+        for ref, pe, ranges, site, ts in pending:
+            if ref() is None:
+                for pe_, off, n in self._read_ranges(pe, ranges):
+                    self._record(ts, Kind.ACCESS, site, ACCESS_A.pack(pe=pe_), off, n)
+
+    def _read_ranges(self, pe: int, ranges) -> list:
+        """[(pe, offset, bytes)] of a derived view's memory (``derived``'s two forms)."""
+        if type(ranges) is not int:
+            return [(pe, off, n) for off, n in ranges]
+        found = self.rt.heap.locate_address(pe)  # a contiguous view: pe is its address, ranges its bytes
+        return [] if found is None or not ranges else [(found[0], found[1], ranges)]
 
     def derived(self, view, pe: int, ranges, site: int) -> None:
         """A view derived by kernel code: ``pe`` and ``ranges`` ([(offset, bytes)]), or for a contiguous one its
