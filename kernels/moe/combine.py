@@ -25,11 +25,9 @@ import numpy as np
 
 import shmemx
 
-from .lanes import Writes
 from .reference import bf16
 from .schedule import Plan
 from .measure import CallStats
-from .workspace import RECORD_WORD
 
 try:
     from ._reduce import bf16_reduce
@@ -87,36 +85,11 @@ def _local(a: CombineArgs, u) -> None:
         a.views["combine_weights"][dst:dst + n] = a.weights[lo:lo + n]
 
 
-def _post_unit(a: CombineArgs, u, timer, t: float) -> float:
-    """Post one unit: per run of consecutive channels it carries (one, or a batched lane's), one WQE of rows and
-    one of weights; the closer also signals."""
-    peer, q, rb = u.peer, u.qp, a.xb.shape[1]
-    lanes = a.lanes
-    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
-    for c0, _, n in u.parts():
-        if not n:
-            continue
-        start = int(a.recv_channel_start[peer, c0])
-        lo, dst = int(a.recv_lo[peer]) + start, int(a.dest_base[peer]) + start
-        rbase = int(lanes.remote_base[peer])
-        xva = lanes.local_va(peer, q, a.xb)
-        xrow = rbase + a.region_offsets["combine_x"] + dst * rb
-        writes.range(xrow, xva + lo * rb, n * rb)  # contiguous on both sides: one WQE, aggregate or not
-        if a.weights is not None:
-            wb = a.weights.shape[1] * 4
-            writes.range(rbase + a.region_offsets["combine_weights"] + dst * wb,
-                         lanes.local_va(peer, q, a.weights) + lo * wb, n * wb)
-        t = timer.lap("build", t)
-        a.stats.peer_hidden_bytes[peer] += n * rb
-    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=1 if u.closes else None, seq=a.seq,
-                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
-    return timer.lap("submit", t)
-
-
 def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
-    """``_post_unit`` of every unit of a round (none for this PE) at once: their WQEs built in one numpy
-    operation and posted with one call (``Lanes.submit_units``): the same WQEs, in the same order per lane (a
-    batched lane's unit: per run of channels it carries, its rows then its weights)."""
+    """Post every unit of a round (none for this PE) at once: their WQEs built in one numpy operation and posted
+    with one call (``Lanes.submit_units``): per unit, per run of channels it carries (one, or a batched lane's),
+    one WQE of rows (contiguous on both sides: aggregate or not) then one of weights; the lane's completion after
+    its closing unit."""
     lanes, rb, u64 = a.lanes, a.xb.shape[1], np.uint64
     m = len(units)
     peers = np.fromiter((u.peer for u in units), np.intp, m)
@@ -156,25 +129,10 @@ def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
 
 
 def _wait_sources(a: CombineArgs, sources: list[int]) -> None:
-    """Wait for the lanes of every rank in ``sources`` (one wait per QP over their completion signals, asleep
-    until the last lands) and check their records in one numpy operation."""
-    if not sources:
-        return
-    v = a.views
-    n_qps = a.plan.lane_rows.shape[1]
-    status = np.ones(a.n_pes, np.int32)
-    status[sources] = 0
-    for q in range(n_qps):
-        shmemx.aclshmem_wait_until_all(v["signals"][1, :, q, 0], GE, a.seq, status=status)
-    records = v["signals"][1, sources, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)  # [n, Q, 4]
-    rows = records[:, :, 0].sum(1)
-    want = a.back_rows[sources]
-    bad = np.flatnonzero((rows != want) | (records[:, :, 3] != a.seq).any(1))
-    if len(bad):
-        i, r = int(bad[0]), sources[int(bad[0])]
-        raise RuntimeError(f"pe {a.me}: combine #{a.seq}: the completion records from pe {r} (rows per qp "
-                           f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
-                           f"{int(want[i])} rows this pe sent it")
+    """Wait for the lanes of every rank in ``sources`` and check their records (``Lanes.wait_completions``)."""
+    if sources:
+        a.lanes.wait_completions(1, sources, a.seq, a.plan.lane_rows.shape[1], a.back_rows[sources],
+                                 f"combine #{a.seq}", "rows this pe sent it")
 
 
 def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
@@ -226,47 +184,24 @@ def _reduce_numpy(a: CombineArgs, t0: int, gather: np.ndarray, counts: np.ndarra
 
 
 def combine_kernel(a: CombineArgs) -> None:
-    """The body of every block (``shmemx.launch(combine_kernel, C, args)``)."""
+    """The body of every block (``shmemx.launch(combine_kernel, C, args)``): a block's share of the sending
+    rounds, the waits, the reduction and the credits. Where block 0 does every block's work (``Lanes.one_block``)
+    the others return at once; where it posts and waits for every block (``Lanes.one_poster``) the others copy
+    only their own rows, then each reduces its channel's tokens."""
     c = shmemx.get_block_idx()
     n_blocks = len(a.bounds) - 1
-    timer = a.stats.timer(c)
-    t = timer.mark()
-    one = a.lanes.one_poster(a.plan)  # block 0 posts and waits for every block (``Lanes.one_poster``)
-    solo = a.lanes.one_block(a.plan)  # block 0 does every block's work (``Lanes.one_block``)
+    solo = a.lanes.one_block(a.plan)
     if solo and c:
         return
+    timer = a.stats.timer(c)
+    t = timer.mark()
+    one = a.lanes.one_poster(a.plan)
     for k in range(a.plan.rounds):
-        if a.lanes.batched:  # every unit of the round at once
-            units = a.lanes.round_units(a.plan, c, k, one)
-            if solo:  # the other blocks' rows for this PE too
-                units = units + [u for b in range(1, n_blocks) for u in a.plan.by_block[b][k] if u.peer == a.me]
-            remote = [u for u in units if u.peer != a.me]
-            for u in units:
-                if u.peer == a.me:
-                    _local(a, u)
-                    t = timer.lap("pack", t)
-            if remote:
-                t = _post_round(a, remote, timer, t)
-            posted = [(u.peer, u.qp) for u in remote]
-            a.stats.round_dsts[k, [u.peer for u in remote]] = True
-            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
-            continue
-        posted = []
-        for u in a.plan.by_block[c][k]:
-            if u.peer == a.me:
-                _local(a, u)
-                t = timer.lap("pack", t)
-                continue
-            t = _post_unit(a, u, timer, t)
-            posted.append((u.peer, u.qp))
-            a.stats.round_dsts[k, u.peer] = True
-        t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
+        t = _send_round(a, c, k, one, solo, timer, t)
     everyone = [r for r in range(a.n_pes) if r != a.me]
     sources = everyone if solo else [r for r in range(c, a.n_pes, n_blocks) if r != a.me]  # this block's
-    if not one:
-        _wait_sources(a, sources)
-    elif c == 0:  # block 0 waits for every block's sources (``Lanes.one_poster``)
-        _wait_sources(a, everyone)
+    if not one or c == 0:  # (with one poster, block 0 waits for every block's sources)
+        _wait_sources(a, everyone if one else sources)
     t = timer.lap("wait", t)
     if solo:  # the whole reduction, then every source's credit: no other block to meet
         _reduce(a, int(a.bounds[0]), int(a.bounds[-1]))
@@ -279,8 +214,26 @@ def combine_kernel(a: CombineArgs) -> None:
     t = timer.lap("epilogue", t)
     shmemx.sync_all()
     timer.count("syncs", 2)
-    t = timer.lap("sync", t)
+    timer.lap("sync", t)
     give_credits(a, sources, timer)
+
+
+def _send_round(a: CombineArgs, c: int, k: int, one: bool, solo: bool, timer, t: float) -> float:
+    """Round k of block c: this PE's own rows into its combine region (every block's with ``solo``), every remote
+    unit of the round in one post (``_post_round``), then the round's quiets (``Lanes.end_round``)."""
+    units = a.lanes.round_units(a.plan, c, k, one)
+    if solo:  # the other blocks' rows for this PE too
+        n_blocks = len(a.bounds) - 1
+        units = units + [u for b in range(1, n_blocks) for u in a.plan.by_block[b][k] if u.peer == a.me]
+    remote = [u for u in units if u.peer != a.me]
+    for u in units:
+        if u.peer == a.me:
+            _local(a, u)
+            t = timer.lap("pack", t)
+    if remote:
+        t = _post_round(a, remote, timer, t)
+    a.stats.round_dsts[k, [u.peer for u in remote]] = True
+    return a.lanes.end_round([(u.peer, u.qp) for u in remote], timer, t, last=k == a.plan.rounds - 1)
 
 
 def give_credits(a: CombineArgs, peers, timer) -> None:

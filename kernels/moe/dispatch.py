@@ -29,11 +29,9 @@ import numpy as np
 
 import shmemx
 
-from .lanes import Writes
 from .routes import peer_tokens
 from .schedule import Plan
 from .measure import CallStats
-from .workspace import RECORD_WORD
 
 __all__ = ["DispatchArgs", "DispatchOutputs", "dispatch_kernel"]
 
@@ -133,52 +131,6 @@ def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
         _gather(a.scales, toks, out.scales[pos:pos + n])
 
 
-def _post_unit(a: DispatchArgs, u, segs: list, timer, t: float) -> float:
-    """Pack, build and post one unit (peer u.peer on QP u.qp, from block u.channel): ``segs`` = [(first channel
-    of a run of consecutive channels, its tokens for the peer)], one for a plain unit, one per run for a batched
-    lane; all of them in one post; the closer also signals."""
-    peer, q, lanes = u.peer, u.qp, a.lanes
-    writes = Writes()  # no WQE for a unit without rows: only its lane's completion, if it closes
-    for c, toks in segs:
-        t = _pack_segment(a, peer, q, c, toks, writes, timer, t)
-    lanes.submit(peer, q, *writes.arrays(), a.stats, close_kind=0 if u.closes else None, seq=a.seq,
-                 lane_rows=int(a.plan.lane_rows[peer, q]), timer=timer)
-    return timer.lap("submit", t)
-
-
-def _pack_segment(a: DispatchArgs, peer: int, q: int, c: int, toks: np.ndarray, writes: Writes, timer,
-                  t: float) -> float:
-    """Stage the metadata of ``toks`` (channel c's first, then the run's next channels' tokens for ``peer``) and add
-    their WRITEs to ``writes``."""
-    rb = a.row_bytes
-    n = len(toks)
-    v, lanes = a.views, a.lanes
-    if n:
-        pos = int(a.rank_base[peer] + a.channel_start[peer, c])
-        spos = int(a.send_base[peer] + a.channel_start[peer, c])
-        meta = _meta(a)
-        if a.aggregate:
-            _gather(a.xb, toks, v["send_x"][spos * rb:(spos + n) * rb].reshape(n, rb))
-        v["send_src_idx"][spos:spos + n] = toks
-        for _, staging, src in meta[1:]:
-            _gather(src, toks, v[staging][spos:spos + n])
-        t = timer.lap("pack", t)
-        rbase = int(lanes.remote_base[peer])
-        lbase = lanes.local_base
-        x_off = a.region_offsets["x"]
-        if a.aggregate:
-            writes.range(rbase + x_off + pos * rb, lbase + a.region_offsets["send_x"] + spos * rb, n * rb)
-        else:
-            writes.runs(rbase + x_off + pos * rb, lanes.local_va(peer, q, a.xb), toks, rb)
-        for region, staging, _ in meta:
-            item = v[region].itemsize * (v[region].size // v[region].shape[0])
-            writes.range(rbase + a.region_offsets[region] + pos * item, lbase + a.region_offsets[staging] + spos * item,
-                         n * item)
-        t = timer.lap("build", t)
-        a.stats.peer_hidden_bytes[peer] += n * rb
-    return t
-
-
 def _wide_tokens(a: DispatchArgs, units, timer):
     """``(toks, split)`` of ``peer_tokens`` over the channels of every batched unit in ``units`` (one route scan
     of their tokens)."""
@@ -187,15 +139,6 @@ def _wide_tokens(a: DispatchArgs, units, timer):
     toks, split, reads = peer_tokens(lo, hi, a.n_pes, routing=a.routing, mask=a.is_token_in_rank, dests=a.dests)
     timer.count("route_reads", reads)
     return toks, split
-
-
-def _tokens_in(a: DispatchArgs, wide, peer: int, c0: int, c1: int) -> np.ndarray:
-    """Channels [c0, c1)'s tokens for ``peer`` (ascending), from ``_wide_tokens`` (``_pieces`` finds the same
-    spans for a whole round at once)."""
-    toks, split = wide
-    mine = toks[split[peer]:split[peer + 1]]
-    i, j = np.searchsorted(mine, (a.bounds[c0], a.bounds[c1]))
-    return mine[i:j]
 
 
 def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of):
@@ -221,8 +164,8 @@ def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, w
         assert u.segments, u  # a batched round: every remote unit with rows is a batched lane's
         rows += [(i, u.peer, c0, c1, n) for c0, c1, n in u.segments]
     p_unit, p_peer, p_chan, p_end, ns = np.array(rows, np.int64).reshape(-1, 5).T
-    # where each piece's tokens are in the wide token array (``_tokens_in`` of every piece at once): the peer's
-    # tokens are one ascending run there, so search the (peer, token) keys of all of them together
+    # where each piece's tokens are in the wide token array: the peer's tokens are one ascending run there, so
+    # search the (peer, token) keys of all of the pieces together
     span = int(a.bounds[-1]) + 1  # above every token and channel bound
     peer_of = np.repeat(np.arange(len(wide_split) - 1), np.diff(wide_split))
     keys = peer_of * span + wide_toks
@@ -234,9 +177,11 @@ def _pieces(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, w
 
 def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarray, wide_of, timer,
                 t: float) -> float:
-    """``_post_unit`` of every unit of a round (none for this PE) at once: the staging rows of all of them packed,
-    their WQEs built in one numpy operation and posted with one call (``Lanes.submit_units``): the same rows,
-    WQEs and per-lane order as unit by unit (a batched lane's unit: segment after segment, ``_pieces``)."""
+    """Post every unit of a round (none for this PE) at once: stage their metadata (and with ``aggregate`` their
+    rows), build their WQEs in one numpy operation and post them with one call (``Lanes.submit_units``): per unit
+    (in the order ``units`` has them) and per piece of a unit (a batched lane's unit: segment after segment,
+    ``_pieces``), the hidden rows (one WQE, or one per run of consecutive tokens), then each metadata region;
+    the lane's completion after its closing unit."""
     v, lanes, rb = a.views, a.lanes, a.row_bytes
     m = len(units)
     peers = np.fromiter((u.peer for u in units), np.intp, m)
@@ -292,43 +237,22 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
 
 
 def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
-    """Wait for the lanes of every source in ``sources`` (this PE's own rows are local), check their records,
-    then copy each source's rows out (the credits come after ``sync_all``).
-
-    One wait per QP over the sources' completion signals (``wait_until_all`` with a status mask), not one per
-    source: a wait sleeps until the last of them lands instead of a call per peer, and the records of all
-    sources are checked in one numpy operation."""
-    v, me = a.views, a.me
-    n_qps = a.plan.lane_rows.shape[1]
-    peers = [s for s in sources if s != me]
-    if peers:
-        status = np.ones(a.n_pes, np.int32)
-        status[peers] = 0
-        for q in range(n_qps):
-            shmemx.aclshmem_wait_until_all(v["signals"][0, :, q, 0], GE, a.seq, status=status)
-        t = timer.lap("wait", t)
-        records = v["signals"][0, peers, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)  # [n, Q, 4]
-        rows = records[:, :, 0].sum(1)
-        want = a.recv_hi[peers] - a.recv_lo[peers]
-        bad = np.flatnonzero((rows != want) | (records[:, :, 3] != a.seq).any(1))
-        if len(bad):
-            i, s = int(bad[0]), peers[int(bad[0])]
-            raise RuntimeError(f"pe {me}: dispatch #{a.seq}: the completion records from pe {s} (rows per qp "
-                               f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
-                               f"{int(want[i])} rows notify announced for call #{a.seq}")
-    if a.lanes.batched:  # the peers' rows in as few contiguous spans as they make (own rows: ``_local``)
-        if not peers:
-            return t
-        lo, hi = a.recv_lo[peers], a.recv_hi[peers]
-        order = np.argsort(lo, kind="stable")
-        lo, hi = lo[order], hi[order]
-        cut = np.flatnonzero(lo[1:] != hi[:-1]) + 1
-        for l0, h0 in zip(np.split(lo, cut), np.split(hi, cut)):
-            _copy_rows(a, int(l0[0]), int(h0[-1]))
-        return timer.lap("epilogue", t)
-    for s in peers:  # this PE's own rows went straight into the outputs (``_local``)
-        t = copy_out(a, s, timer, t, credit=False)
-    return t
+    """Wait for the lanes of every source in ``sources`` (this PE's own rows are local) and check their records
+    (``Lanes.wait_completions``), then copy their rows out, in as few contiguous spans as they make (the credits
+    come after: ``give_credits``)."""
+    peers = [s for s in sources if s != a.me]
+    if not peers:
+        return t
+    a.lanes.wait_completions(0, peers, a.seq, a.plan.lane_rows.shape[1], a.recv_hi[peers] - a.recv_lo[peers],
+                             f"dispatch #{a.seq}", f"rows notify announced for call #{a.seq}")
+    t = timer.lap("wait", t)
+    lo, hi = a.recv_lo[peers], a.recv_hi[peers]
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    cut = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+    for l0, h0 in zip(np.split(lo, cut), np.split(hi, cut)):
+        _copy_rows(a, int(l0[0]), int(h0[-1]))
+    return timer.lap("epilogue", t)
 
 
 def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> float:
@@ -384,77 +308,80 @@ def give_credits(a: DispatchArgs, sources, timer) -> None:
 
 
 def dispatch_kernel(a: DispatchArgs) -> None:
-    """The body of every block (``shmemx.launch(dispatch_kernel, C, args)``)."""
+    """The body of every block (``shmemx.launch(dispatch_kernel, C, args)``): a block's share of the sending
+    rounds, then of the receiving and the credits. Where block 0 does every block's work (``Lanes.one_block``)
+    the others return at once; where it posts and receives for every block (``Lanes.one_poster``) the others
+    copy only their own rows."""
     c = shmemx.get_block_idx()
-    timer = a.stats.timer(c)
-    t = timer.mark()
-    solo = a.lanes.one_block(a.plan)  # block 0 does every block's work (``Lanes.one_block``)
+    solo = a.lanes.one_block(a.plan)
     if solo and c:
         return
-    c1 = len(a.bounds) - 1 if solo else c + 1  # the channels [c, c1) whose tokens this block scans
-    toks, split, reads = peer_tokens(int(a.bounds[c]), int(a.bounds[c1]), a.n_pes, routing=a.routing,
-                                     mask=a.is_token_in_rank, dests=a.dests)
-    timer.count("route_reads", reads)
+    timer = a.stats.timer(c)
+    t = timer.mark()
+    one = a.lanes.one_poster(a.plan)
+    rounds = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
+    scan = _Scan(a, 0 if solo else c, len(a.bounds) - 1 if solo else c + 1, [u for r in rounds for u in r], timer)
     t = timer.lap("route", t)
-    wide = [(toks, split)] if solo else []  # batched lanes: the tokens of the channels this block posts for,
-    # by peer (one scan, when needed; with ``solo`` this block's scan covered every channel)
-    batched = a.lanes.batched
-    one = a.lanes.one_poster(a.plan)  # block 0 posts and receives for every block (``Lanes.one_poster``)
-    mine = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
-
-    def wide_of():
-        if not wide:
-            wide.append(_wide_tokens(a, [u for units in mine for u in units], timer))
-        return wide[0]
-
-    for k in range(a.plan.rounds):
-        units = mine[k]
-        if batched:  # every unit of the round at once
-            remote = [u for u in units if u.peer != a.me]
-            if solo:  # every channel's rows for this PE (they are consecutive there too)
-                _local(a, 0, toks[split[a.me]:split[a.me + 1]])
-                t = timer.lap("pack", t)
-            for u in units:
-                if u.peer == a.me and not solo:
-                    _local(a, c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])
-                    t = timer.lap("pack", t)
-            if remote:
-                t = _post_round(a, remote, toks, split, wide_of, timer, t)
-            posted = [(u.peer, u.qp) for u in remote]
-            a.stats.round_dsts[k, [u.peer for u in remote]] = True
-            t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
-            continue
-        posted = []
-        for u in units:
-            if u.segments:
-                wtoks = wide_of()
-                segs = [(c0, _tokens_in(a, wtoks, u.peer, c0, c1)) for c0, c1, _ in u.segments]
-            else:
-                segs = [(c, toks[split[u.peer]:split[u.peer + 1]] if u.rows else toks[:0])]
-            assert sum(len(s) for _, s in segs) == u.rows, (u, [len(s) for _, s in segs])
-            if u.peer == a.me:
-                _local(a, c, segs[0][1])
-                t = timer.lap("pack", t)
-                continue
-            t = _post_unit(a, u, segs, timer, t)
-            posted.append((u.peer, u.qp))
-            a.stats.round_dsts[k, u.peer] = True
-        t = a.lanes.end_round(posted, timer, t, last=k == a.plan.rounds - 1)
-    if one:  # block 0 receives every source and gives the credits once it has copied them all out
-        if c == 0:
-            t = _receive_all(a, range(a.n_pes), timer, t)
-        if a.out is None and not solo:  # the blocks' own rows went into the workspace (an overflow): all of
-            # them are in before a source may write the region again (a cached call with another row size puts
-            # rows elsewhere)
-            shmemx.sync_all()
-            timer.count("syncs")
-            t = timer.lap("sync", t)
-        if c == 0:  # otherwise the others wrote only the outputs: no block waits for another
-            give_credits(a, range(a.n_pes), timer)
+    for k, units in enumerate(rounds):
+        t = _send_round(a, c, k, units, scan, solo, timer, t)
+    if one:
+        _receive_for_all(a, c, solo, timer, t)
         return
     sources = range(c, a.n_pes, len(a.bounds) - 1)
     t = _receive_all(a, sources, timer, t)
     shmemx.sync_all()  # every block's copy-out is done before any source gets its credit (``give_credit``)
     timer.count("syncs")
-    t = timer.lap("sync", t)
+    timer.lap("sync", t)
     give_credits(a, sources, timer)
+
+
+class _Scan:
+    """A block's route scan of channels [c0, c1): its tokens for each peer (``toks[split[p]:split[p + 1]]``),
+    and, scanned once when a batched lane needs them, the tokens of every channel its units carry (``wide``)."""
+
+    def __init__(self, a: DispatchArgs, c0: int, c1: int, units: list, timer):
+        self.a, self.units, self.timer = a, units, timer  # units: every unit the block posts, all rounds
+        self.toks, self.split, reads = peer_tokens(int(a.bounds[c0]), int(a.bounds[c1]), a.n_pes,
+                                                   routing=a.routing, mask=a.is_token_in_rank, dests=a.dests)
+        timer.count("route_reads", reads)
+        self._wide = (self.toks, self.split) if (c0, c1) == (0, len(a.bounds) - 1) else None
+
+    def of(self, peer: int) -> np.ndarray:
+        return self.toks[self.split[peer]:self.split[peer + 1]]
+
+    def wide(self):
+        if self._wide is None:
+            self._wide = _wide_tokens(self.a, self.units, self.timer)
+        return self._wide
+
+
+def _send_round(a: DispatchArgs, c: int, k: int, units: list, scan: _Scan, solo: bool, timer, t: float) -> float:
+    """Round k (``units``) of block c: this PE's own rows straight into the outputs (every channel's with
+    ``solo``), every remote unit in one post (``_post_round``), then the round's quiets (``Lanes.end_round``)."""
+    remote = [u for u in units if u.peer != a.me]
+    if solo:  # every channel's rows for this PE (they are consecutive there too)
+        _local(a, 0, scan.of(a.me))
+        t = timer.lap("pack", t)
+    for u in units:
+        if u.peer == a.me and not solo:
+            _local(a, c, scan.of(a.me) if u.rows else scan.toks[:0])
+            t = timer.lap("pack", t)
+    if remote:
+        t = _post_round(a, remote, scan.toks, scan.split, scan.wide, timer, t)
+    a.stats.round_dsts[k, [u.peer for u in remote]] = True
+    return a.lanes.end_round([(u.peer, u.qp) for u in remote], timer, t, last=k == a.plan.rounds - 1)
+
+
+def _receive_for_all(a: DispatchArgs, c: int, solo: bool, timer, t: float) -> None:
+    """``Lanes.one_poster``: block 0 receives every source and gives the credits once it has copied them all
+    out."""
+    if c == 0:
+        t = _receive_all(a, range(a.n_pes), timer, t)
+    if a.out is None and not solo:  # the blocks' own rows went into the workspace (an overflow): all of them
+        # are in before a source may write the region again (a cached call with another row size puts rows
+        # elsewhere)
+        shmemx.sync_all()
+        timer.count("syncs")
+        t = timer.lap("sync", t)
+    if c == 0:  # otherwise the others wrote only the outputs: no block waits for another
+        give_credits(a, range(a.n_pes), timer)

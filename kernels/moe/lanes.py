@@ -21,44 +21,10 @@ import shmemx
 
 from .workspace import RECORD_WORD, SIGNAL_WORDS
 
-__all__ = ["Lanes", "Writes", "FENCE_SO"]
+__all__ = ["Lanes", "FENCE_SO"]
 
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
-
-
-class Writes:
-    """The WRITEs of one unit, gathered as (remote VA, local VA, length) before one ``build_writes``."""
-
-    def __init__(self):
-        self._rmt: list[np.ndarray] = []
-        self._sge: list[np.ndarray] = []
-        self._len: list[np.ndarray] = []
-
-    def range(self, rmt: int, sge: int, nbytes: int) -> None:
-        """One WQE for a contiguous range."""
-        self._rmt.append(np.array([rmt], np.uint64))
-        self._sge.append(np.array([sge], np.uint64))
-        self._len.append(np.array([nbytes], np.uint64))
-
-    def runs(self, rmt: int, sge: int, toks: np.ndarray, row_bytes: int) -> None:
-        """One WQE per run of consecutive tokens: rows ``toks`` (ascending) of the local array at ``sge`` into
-        consecutive rows from ``rmt`` on, each run of tokens ``t, t + 1, ...`` read and written in one piece."""
-        n = len(toks)
-        if not n:
-            return
-        first = np.flatnonzero(np.diff(toks, prepend=toks[0] - 2) != 1)  # where each run starts, in toks
-        count = np.diff(first, append=n).astype(np.uint64)
-        rb = np.uint64(row_bytes)
-        self._rmt.append(np.uint64(rmt) + first.astype(np.uint64) * rb)
-        self._sge.append(np.uint64(sge) + toks[first].astype(np.uint64) * rb)
-        self._len.append(count * rb)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not self._rmt:
-            empty = np.zeros(0, np.uint64)
-            return empty, empty, empty
-        return np.concatenate(self._rmt), np.concatenate(self._sge), np.concatenate(self._len)
 
 
 class Lanes:
@@ -94,7 +60,6 @@ class Lanes:
         self.lane_of = np.full((n_pes, qp_num), -1, np.intp)  # (peer, qp) -> its queue's index in ``batch``
         for i, (peer, q) in enumerate(order):
             self.lane_of[peer, q] = i
-        self.vectorize = True  # False: a round's units post one by one (tests compare the two)
         self.split_blocks = False  # see ``one_block``: the Buffer's setting (``Buffer.split_blocks``)
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
@@ -138,43 +103,15 @@ class Lanes:
         queue.post(data, cqes=wqes)
         return wqes
 
-    def submit(self, peer: int, qp: int, rmt_va, sge_va, length, stats, *, close_kind: int | None = None,
-               seq: int = 0, lane_rows: int = 0, timer=None) -> None:
-        """Post a unit's WRITEs on lane (peer, qp) and count them in ``stats``; with ``close_kind`` (0 dispatch,
-        1 combine) also the lane's completion after them: its record (rows, bytes, WQEs, seq), then the peer's
-        signal slot ``signals[close_kind, me, qp]`` = seq."""
-        close = None
-        nbytes = int(np.sum(length)) if len(length) else 0
-        if close_kind is not None:
-            record = self.views["send_record"][peer, qp]
-            record[:4] = (lane_rows, stats.lane_bytes[peer, qp] + nbytes + 32,
-                          stats.lane_wqes[peer, qp] + len(rmt_va) + 1, seq)
-            slot = self.offsets["signals"] + ((close_kind * self.n_pes + self.me) * self.qp_num + qp) * SIGNAL_WORDS * 8
-            sig = int(self.remote_base[peer]) + slot
-            src = self.local_base + self.offsets["send_record"] + (peer * self.qp_num + qp) * 64
-            close = (sig + RECORD_WORD * 8, src, 32, sig, seq)
-            if timer is not None:
-                timer.count("so_writes")
-                timer.count("flag_writes")
-        stats.lane_wqes[peer, qp] += self.post(peer, qp, rmt_va, sge_va, length, close)
-        stats.lane_bytes[peer, qp] += nbytes + (32 if close else 0)
-
-    @property
-    def batched(self) -> bool:
-        """Whether a round's units are built and posted all at once (``submit_units``), observed or not; tests
-        set ``vectorize`` False to compare with posting unit by unit (``submit``)."""
-        return self.vectorize
-
     def one_poster(self, plan) -> bool:
-        """Whether block 0 does the PE's posting and receiving of ``plan`` for every block while ``batched``: a plan
-        of several blocks with batched lanes (``Plan.batched``: one round, every remote unit with rows carries its
-        segments).
+        """Whether block 0 does the PE's posting and receiving of ``plan`` for every block: a plan of several blocks
+        with batched lanes (``Plan.batched``: one round, every remote unit with rows carries its segments).
         Then every lane has one unit, and one build and one native post over all the PE's lanes (then one wait per
         QP over every source) replace one per block: each lane still has one submitter and the same WQEs in the
         same order; the blocks' own rows and the reduction stay split by block (unless ``one_block``). On a host
         whose cores the PEs already fill, the blocks' Python runs one at a time, so per-block copies of these fixed
         costs are time."""
-        return self.batched and plan.batched and len(plan.by_block) > 1
+        return plan.batched and len(plan.by_block) > 1
 
     def one_block(self, plan) -> bool:
         """Whether block 0 does the whole kernel of ``plan``, every block's share included (its own rows, for
@@ -255,11 +192,8 @@ class Lanes:
         that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases.
         ``last``: the call's last round: no block takes a lane over after it, so no SyncAll (the quiets stay:
         the WQEs read the caller's arrays, and the lane is free for the next launch)."""
-        if self.batched and posted:  # one native call for all of them
+        if posted:  # one native call for all of them
             self.batch.quiet(self.lane_of[tuple(np.array(posted, np.intp).T)])
-        else:
-            for peer, qp in posted:
-                self.quiet(peer, qp)
         timer.count("quiets", len(posted))
         t = timer.lap("quiet", t)
         if last:
@@ -267,3 +201,27 @@ class Lanes:
         shmemx.sync_all()
         timer.count("syncs")
         return timer.lap("sync", t)
+
+    def wait_completions(self, kind: int, sources: list, seq: int, n_qps: int, want: np.ndarray, call: str,
+                         expected: str) -> None:
+        """Wait (asleep) until every lane of every PE in ``sources`` signalled call ``seq`` into this PE's signal
+        slots of ``kind`` (0 dispatch, 1 combine): one ``wait_until_all`` per QP over the sources' signals, not one
+        per source (a wait sleeps until the last of them lands); then check their records in one numpy operation:
+        rows per source = ``want``, every lane's record of call ``seq``.
+
+        Raises:
+            RuntimeError: a source's records do not add up (``call`` names the call, ``expected`` the rows).
+        """
+        signals = self.views["signals"]
+        status = np.ones(self.n_pes, np.int32)
+        status[sources] = 0
+        for q in range(n_qps):
+            shmemx.aclshmem_wait_until_all(signals[kind, :, q, 0], shmemx.ACLSHMEM_CMP_GE, seq, status=status)
+        records = signals[kind, sources, :n_qps, RECORD_WORD:RECORD_WORD + 4].view(np.int64)  # [n, Q, 4]
+        rows = records[:, :, 0].sum(1)
+        bad = np.flatnonzero((rows != want) | (records[:, :, 3] != seq).any(1))
+        if len(bad):
+            i, s = int(bad[0]), sources[int(bad[0])]
+            raise RuntimeError(f"pe {self.me}: {call}: the completion records from pe {s} (rows per qp "
+                               f"{records[i, :, 0].tolist()}, seq {records[i, :, 3].tolist()}) do not match the "
+                               f"{int(want[i])} {expected}")

@@ -60,7 +60,7 @@ def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, pre
             lanes=None) -> None:
     width, n_channels = records.shape[1], prefixes.shape[1]
     peers = [(me + i) % n_pes for i in range(1, n_pes)]
-    if peers and lanes is not None and lanes.batched:
+    if peers and lanes is not None:
         _post_all(views, me, seq, records, prefixes, peers, lanes)
     else:
         for peer in peers:
@@ -71,7 +71,7 @@ def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, pre
                                                     views["notify_signal"][me, 0:1], seq, peer, 0, config=FENCE_SO)
     views["notify"][me] = records[me]
     views["recv_channel_prefix"][me] = prefixes[me]
-    if peers and lanes is not None and lanes.batched:
+    if peers and lanes is not None:
         lanes.batch.quiet(lanes.lane_of[peers, 0])
     else:
         for peer in peers:
@@ -119,7 +119,8 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
         channel_counts: ``[P, C]`` tokens each channel sends to each destination.
         header: the values of ``HEADER_FIELDS`` but seq.
         expert_alignment: round each local expert's count up to a multiple of this.
-        lanes: the buffer's ``Lanes``: while ``lanes.batched``, every peer's two WQEs go in one batch.
+        lanes: the buffer's ``Lanes``: every peer's two WQEs go in one batch (None: a put and a put_signal call per
+            peer, for callers without lanes).
 
     Raises:
         ValueError: a peer's header disagrees with this PE's (schedule, row size, payload kind, ...).
