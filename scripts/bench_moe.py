@@ -594,11 +594,10 @@ def main(argv=None) -> int:
     lane_modes = tuple(dict.fromkeys(lane_modes))
     configs = [(c, p, True, a, z, m) for z in zero for c in args.channels for m in (lane_modes if c > 1 else ("batch",))
                for p in policies for a in aggs]
-    from shmemx.kernels.moe import Buffer
+    from shmemx.kernels.moe import Config
 
-    d = Buffer.__init__.__kwdefaults__  # the defaults' row first: moe.Buffer(T, H, K, E) with no options
-    configs.insert(0, (d["num_channels"], d["qp_policy"], d["rotate"], d["aggregate"], d["zero_copy"],
-                       d["shared_lanes"]))
+    d = Config()  # the defaults' row first: moe.Buffer(T, H, K, E) with no options
+    configs.insert(0, (d.num_channels, d.qp_policy, d.rotate, d.aggregate, d.zero_copy, d.shared_lanes))
     n_base = len(configs)
     repeat = max(args.repeat, 1)
     cfg = dict(T=args.T, H=args.H, K=args.K, E=args.E, P=args.P, iters=args.iters, warmup=args.warmup,

@@ -61,9 +61,9 @@ class Intranode:
         self.close()
         n_pes = shmemx.n_pes()
         kwargs = {} if self.num_channels is None else {"num_channels": self.num_channels}
-        defaults = moe.Buffer.__init__.__kwdefaults__
-        channels = kwargs.get("num_channels", defaults["num_channels"])
-        qps = moe.POLICY_QPS[defaults["qp_policy"]]
+        defaults = moe.Config()
+        channels = kwargs.get("num_channels", defaults.num_channels)
+        qps = moe.POLICY_QPS[defaults.qp_policy]
 
         def size(tokens: int) -> int:
             return plan_workspace(n_pes=n_pes, max_tokens=tokens, hidden=hidden, num_topk=key[1],

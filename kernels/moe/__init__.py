@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
+from .buffer import Buffer, CombineResult, Config, DispatchHandle, DispatchResult
 from .routing import DispatchLayout
 from .routing import get_dispatch_layout as _get_dispatch_layout
 from .schedule import POLICY_QPS, QP_POLICIES, Schedule
 from .measure import PHASES, CallStats
 from .workspace import plan_workspace
 
-__all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult", "DispatchLayout", "Schedule",
+__all__ = ["Buffer", "Config", "DispatchHandle", "DispatchResult", "CombineResult", "DispatchLayout", "Schedule",
            "QP_POLICIES", "POLICY_QPS", "CallStats", "PHASES", "get_dispatch_layout", "plan_workspace"]
 
 

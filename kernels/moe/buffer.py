@@ -23,23 +23,23 @@ import numpy as np
 
 import shmemx
 
-from .combine import REDUCE_CHUNK, CombineArgs, combine_kernel
-from .dispatch import DispatchArgs, dispatch_kernel
+from .combine import REDUCE_CHUNK, CombineArgs
+from .config import Config
+from .dispatch import DispatchArgs
+from .families import Shape, families
 from .lanes import Lanes
 from .notify import notify_dispatch
 from .pool import OutputPool
 from .routing import DispatchLayout, channel_bounds, channel_counts, check_topk_idx, get_dispatch_layout, \
     make_send_head
-from .schedule import POLICY_QPS, Schedule, plan_rounds
+from .schedule import POLICY_QPS, Schedule
 from .measure import CallStats
 from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall, Payload, Recv, Routing
 from .workspace import plan_workspace
-from . import groups as _groups
-from . import hierarchy as _hier
 from .routes import compact_dests, dests_from_mask
-from .topology import GroupMap, Topology
+from .topology import Topology
 
-__all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "DispatchResult", "CombineResult"]
 
 bf16 = ml_dtypes.bfloat16
 _KINDS = {np.dtype(bf16): 0, np.dtype(np.int8): 1, np.dtype(ml_dtypes.float8_e4m3fn): 2}
@@ -55,6 +55,8 @@ class Buffer:
         hidden: H.
         num_topk: K, the top-k width of ``topk_idx``.
         num_experts: E, a multiple of the number of PEs.
+        config: a ``Config`` of the settings below (default: ``Config()``); any of them may also be given as a
+            keyword (``moe.Buffer(T, H, K, E, num_channels=4)``), which replaces the config's.
         num_channels: C, AIV blocks (channels) of the dispatch and combine kernels. The default is 1, not DeepEP's
             10 (nor the Ascend port's 4): level with 4 on the reference machine and the one that needs the fewest
             QPs (``scripts/bench_moe.py --repeat``; README "Performance").
@@ -96,14 +98,39 @@ class Buffer:
         HeapExhaustedError: the heap cannot hold the workspace; the message names the size needed.
     """
 
-    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, *, num_channels: int = 1,
-                 qp_num: int | None = None, qp_policy: str = "one", rotate: bool = True,
-                 aggregate: bool = False, server_size: int | None = None, history: int = 16,
-                 zero_copy: bool = False, schedule: str = "fullmesh", topology=None, routing: str = "scan",
-                 group_width: int | None = None, token_blocks: int | None = None,
-                 weight_blocks: int | None = None, shared_lanes: str = "batch", split_blocks: bool = False):
+    def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, config: Config | None = None,
+                 **options):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
-        self.shared_lanes = shared_lanes
+        cfg = self.config = Config.of(config, options, self.me)
+        self._check_sizes(max_tokens, hidden, num_topk, num_experts, cfg.num_channels)
+        first = Schedule(cfg.qp_policy, cfg.rotate, cfg.aggregate, cfg.schedule, cfg.routing, cfg.group_width or 0,
+                         cfg.token_blocks or 0, cfg.weight_blocks or 0)
+        self.qp_num = first.num_qps + (1 if first.weight_blocks else 0) if cfg.qp_num is None else int(cfg.qp_num)
+        if not 1 <= self.qp_num <= 32:
+            raise ValueError(f"pe {self.me}: moe.Buffer: qp_num {cfg.qp_num!r} out of range 1..32")
+        self.max_tokens, self.hidden, self.num_topk = int(max_tokens), int(hidden), int(num_topk)
+        self.num_experts, self.num_channels = int(num_experts), int(cfg.num_channels)
+        self.num_local_experts = self.num_experts // self.n_pes
+        self.server_size = cfg.server_size
+        self.shared_lanes = cfg.shared_lanes
+        self._topology(cfg)
+        self._workspace()
+        self.lanes.split_blocks = bool(cfg.split_blocks)
+        self.zero_copy = bool(cfg.zero_copy)
+        self._owed: list[int] = []  # zero copy: sources owed the credit of the last dispatch's rows
+        self._seq = 0
+        self._last = [0, 0]  # sequence number of the last dispatch / combine
+        self._schedule = Schedule(cfg.qp_policy, cfg.rotate, cfg.aggregate)
+        self._families = families(self)
+        self.history: collections.deque = collections.deque(maxlen=cfg.history)
+        self._pool = OutputPool()
+        self._scratches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.closed = False
+        self.set_schedule(qp_policy=first.qp_policy, rotate=first.rotate, aggregate=first.aggregate,
+                          schedule=first.name, routing=first.routing, group_width=first.group_width,
+                          token_blocks=first.token_blocks, weight_blocks=first.weight_blocks)
+
+    def _check_sizes(self, max_tokens, hidden, num_topk, num_experts, num_channels) -> None:
         for name, value, lo in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("num_topk", num_topk, 1),
                                 ("num_experts", num_experts, 1), ("num_channels", num_channels, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
@@ -113,26 +140,23 @@ class Buffer:
                              f"{self.n_pes} PEs")
         if num_channels > 128:
             raise ValueError(f"pe {self.me}: moe.Buffer: num_channels {num_channels} is over 128 AIV blocks")
-        first = Schedule(qp_policy, rotate, aggregate, schedule, routing, group_width or 0, token_blocks or 0,
-                         weight_blocks or 0)
-        self.qp_num = first.num_qps + (1 if first.weight_blocks else 0) if qp_num is None else int(qp_num)
-        if not 1 <= self.qp_num <= 32:
-            raise ValueError(f"pe {self.me}: moe.Buffer: qp_num {qp_num!r} out of range 1..32")
-        self.max_tokens, self.hidden, self.num_topk = int(max_tokens), int(hidden), int(num_topk)
-        self.num_experts, self.num_channels = int(num_experts), int(num_channels)
-        self.num_local_experts = self.num_experts // self.n_pes
-        self.server_size = server_size
+
+    def _topology(self, cfg: Config) -> None:
+        """The servers the ranks sit on (``Topology``), and the full mesh's per-tier order when told them."""
+        topology = cfg.topology
         if isinstance(topology, Topology):
             self.topology = topology
         else:
-            self.topology = Topology(self.n_pes, server_size, rank_table=topology)
+            self.topology = Topology(self.n_pes, cfg.server_size, rank_table=topology)
         if self.topology.n_pes != self.n_pes:
             raise ValueError(f"pe {self.me}: moe.Buffer: the topology has {self.topology.n_pes} ranks, the job "
                              f"{self.n_pes}")
         # the full mesh orders its peers per tier when told the servers (``schedule.tier_order``)
-        told = server_size is not None or topology is not None
-        self._servers = self.topology.server if told and self.topology.num_servers > 1 else None
-        self._hier = None  # the hierarchy schedule's own allocation, made when first used
+        told = cfg.server_size is not None or topology is not None
+        self.tier_servers = self.topology.server if told and self.topology.num_servers > 1 else None
+
+    def _workspace(self) -> None:
+        """The symmetric workspace (collective), its views, and the lanes to every peer's copy of it."""
         self.layout = plan_workspace(n_pes=self.n_pes, max_tokens=self.max_tokens, hidden=self.hidden,
                                      num_topk=self.num_topk, num_experts=self.num_experts,
                                      num_channels=self.num_channels, qp_num=self.qp_num)
@@ -140,10 +164,10 @@ class Buffer:
             self._block = shmemx.aclshmem_malloc(self.layout.total, name="moe_workspace", prefault=False)
         except shmemx.HeapExhaustedError as exc:
             raise shmemx.HeapExhaustedError(
-                f"pe {self.me}: moe.Buffer(max_tokens={max_tokens}, hidden={hidden}, num_topk={num_topk}, "
-                f"num_experts={num_experts}) needs a workspace of {self.layout.total} B "
-                f"({self.layout.total / 2**20:.1f} MiB) on every PE: start the job with a larger --heap-size "
-                f"({exc})") from None
+                f"pe {self.me}: moe.Buffer(max_tokens={self.max_tokens}, hidden={self.hidden}, "
+                f"num_topk={self.num_topk}, num_experts={self.num_experts}) needs a workspace of "
+                f"{self.layout.total} B ({self.layout.total / 2**20:.1f} MiB) on every PE: start the job with a "
+                f"larger --heap-size ({exc})") from None
         self.views = self.layout.views(self._block)
         self.offsets = {name: r.offset for name, r in self.layout.regions.items()}
         for name in ("notify_signal", "credits", "signals", "config", "round_credits"):
@@ -155,19 +179,6 @@ class Buffer:
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise
-        self.lanes.split_blocks = bool(split_blocks)
-        self.zero_copy = bool(zero_copy)
-        self._owed: list[int] = []  # zero copy: sources owed the credit of the last dispatch's rows
-        self._seq = 0
-        self._last = [0, 0]  # sequence number of the last dispatch / combine
-        self._schedule = Schedule(qp_policy, rotate, aggregate)
-        self.history: collections.deque = collections.deque(maxlen=history)
-        self._pool = OutputPool()
-        self._scratches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.closed = False
-        self.set_schedule(qp_policy=qp_policy, rotate=rotate, aggregate=aggregate, schedule=first.name,
-                          routing=first.routing, group_width=first.group_width, token_blocks=first.token_blocks,
-                          weight_blocks=first.weight_blocks)
 
     # --- settings --------------------------------------------------------------------------------------------
 
@@ -206,21 +217,13 @@ class Buffer:
         new = Schedule(pick(qp_policy, old.qp_policy), pick(rotate, old.rotate), pick(aggregate, old.aggregate),
                        pick(schedule, old.name), pick(routing, old.routing), pick(group_width, old.group_width),
                        pick(token_blocks, old.token_blocks), pick(weight_blocks, old.weight_blocks))
-        extra_qp = 1 if new.name == "groups" and new.weight_blocks else 0
+        family = self._families[new.name]
+        extra_qp = family.extra_qps(new)
         if new.num_qps + extra_qp > self.qp_num:
             raise ValueError(f"pe {self.me}: qp_policy {new.qp_policy!r} needs {POLICY_QPS[new.qp_policy]} QPs "
                              f"per peer{' and the weight blocks one more' if extra_qp else ''}; this Buffer was "
                              f"made with qp_num={self.qp_num}")
-        if new.name == "groups":
-            gm = GroupMap(self.n_pes, new.group_width or None)
-            if (new.token_blocks or gm.width) + new.weight_blocks > 128:
-                raise ValueError(f"pe {self.me}: groups: {new.token_blocks or gm.width} token blocks + "
-                                 f"{new.weight_blocks} weight blocks exceed 128 AIV blocks")
-        if new.name == "hierarchy" and self.topology.server_size > 64:
-            raise ValueError(f"pe {self.me}: hierarchy: server_size {self.topology.server_size} is over 64 (the "
-                             f"record's rank mask is 64 bits)")
-        if new.name != "fullmesh":
-            self.topology.check(new.name, self.me)
+        family.check(new)
         config = self.views["config"]
         shmemx.aclshmem_barrier_all()  # nobody still reads the previous code
         config[0] = new.code
@@ -231,34 +234,8 @@ class Buffer:
             raise ValueError(f"pe {self.me}: set_schedule: pe {bad[0]} chose [{Schedule.from_code(codes[bad[0]])}], "
                              f"this pe [{new}]: every pe must use the same schedule")
         self._schedule = new
-        if new.name == "hierarchy" and self._hier is None:
-            self._alloc_hier()
+        family.prepare()
         return new
-
-    def _alloc_hier(self) -> None:
-        """The hierarchy's regions (collective; once): relay records, end flags, IPC flags, combine partials."""
-        layout = _hier.plan_hier_workspace(topo=self.topology, max_tokens=self.max_tokens, hidden=self.hidden,
-                                          num_topk=self.num_topk)
-        try:
-            block = shmemx.aclshmem_malloc(layout.total, name="moe_hierarchy", prefault=False)
-        except shmemx.HeapExhaustedError as exc:
-            raise shmemx.HeapExhaustedError(
-                f"pe {self.me}: moe.Buffer: the hierarchy schedule needs {layout.total} B "
-                f"({layout.total / 2**20:.1f} MiB) more on every PE: start the job with a larger --heap-size "
-                f"({exc})") from None
-        views = layout.views(block)
-        for name in ("relay_end", "ipc_flags", "relay_in"):
-            views[name][...] = 0
-        remote = np.zeros(self.n_pes, np.uint64)
-        local = 0
-        for (peer, q), queue in self.lanes.queues.items():
-            if q == 0:
-                remote[peer] = queue.remote_va(block)
-                local = queue.local_va(block)
-        if not self.lanes.queues:
-            local = 0
-        self._hier = (block, views, {n: r.offset for n, r in layout.regions.items()}, remote, local)
-        shmemx.aclshmem_barrier_all()  # every PE's regions are zero before anyone writes into them
 
     @property
     def last_stats(self) -> CallStats | None:
@@ -382,54 +359,27 @@ class Buffer:
         """Run the dispatch kernel of one call: outputs, kernel arguments, launch, then the result and its stats.
 
         Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
-        me, n_pes = self.me, self.n_pes
-        sched = self._schedule
+        me, sched = self.me, self._schedule
         prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
         counts = np.diff(prefix, axis=0, prepend=0)
         num_recv = int(prefix[-1, me])
         if sched.routing == "compact" and dests is None:
             dests = handle.dest_ranks if handle is not None and handle.dest_ranks is not None else \
                 dests_from_mask(routing.is_token_in_rank, self.num_topk)
-        plan, waves = None, None
-        if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, routing.per_channel.T, sched, self._shared_lanes == "batch",
-                               servers=self._servers)
-            rounds, blocks, n_qps = plan.rounds, self.num_channels, plan.lane_rows.shape[1]
-        elif sched.name == "groups":
-            waves = self._waves()
-            rounds, blocks, n_qps = waves.gmap.rounds, waves.token_blocks + waves.weight_blocks, waves.used_qps
-        else:
-            rounds, blocks, n_qps = 2, self.topology.num_servers, 1
+        family = self._families[sched.name]
+        shape = family.dispatch_shape(routing)
         overflow = bool(call.num_worst_tokens) and num_recv > call.num_worst_tokens
         recv = self._recv_outputs(call, payload, num_recv, overflow)
-        stats = CallStats.empty(call.kind_name, me, call.seq, sched, rounds, blocks, n_pes, n_qps)
-        args = DispatchArgs(
-            me=me, n_pes=n_pes, seq=call.seq, num_local_experts=self.num_local_experts, views=self.views,
-            lanes=self.lanes, plan=plan, stats=stats, xb=payload.rows, topk_idx=call.topk_idx,
-            topk_weights=call.topk_weights, scales=payload.scales, is_token_in_rank=routing.is_token_in_rank,
-            bounds=channel_bounds(payload.num_tokens, self.num_channels),
-            rank_base=prefix[me - 1] if me > 0 else np.zeros(n_pes, np.int64),
-            channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
-            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=np.concatenate([[0], prefix[:-1, me]]),
-            recv_hi=prefix[:, me], out=None if overflow else recv.kernel_outputs(payload, not self.zero_copy),
-            aggregate=sched.aggregate, region_offsets=self.offsets, routing=sched.routing, dests=dests)
+        stats = CallStats.empty(call.kind_name, me, call.seq, sched, shape.rounds, shape.blocks, self.n_pes,
+                                shape.n_qps)
+        args = self._dispatch_args(call, payload, routing, shape, stats, None if overflow else recv, dests)
         relay_out: list = [None] * self.topology.num_servers
         t_kernel = time.perf_counter()
-        if sched.name == "fullmesh":
-            # one block when it does every block's work (``Lanes.one_block``): parked blocks woken only to
-            # return would each give this PE's core away for a wake-up
-            self._launched(stats, 1 if self.lanes.one_block(plan) else self.num_channels)
-            shmemx.launch(dispatch_kernel, stats.blocks_launched, args)
-        elif sched.name == "groups":
-            self._launched(stats, blocks)
-            shmemx.launch(_groups.groups_dispatch_kernel, blocks, args, waves)
-        else:
-            self._launched(stats, blocks)
-            shmemx.launch(_hier.hier_dispatch_kernel, blocks, args, self._hier_spec(prefix), relay_out)
+        self._launched(stats, family.dispatch(args, shape, prefix, relay_out))
         stats.kernel = time.perf_counter() - t_kernel
         self._cross_server(stats)
         if self.zero_copy:
-            self._owed = [s for s in range(n_pes) if s != me and counts[s, me]]
+            self._owed = [s for s in range(self.n_pes) if s != me and counts[s, me]]
         self._count_rows(stats, counts, num_recv, payload.rows.shape[1])
         self._last[DISPATCH] = call.seq
         self.history.append(stats)
@@ -440,12 +390,28 @@ class Buffer:
                                     np.asarray(routing.recv_channel_prefix_matrix, np.int32),
                                     recv.src_idx[:num_recv].copy(), routing.is_token_in_rank,
                                     make_send_head(routing.is_token_in_rank), num_recv, self.hidden, dests,
-                                    _hier.RelayInfo([r[0] if r else None for r in relay_out],
-                                                    [r[1] if r else None for r in relay_out])
-                                    if sched.name == "hierarchy" else None)
+                                    family.relay(relay_out))
         x_out = (recv.x, recv.scales) if payload.scales is not None else recv.x
         return DispatchResult(x_out, recv.topk_idx, recv.topk_weights,
                               [] if call.num_worst_tokens else expert_list, handle), stats
+
+    def _dispatch_args(self, call: DispatchCall, payload: Payload, routing: Routing, shape: Shape,
+                       stats: CallStats, recv: Recv | None, dests) -> DispatchArgs:
+        """What the dispatch kernel's blocks read (``recv`` None: the rows overflow num_worst_tokens)."""
+        me, n_pes = self.me, self.n_pes
+        prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
+        counts = np.diff(prefix, axis=0, prepend=0)
+        return DispatchArgs(
+            me=me, n_pes=n_pes, seq=call.seq, num_local_experts=self.num_local_experts, views=self.views,
+            lanes=self.lanes, plan=shape.plan, stats=stats, xb=payload.rows, topk_idx=call.topk_idx,
+            topk_weights=call.topk_weights, scales=payload.scales, is_token_in_rank=routing.is_token_in_rank,
+            bounds=channel_bounds(payload.num_tokens, self.num_channels),
+            rank_base=prefix[me - 1] if me > 0 else np.zeros(n_pes, np.int64),
+            channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
+            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=np.concatenate([[0], prefix[:-1, me]]),
+            recv_hi=prefix[:, me], out=None if recv is None else recv.kernel_outputs(payload, not self.zero_copy),
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets, routing=self._schedule.routing,
+            dests=dests)
 
     def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool) -> Recv:
         """The arrays a dispatch returns: ``num_worst_tokens`` rows (its padding filled) or the rows received; with
@@ -508,56 +474,20 @@ class Buffer:
             raise TypeError(f"pe {self.me}: combine: handle must be a DispatchHandle, got {type(handle).__name__}")
         num_recv = handle.num_recv_tokens
         xb = self._combine_rows(x, num_recv)
-        weights = None
-        if topk_weights is not None:
-            w = np.asarray(topk_weights)
-            if w.ndim != 2 or w.shape[0] < num_recv or w.shape[1] != self.num_topk or w.dtype != np.float32:
-                raise ValueError(f"pe {self.me}: combine: topk_weights must be [{num_recv}, {self.num_topk}] "
-                                 f"float32, got {w.shape} {w.dtype}")
-            weights = np.ascontiguousarray(w[:num_recv])
+        weights = self._combine_weights(topk_weights, num_recv)
         seq, credit_wait = self._next(COMBINE)
-        me, n_pes, n_ch = self.me, self.n_pes, self.num_channels
+        me = self.me
         prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
         counts = np.diff(prefix, axis=0, prepend=0)
         starts = np.asarray(handle.recv_channel_prefix_matrix, np.int64)
         ends = np.concatenate([starts[:, 1:], counts[:, me:me + 1]], axis=1)
-        sched = self._schedule
-        n_tok = handle.num_tokens
-        out_x = self._pool.take((n_tok, self.hidden), bf16)
-        out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
-        plan, waves = None, None
-        if sched.name == "fullmesh":
-            plan = plan_rounds(me, n_pes, (ends - starts).T, sched, self._shared_lanes == "batch",
-                               servers=self._servers)
-            rounds, blocks, n_qps = plan.rounds, n_ch, plan.lane_rows.shape[1]
-        elif sched.name == "groups":
-            waves = self._waves()
-            rounds, blocks, n_qps = waves.gmap.rounds, waves.token_blocks, waves.token_qps
-        else:
-            if handle.relay is None:
-                raise ValueError(f"pe {me}: hierarchy combine needs the handle of a hierarchy dispatch (this one "
-                                 f"was made by another schedule)")
-            rounds, blocks, n_qps = 2, self.topology.num_servers, 1
-        stats = CallStats.empty("combine", me, seq, sched, rounds, blocks, n_pes, n_qps)
-        dest = np.cumsum(counts, axis=1) - counts
-        args = CombineArgs(
-            me=me, n_pes=n_pes, seq=seq, views=self.views, lanes=self.lanes, plan=plan, stats=stats,
-            aggregate=sched.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
-            recv_lo=np.concatenate([[0], prefix[:-1, me]]), recv_channel_start=starts, dest_base=dest[:, me],
-            back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
-            bounds=channel_bounds(n_tok, blocks), zero_row=self.views["combine_x"].shape[0] - 1, out_x=out_x,
-            out_weights=out_w, scratch=self._scratch, recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
+        family = self._families[self._schedule.name]
+        shape = family.combine_shape(handle, ends - starts)
+        stats = CallStats.empty("combine", me, seq, self._schedule, shape.rounds, shape.blocks, self.n_pes,
+                                shape.n_qps)
+        args = self._combine_args(seq, shape, stats, xb, weights, handle, bias)
         t_kernel = time.perf_counter()
-        if sched.name == "fullmesh":
-            self._launched(stats, 1 if self.lanes.one_block(plan) else n_ch)  # as dispatch
-            shmemx.launch(combine_kernel, stats.blocks_launched, args)
-        elif sched.name == "groups":
-            self._launched(stats, blocks)
-            shmemx.launch(_groups.groups_combine_kernel, blocks, args, waves)
-        else:
-            self._launched(stats, blocks)
-            self._hier_combine_args(args, handle)
-            shmemx.launch(_hier.hier_combine_kernel, blocks, args, self._hier_spec(prefix, handle.relay))
+        self._launched(stats, family.combine(args, shape, prefix, handle))
         stats.kernel = time.perf_counter() - t_kernel
         self._cross_server(stats)
         stats.local_rows = int(counts[me, me])
@@ -569,31 +499,37 @@ class Buffer:
         stats.wall = time.perf_counter() - start
         self._last[COMBINE] = seq
         self.history.append(stats)
-        return CombineResult(out_x, out_w)
+        return CombineResult(args.out_x, args.out_weights)
+
+    def _combine_weights(self, topk_weights, num_recv: int) -> np.ndarray | None:
+        """combine's ``topk_weights`` (``[num_recv, K] float32``, more rows allowed), checked; or None."""
+        if topk_weights is None:
+            return None
+        w = np.asarray(topk_weights)
+        if w.ndim != 2 or w.shape[0] < num_recv or w.shape[1] != self.num_topk or w.dtype != np.float32:
+            raise ValueError(f"pe {self.me}: combine: topk_weights must be [{num_recv}, {self.num_topk}] "
+                             f"float32, got {w.shape} {w.dtype}")
+        return np.ascontiguousarray(w[:num_recv])
+
+    def _combine_args(self, seq: int, shape: Shape, stats: CallStats, xb: np.ndarray, weights, handle,
+                      bias) -> CombineArgs:
+        """What the combine kernel's blocks read: where each row goes back to, the outputs, the reduction's split."""
+        me, n_tok = self.me, handle.num_tokens
+        prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
+        counts = np.diff(prefix, axis=0, prepend=0)
+        dest = np.cumsum(counts, axis=1) - counts
+        out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
+        return CombineArgs(
+            me=me, n_pes=self.n_pes, seq=seq, views=self.views, lanes=self.lanes, plan=shape.plan, stats=stats,
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
+            recv_lo=np.concatenate([[0], prefix[:-1, me]]),
+            recv_channel_start=np.asarray(handle.recv_channel_prefix_matrix, np.int64), dest_base=dest[:, me],
+            back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
+            bounds=channel_bounds(n_tok, shape.blocks), zero_row=self.views["combine_x"].shape[0] - 1,
+            out_x=self._pool.take((n_tok, self.hidden), bf16), out_weights=out_w, scratch=self._scratch,
+            recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
 
     # --- helpers ---------------------------------------------------------------------------------------------
-
-    def _waves(self) -> "_groups.Waves":
-        sched = self._schedule
-        gm = GroupMap(self.n_pes, sched.group_width or None)
-        return _groups.Waves(gm, sched.token_blocks or gm.width, sched.weight_blocks, sched.qp_policy,
-                             sched.num_qps)
-
-    def _hier_spec(self, prefix: np.ndarray, relay=None) -> "_hier.HierSpec":
-        _, views, offsets, remote, local = self._hier
-        return _hier.HierSpec(self.topology, views, offsets, remote, local, prefix, relay)
-
-    def _hier_combine_args(self, args: CombineArgs, handle: DispatchHandle) -> None:
-        """What the hierarchy combine reads about this PE's own tokens: the servers each went to, its row among
-        a server's records, and the rank mask of its own server's ranks."""
-        topo = self.topology
-        s, n = topo.server_size, topo.num_servers
-        mask = handle.is_token_in_rank
-        args.server_mask = mask.reshape(mask.shape[0], n, s).any(2)
-        args.server_pos = np.cumsum(args.server_mask, axis=0) - 1
-        lo = (self.me // s) * s
-        args.own_masks = (mask[:, lo:lo + s].astype(np.uint64) << np.arange(s, dtype=np.uint64)).sum(
-            1, dtype=np.uint64)
 
     @property
     def split_blocks(self) -> bool:
@@ -605,7 +541,7 @@ class Buffer:
         self.lanes.split_blocks = bool(value)
 
     def _launched(self, stats: CallStats, blocks: int) -> None:
-        """Note the main kernel's block count and the setting that chose it in ``stats``."""
+        """Note the main kernel's block count (what the family launched) and the setting that chose it."""
         stats.blocks_launched = blocks
         stats.split_blocks = self.lanes.split_blocks
 

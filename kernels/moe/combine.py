@@ -93,7 +93,6 @@ def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
     lanes, rb, u64 = a.lanes, a.xb.shape[1], np.uint64
     m = len(units)
     peers = np.fromiter((u.peer for u in units), np.intp, m)
-    qps = np.fromiter((u.qp for u in units), np.intp, m)
     if any(u.segments for u in units):  # a piece per (unit, run of channels) with rows, in posting order
         cols = np.array([(i, u.peer, c0, n) for i, u in enumerate(units) for c0, _, n in u.parts() if n],
                         np.int64).reshape(-1, 4).T
@@ -121,10 +120,8 @@ def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
     order = np.argsort(wp, kind="stable")  # piece by piece (so unit by unit): its rows, then its weights
     np.add.at(a.stats.peer_hidden_bytes, p_peer, ns * rb)
     t = timer.lap("build", t)
-    closes = np.fromiter((u.closes for u in units), bool, m)
-    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], p_unit[wp[order]],
-                       *(np.concatenate(x)[order] for x in (rmt, sge, length)), a.stats, close_kind=1, seq=a.seq,
-                       timer=timer)
+    lanes.submit_units(units, a.plan, (p_unit[wp[order]], *(np.concatenate(x)[order] for x in (rmt, sge, length))),
+                       a.stats, close_kind=1, seq=a.seq, timer=timer)
     return timer.lap("submit", t)
 
 

@@ -183,9 +183,6 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     ``_pieces``), the hidden rows (one WQE, or one per run of consecutive tokens), then each metadata region;
     the lane's completion after its closing unit."""
     v, lanes, rb = a.views, a.lanes, a.row_bytes
-    m = len(units)
-    peers = np.fromiter((u.peer for u in units), np.intp, m)
-    qps = np.fromiter((u.qp for u in units), np.intp, m)
     p_unit, p_peer, p_chan, p_lo, ns, src = _pieces(a, units, toks, split, wide_of)
     total = int(ns.sum())
     k = len(ns)
@@ -230,9 +227,8 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     rmt, sge, length = (np.concatenate([kd[i] for kd in kinds])[order] for i in (1, 2, 3))
     np.add.at(a.stats.peer_hidden_bytes, p_peer, ns * rb)
     t = timer.lap("build", t)
-    closes = np.fromiter((u.closes for u in units), bool, m)
-    lanes.submit_units(peers, qps, closes, a.plan.lane_rows[peers, qps], p_unit[wp[order]], rmt, sge, length,
-                       a.stats, close_kind=0, seq=a.seq, timer=timer)
+    lanes.submit_units(units, a.plan, (p_unit[wp[order]], rmt, sge, length), a.stats, close_kind=0, seq=a.seq,
+                       timer=timer)
     return timer.lap("submit", t)
 
 

@@ -135,22 +135,25 @@ class Lanes:
             return local
         return [u for units in plan.by_block for u in units[k] if u.peer != self.me] + local
 
-    def submit_units(self, peers: np.ndarray, qps: np.ndarray, closes: np.ndarray, lane_rows: np.ndarray,
-                     wqe_unit: np.ndarray, rmt_va: np.ndarray, sge_va: np.ndarray, length: np.ndarray, stats, *,
-                     close_kind: int, seq: int, timer=None) -> None:
-        """``submit`` of many units at once, unit i on lane (peers[i], qps[i]) (each lane at most once): the
-        one-BB WRITEs ``(rmt_va, sge_va, length)[j]`` of unit ``wqe_unit[j]`` (grouped by unit, each unit's in
-        its order), then, where ``closes[i]``, its lane's completion (record: ``lane_rows[i]`` rows, bytes,
-        WQEs, seq; signal ``signals[close_kind, me, qp]`` = seq). The WQEs of all units are built in one numpy
-        operation and posted with one ``RawQueues.post`` (a doorbell per lane): the same WQE bytes, in the same
-        order per lane, as ``submit`` of each unit."""
-        m, n = len(peers), len(wqe_unit)
+    def submit_units(self, units: list, plan, wqes: tuple, stats, *, close_kind: int, seq: int,
+                     timer=None) -> None:
+        """Post a round's ``units`` at once, unit i on its lane (each lane at most once): ``wqes`` = (``wqe_unit``,
+        ``rmt_va``, ``sge_va``, ``length``), the one-BB WRITEs of every unit (grouped by unit, each unit's in its
+        order; ``wqe_unit[j]``: the unit of WQE j), then, where a unit closes its lane, the lane's completion:
+        its record (the lane's rows in ``plan``, bytes, WQEs, seq), then the signal ``signals[close_kind, me,
+        qp]`` = seq on the peer (a WRITE_WITH_NOTIFY, fenced: ``FENCE_SO``). The WQEs of all units are built in
+        one numpy operation and posted with one ``RawQueues.post`` (a doorbell per lane)."""
+        wqe_unit, rmt_va, sge_va, length = wqes
+        m, n = len(units), len(wqe_unit)
+        peers = np.fromiter((u.peer for u in units), np.intp, m)
+        qps = np.fromiter((u.qp for u in units), np.intp, m)
+        closes = np.fromiter((u.closes for u in units), bool, m)
+        lane_rows = plan.lane_rows[peers, qps]
         lanes = self.lane_of[peers, qps]
         w = np.bincount(wqe_unit, minlength=m)
         nbytes = np.zeros(m, np.int64)
         if n:
             np.add.at(nbytes, wqe_unit, length.astype(np.int64))
-        closes = np.asarray(closes, bool)
         c = np.flatnonzero(closes)
         bbs = w + 2 * closes
         offs = np.cumsum(bbs) - bbs  # each unit's first BB in the batch

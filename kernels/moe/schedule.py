@@ -211,7 +211,6 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch
     """
     rows = np.asarray(rows, np.int64)
     n_channels = rows.shape[0]
-    n_qps = schedule.num_qps
     if n_channels == 1:
         order = None
         if servers is not None and schedule.rotate and len(set(np.asarray(servers).tolist())) > 1:
