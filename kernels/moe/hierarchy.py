@@ -301,6 +301,19 @@ def _server_barrier(a, h: HierSpec, kind: int, timer) -> None:
         shmemx.aclshmem_wait_until_all(flags[:, 0], GE, a.seq, status=status)
 
 
+def _meet_server(a, h: HierSpec, b: int, phase: int, timer, t: float) -> float:
+    """Every block of this PE done (``sync_all``), then this PE's server (block 0 in the server barrier of
+    ``phase``: 0 dispatch, 1 combine), then every block again: the blocks go on together after the server."""
+    shmemx.sync_all()
+    t = timer.lap("sync", t)
+    if b == 0:
+        _server_barrier(a, h, phase, timer)
+        t = timer.lap("wait", t)
+    shmemx.sync_all()
+    timer.count("syncs", 2)
+    return timer.lap("sync", t)
+
+
 def hier_dispatch_kernel(a, h: HierSpec, relay_out: list) -> None:
     """The body of every block (``shmemx.launch(hier_dispatch_kernel, N, a, h, relay_out)``); ``a`` is a
     ``dispatch.DispatchArgs``; ``relay_out[δ']`` receives what block δ' relayed (for the combine)."""
@@ -319,14 +332,8 @@ def hier_dispatch_kernel(a, h: HierSpec, relay_out: list) -> None:
         t, relay_out[b] = _relay_records(a, h, b, timer, t)
     else:
         t = _own_server(a, h, mine, timer, t)
-    shmemx.sync_all()
-    t = timer.lap("sync", t)
-    if b == 0:
-        _server_barrier(a, h, 0, timer)
-        t = timer.lap("wait", t)
-    shmemx.sync_all()
-    timer.count("syncs", 3)
-    t = timer.lap("sync", t)
+    t = _meet_server(a, h, b, 0, timer, t)
+    timer.count("syncs")
     sources = range(b, a.n_pes, topo.num_servers)
     for s in sources:
         t = fm_dispatch.copy_out(a, s, timer, t, credit=False)
@@ -369,8 +376,27 @@ def _rows_to_relays(a, h: HierSpec, b: int, timer, t: float) -> float:
 def _partials(a, h: HierSpec, dp: int, timer, t: float) -> float:
     """Phase 2 (block δ'): sum what this server's ranks returned for the tokens relayed from server δ' (for
     δ' = own server: this PE's own tokens), round once, send the partial to the source."""
-    topo, me, hv = h.topo, a.me, h.views
-    sigma, lane = me // topo.server_size, me % topo.server_size
+    topo, hv = h.topo, h.views
+    sigma = a.me // topo.server_size
+    acc, wacc = _sum_returned(a, h, dp)
+    n = len(acc)
+    if dp == sigma:
+        hv["partial_in"][sigma, :n] = acc
+        if wacc is not None:
+            hv["partial_w"][sigma, :n] = wacc
+        return timer.lap("epilogue", t)
+    hv["partial_send"][dp, :n] = acc
+    if wacc is not None:
+        hv["partial_send_w"][dp, :n] = wacc
+    t = timer.lap("epilogue", t)
+    return _send_partial(a, h, dp, n, wacc is not None, timer, t)
+
+
+def _sum_returned(a, h: HierSpec, dp: int) -> tuple:
+    """The float32 sums ``[n, H]`` (and of the weights ``[n, K]``, or None) of the rows this server's ranks
+    returned for the n tokens relayed from server δ' (own server: this PE's own tokens), lane by lane."""
+    topo, hv = h.topo, h.views
+    sigma = a.me // topo.server_size
     if dp == sigma:
         toks = np.flatnonzero(a.server_mask[:, sigma])
         masks = a.own_masks[toks]
@@ -386,22 +412,21 @@ def _partials(a, h: HierSpec, dp: int, timer, t: float) -> float:
             acc[bit] += hv["relay_cin"][dl, dp, :k].astype(np.float32)
             if wacc is not None:
                 wacc[bit] += hv["relay_cw"][dl, dp, :k]
+    return acc, wacc
+
+
+def _send_partial(a, h: HierSpec, dp: int, n: int, with_weights: bool, timer, t: float) -> float:
+    """Send the n partial sums staged for server δ' to its source (the same lane there): the rows (and
+    weights) in one batch with the end record and its fenced signal, one doorbell, then the quiet."""
+    topo, hv = h.topo, h.views
+    sigma, lane = a.me // topo.server_size, a.me % topo.server_size
     src = dp * topo.server_size + lane
-    if dp == sigma:
-        hv["partial_in"][sigma, :n] = acc
-        if wacc is not None:
-            hv["partial_w"][sigma, :n] = wacc
-        return timer.lap("epilogue", t)
-    hv["partial_send"][dp, :n] = acc
-    if wacc is not None:
-        hv["partial_send_w"][dp, :n] = wacc
-    t = timer.lap("epilogue", t)
     queue = a.lanes.queues[src, 0]
     rbase, lbase, off = int(h.remote_base[src]), h.local_base, h.offsets
     hb, rows_n = a.out_x.shape[1] * 2, hv["partial_in"].shape[1]
     rmt, sge, length = [rbase + off["partial_in"] + sigma * rows_n * hb], [lbase + off["partial_send"] + dp * rows_n * hb], [n * hb]
-    if wacc is not None:
-        wb = wacc.shape[1] * 4
+    if with_weights:
+        wb = a.weights.shape[1] * 4
         rmt.append(rbase + off["partial_w"] + sigma * rows_n * wb)
         sge.append(lbase + off["partial_send_w"] + dp * rows_n * wb)
         length.append(n * wb)
@@ -416,19 +441,15 @@ def _partials(a, h: HierSpec, dp: int, timer, t: float) -> float:
     wqes.append(np.frombuffer(queue.build(shmemx.Opcode.WRITE_WITH_NOTIFY, FENCE_SO.flag, sig + 64, sge_len=16,
                                           sge_va=lbase + off["end_record"] + dp * 64, notify_tid=tid,
                                           notify_token=token, notify_va=sig, notify_value=a.seq), np.uint8))
-    data = np.concatenate(wqes)
-    head = queue.reserve(len(data) // 64)
-    queue.write(head, data)
-    queue.ring_doorbell(head + len(data) // 64, cqes=len(rmt) + 1)
+    queue.post(np.concatenate(wqes), cqes=len(rmt) + 1)
     a.lanes.quiet(src, 0)
     st = a.stats
     st.lane_wqes[src, 0] += len(rmt) + 1
     st.lane_bytes[src, 0] += int(sum(length)) + 16
     st.peer_hidden_bytes[src] += n * hb
     st.round_dsts[1, src] = True
-    timer.count("so_writes")
-    timer.count("flag_writes")
-    timer.count("quiets")
+    for name in ("so_writes", "flag_writes", "quiets"):
+        timer.count(name)
     return timer.lap("quiet", t)
 
 
@@ -460,13 +481,7 @@ def hier_combine_kernel(a, h: HierSpec) -> None:
     topo = h.topo
     sigma = a.me // topo.server_size
     t = _rows_to_relays(a, h, b, timer, t)
-    shmemx.sync_all()
-    t = timer.lap("sync", t)
-    if b == 0:
-        _server_barrier(a, h, 1, timer)
-        t = timer.lap("wait", t)
-    shmemx.sync_all()
-    t = timer.lap("sync", t)
+    t = _meet_server(a, h, b, 1, timer, t)
     t = _partials(a, h, b, timer, t)
     if b != sigma:
         shmemx.aclshmem_wait_until(h.views["relay_end"][1, b, 0:1], GE, a.seq)
@@ -476,6 +491,6 @@ def hier_combine_kernel(a, h: HierSpec) -> None:
     _final_sum(a, h, int(a.bounds[b]), int(a.bounds[b + 1]))
     t = timer.lap("epilogue", t)
     shmemx.sync_all()
-    timer.count("syncs", 4)
+    timer.count("syncs", 2)
     timer.lap("sync", t)
     give_credits(a, [r for r in range(b, a.n_pes, topo.num_servers) if r != a.me], timer)
