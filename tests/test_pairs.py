@@ -230,3 +230,28 @@ def test_random_sequences_take_either_side_alike(run_job, no_leak):
     # the job exits 3; the normal engine runs each SQ in order, so both runs of a sequence land the same bytes)
     result = run_job(2, _sequences, 40, check=True, timeout=600)
     assert result.code in (0, EXIT_FINDINGS), result.report()
+
+
+def _fingerprints() -> None:
+    shmemx.init()
+    fp = runtime().udma.poster.fingerprint
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 40_000, dtype=np.uint8)
+    for n in (1, 7, 511, 1024, 5000, 40_000 - 3):
+        base = fp(data[:n])
+        for shift in (1, 8, 512, 777):  # the same bytes elsewhere (another alignment): the same fingerprint
+            moved = np.zeros(n + shift, np.uint8)
+            moved[shift:] = data[:n]
+            assert fp(moved[shift:]) == base, (n, shift)
+        for at in (0, n // 2, n - 1):  # one byte changed anywhere: another fingerprint
+            changed = data[:n].copy()
+            changed[at] ^= 1
+            assert fp(changed) != base, (n, at)
+    shmemx.finalize()
+
+
+def test_source_fingerprints_are_functions_of_the_bytes(run_ok):
+    """``--check`` fingerprints a WRITE's source at post and at its quiet (``_post.c``, ``fp_range``): the
+    value depends on the bytes alone (two writes of equal bytes from different sources compare equal), and a
+    change of any byte changes it."""
+    run_ok(1, _fingerprints)

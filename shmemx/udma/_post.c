@@ -53,6 +53,7 @@ typedef struct {
     Engine *engine;
     Events *ev;                       /* the event log while observed (set_events), else NULL */
     Pins *pins;                       /* per queue, while the log fingerprints sources */
+    FpCache fp;                       /* chunk fingerprints of the current native call (fp_range) */
     PyObject *ndarray;                /* numpy.ndarray */
     PyObject *alt;                    /* an ndarray subclass the heap arrays may have (accept), or NULL */
     PyObject *state_obj;              /* keeps the state block alive */
@@ -276,7 +277,7 @@ static void check_pins(Poster *p, uint32_t q, uint32_t tail, int64_t ts, long sl
     while (f && f->n) {
         Pin *x = &f->v[f->first];
         if ((uint32_t)(tail - x->end) >= 0x80000000u) break; /* not retired yet */
-        if (fingerprint(x->addr, x->len) != x->hash)
+        if (fp_range(&p->fp, x->addr, x->len) != x->hash)
             events_put(p->ev, ts, p->ev->k.src_changed, (int)slot, 0, site, (q / e->qp_num) | (q % e->qp_num) << 16,
                        x->pos, x->len, 0, 0, 0, 0);
         f->first = (f->first + 1) % f->cap;
@@ -325,7 +326,7 @@ static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int6
     if (src && op == (uint32_t)L->op_write && len <= 8) memcpy(&value, src, len);
     uint32_t bbs = notify || amo ? 2 : 1;
     if (src && (ev->mask & ev->k.fingerprints)) {
-        uint64_t hash = fingerprint(src, len);
+        uint64_t hash = fp_range(&p->fp, src, len);
         third = (uint32_t)hash;
         pin(p, q, pos + bbs, pos, src, len, hash);
     }
@@ -439,9 +440,15 @@ static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32
     return pos;
 }
 
+/* The start of a native call: fingerprints of sources kept from an earlier call may be stale now. */
+static inline void begin_call(Poster *p) {
+    if (p->ev && (p->ev->mask & p->ev->k.fingerprints)) fp_begin(&p->fp);
+}
+
 /* rw(remote, local, nelems, pe, qp_idx, opcode, flag, api, slot) -> BB position, or -1: take the Python path.
  * ``slot``: the calling thread's AIV block (waits.thread_slot), which becomes the submitter of a free queue. */
 static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 9) { PyErr_SetString(PyExc_TypeError, "rw takes 9 arguments"); return NULL; }
     long opcode = PyLong_AsLong(args[5]), flag = PyLong_AsLong(args[6]), api = PyLong_AsLong(args[7]);
     long slot = PyLong_AsLong(args[8]);
@@ -462,6 +469,7 @@ static PyObject *Poster_rw(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
  * WRITE_WITH_NOTIFY whose signal word (a 64-bit integer word in a live allocation of this heap, 8-aligned) is SET
  * to ``signal``. */
 static PyObject *Poster_notify(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "notify takes 10 arguments"); return NULL; }
     Engine *e = p->engine;
     const Layout *L = &e->L;
@@ -565,6 +573,7 @@ static int64_t store_wqes(Poster *p, long q, const uint8_t *src, uint32_t bbs, l
  * reserve + write + ring_doorbell). ``data``: whole BBs of already built WQEs for queue index ``q`` (a
  * C-contiguous buffer), stored as store_wqes does; one kick. */
 static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "wqes takes 5 arguments"); return NULL; }
     long q = PyLong_AsLong(args[0]), cqes = PyLong_AsLong(args[2]), api = PyLong_AsLong(args[3]);
     long slot = PyLong_AsLong(args[4]);
@@ -587,6 +596,7 @@ static PyObject *Poster_wqes(Poster *p, PyObject *const *args, Py_ssize_t nargs)
  * at the first segment ``wqes`` would refuse (the caller posts the rest through RawQueue.post, which takes the
  * Python path where needed); one kick for everything posted. */
 static PyObject *Poster_wqes_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "wqes_many takes 7 arguments"); return NULL; }
     long api = PyLong_AsLong(args[5]), slot = PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return NULL;
@@ -699,6 +709,7 @@ static int quiet_one(Poster *p, uint32_t q, long long spin_ns, long call, long s
 }
 
 static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "quiet takes 5 arguments"); return NULL; }
     Engine *e = p->engine;
     if (!PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) return PyLong_FromLong(-1);
@@ -714,6 +725,7 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
  * index ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
  * ``queues``, ``bits``: C-contiguous int64 buffers of one length. */
 static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "quiet_many takes 5 arguments"); return NULL; }
     Engine *e = p->engine;
     long long spin_ns = PyLong_AsLongLong(args[2]);
@@ -779,6 +791,7 @@ static int event_args(Poster *p, PyObject *const *args, Py_ssize_t nargs, Py_ssi
 /* emit_posted(q, head, bbs, api, slot, cqes): the events of WQEs the Python path wrote at [head, head + bbs) of
  * queue index q, before it rings their doorbell (what the native posts emit themselves). */
 static PyObject *Poster_emit_posted(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     long long a[6];
     if (event_args(p, args, nargs, 6, a) < 0) return NULL;
     if (p->ev && a[2] > 0) emit_posted(p, (uint32_t)a[0], (uint32_t)a[1], (uint32_t)a[2], (long)a[3], (long)a[4], (long)a[5]);
@@ -788,6 +801,7 @@ static PyObject *Poster_emit_posted(Poster *p, PyObject *const *args, Py_ssize_t
 /* emit_quiet(q, call, target, t0, slot, consumed): the events of a quiet of queue index q that the Python path
  * made (QueuePair.poll), after its CQEs and before the retire hook may drop a registration. */
 static PyObject *Poster_emit_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
+    begin_call(p);
     long long a[6];
     if (event_args(p, args, nargs, 6, a) < 0) return NULL;
     if (p->ev) emit_quiet(p, (uint32_t)a[0], (long)a[1], (uint32_t)a[2], a[3], (long)a[4], (uint32_t)a[5]);
@@ -798,7 +812,8 @@ static PyObject *Poster_emit_quiet(Poster *p, PyObject *const *args, Py_ssize_t 
 static PyObject *Poster_fingerprint(Poster *p, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    uint64_t h = fingerprint(view.buf, (uint64_t)view.len);
+    fp_begin(&p->fp);
+    uint64_t h = fp_range(&p->fp, view.buf, (uint64_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong(h);
 }
@@ -907,6 +922,7 @@ static void Poster_dealloc(Poster *p) {
     if (p->pins && p->engine)
         for (uint32_t k = 0; k < p->engine->n_slots; k++) free(p->pins[k].v);
     free(p->pins);
+    free(p->fp.slot);
     Py_XDECREF(p->ev);
     Py_XDECREF(p->alt);
     Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
