@@ -46,7 +46,7 @@ import time
 import numpy as np
 
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..udma.events import Kind, Log, POST_A, QUIET_A, WAIT_A
+from ..udma.events import BitFields, Kind, Log, POST_A, QUIET_A, WAIT_A
 from ..udma.layout import M32, opcode_name, wqe_bbs_of
 
 __all__ = ["Tracer", "merge_parts", "TRACE_DIR_ENV", "TRACE_T0_ENV"]
@@ -57,6 +57,7 @@ _TID_STRIDE = 100_000
 _QUEUE_TID = 1000
 _ENGINE_TID = 999
 _now = time.perf_counter_ns
+_PACKED = BitFields(block=8, opcode=8, nbytes=48)  # the third word of a queue's post record
 
 
 _DECISIONS = {1: ("piece", ("byte_lo", "byte_hi")), 2: ("hold queue", ("steps", "ns")),
@@ -114,7 +115,7 @@ class Tracer:
             elif kind == Kind.POST:
                 pos, _peer, _qp, op = POST_A.unpack(a)
                 self.queues.setdefault(queue_of.get(block, 0), array.array("q")).extend(
-                    (ts, pos, f << 16 | op << 8 | block))
+                    (ts, pos, _PACKED.pack(block=block, opcode=op, nbytes=f)))
             elif kind == Kind.QUIET:
                 peer, qp, call = QUIET_A.unpack(a)
                 self.spans.append((d, ts, block, "quiet", WaitCall(call).name.lower(), (peer, qp, c)))
@@ -224,7 +225,7 @@ class _Export:
         if not len(rows):
             return
         t_post, pos, packed = rows[:, 0], _unwrap(rows[:, 1]), rows[:, 2]
-        block, ops, nbytes = packed & 0xFF, packed >> 8 & 0xFF, packed >> 16
+        block, ops, nbytes = _PACKED.unpack(packed)
         bbs = wqe_bbs_of(ops)
         t0 = self.tr.t0
         if batches is not None and len(batches):

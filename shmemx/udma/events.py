@@ -44,7 +44,7 @@ from ..shm.segment import SHM_DIR, Segment, segment_name
 from ..shm.waits import thread_slot
 from . import _engine
 
-__all__ = ["Kind", "Mask", "BitFields", "POST_A", "LANE_A", "SIGNAL_A", "WAIT_A", "QUIET_A", "ACCESS_A", "RECORD",
+__all__ = ["Kind", "Mask", "BitFields", "POST_A", "POST_FLAGS", "MET_WORD", "LANE_A", "SIGNAL_A", "WAIT_A", "QUIET_A", "ACCESS_A", "RECORD",
            "RECORD_SIZE", "RECORD_DTYPE", "HEADER_SIZE", "DEFAULT_EVENTS", "EVENTS_ENV", "LOCAL_HEAP", "EventLog",
            "Access", "Watched", "Log", "read_log", "read_job_logs", "dtype_code", "log_size"]
 
@@ -170,6 +170,8 @@ class BitFields:
 
 
 POST_A = BitFields(pos=32, peer=16, qp=8, opcode=8)
+POST_FLAGS = BitFields(flag=8, api=7, local_heap=1)  # a POST record's flags
+MET_WORD = BitFields(i0=16, i1=16, i2=16, i3=16)  # four word indices in each of a MET record's a..e
 QUIET_A = BitFields(peer=16, qp=8, call=8)
 LANE_A = BitFields(peer=16, qp=16)
 SIGNAL_A = BitFields(pe=16, op=8, size=8)
@@ -307,7 +309,8 @@ class EventLog:
         met = [int(i) for i in met]
         for k in range(0, max(len(met), 1), 20):
             part = met[k:k + 20] + [0] * (20 - len(met[k:k + 20]))
-            words = [sum(part[j * 4 + i] << 16 * i for i in range(4)) for j in range(5)]
+            words = [MET_WORD.pack(i0=part[4 * j], i1=part[4 * j + 1], i2=part[4 * j + 2], i3=part[4 * j + 3])
+                     for j in range(5)]
             self.put(Kind.MET, *words, len(met[k:k + 20]), ts=ts)
 
     def _info(self, dtype, result: int, t0: int, extras, test: bool, ts: int, **unmet) -> None:

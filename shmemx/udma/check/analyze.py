@@ -40,7 +40,7 @@ from ...shm.control import WaitCall
 from ..layout import Odr
 from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, compact, order_matters,
                      same_bytes, word_value)
-from ..events import LOCAL_HEAP, Access, Kind, Log
+from ..events import LOCAL_HEAP, MET_WORD, POST_A, POST_FLAGS, QUIET_A, SIGNAL_A, WAIT_A, Access, Kind, Log
 from .report import Finding, Findings, Side, describe_wqe
 from .rules import OPS, Rules
 from .shadow import ReadRec, Shadow, State, WriteRec
@@ -100,7 +100,7 @@ class Analyzer(Rules):
                     # threads of the PE share the log and may have written records in between
                     at = wait_at.get(block)
                     if at is not None:
-                        words = [(w >> 16 * i) & 0xFFFF for w in (a, b, c, d, e) for i in range(4)][:f]
+                        words = [i for w in (a, b, c, d, e) for i in MET_WORD.unpack(w)][:f]
                         self.met.setdefault(at, []).extend(words)
                     continue
                 if kind == Kind.WAIT:
@@ -108,26 +108,28 @@ class Analyzer(Rules):
                 else:
                     wait_at.pop(block, None)
                 if kind == Kind.POST:
-                    peer, qp, op = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
+                    _, peer, qp, op = POST_A.unpack(a)
                     lanes.add((pe, peer, qp))
                     if op == NOTIFY:
                         sync[peer].add((d, 8))
                     elif op in (FAA, CAS):
                         sync[peer].add((b, f))
                 elif kind == Kind.QUIET:
-                    lanes.add((pe, a & 0xFFFF, a >> 16 & 0xFF))
+                    lanes.add((pe, *QUIET_A.unpack(a)[:2]))
                 elif kind == Kind.SIGNAL:
-                    sync[a & 0xFFFF].add((b, a >> 24 & 0xFF))
+                    tpe, _, size = SIGNAL_A.unpack(a)
+                    sync[tpe].add((b, size))
                 elif kind == Kind.WAIT:
-                    size, count = a >> 24 & 0xFF, d
-                    for k in range(min(count, 1 << 16)):
-                        sync[a & 0xFFFF].add((b + k * c, size))
-                if kind == Kind.ACCESS and not (a >> 16 & 1) and not (a >> 18 & 1):
-                    key = (site, a & 0xFFFF, b, c)
+                    wpe, _, size, _ = WAIT_A.unpack(a)
+                    for k in range(min(d, 1 << 16)):
+                        sync[wpe].add((b + k * c, size))
+                access = Access.unpack(a) if kind == Kind.ACCESS else None
+                if access is not None and not access.write and not access.approx:
+                    key = (site, access.pe, b, c)
                     if last.get(block) == key:
                         self.polls.add((pe, idx))
                         self.polls.add(last_idx[block])
-                        sync[a & 0xFFFF].add((b, min(c, 8)))
+                        sync[access.pe].add((b, min(c, 8)))
                     last[block] = key
                     last_idx[block] = (pe, idx)
                 else:
@@ -238,12 +240,12 @@ class Analyzer(Rules):
 
     def on_post(self, t: Thread, ts, pe, idx, r) -> None:
         _, _, block, flags, site, a, b, c, d, e, f, g = r
-        peer, qp, opcode = a >> 32 & 0xFFFF, a >> 48 & 0xFF, a >> 56
+        pos, peer, qp, opcode = POST_A.unpack(a)
         lane = self.lanes[(pe, peer, qp)]
         w = Wqe()
         w.lane, w.ti, w.clock, w.ts, w.site, w.pe = lane, t.ti, t.clock, ts, site, pe
-        w.opcode, w.flag, w.api = opcode, flags & 0xFF, flags >> 8 & 0x7F
-        w.pos = lane.unwrap(a & _M32)
+        w.opcode, w.flag, w.api = opcode, POST_FLAGS.field(flags, "flag"), POST_FLAGS.field(flags, "api")
+        w.pos = lane.unwrap(pos)
         w.end = w.pos + (2 if opcode in (NOTIFY, FAA, CAS) else 1)
         w.target, w.dst, w.length = peer, b, f
         w.local_heap, w.local = bool(flags & LOCAL_HEAP), c
@@ -294,7 +296,7 @@ class Analyzer(Rules):
     def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
         """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""
         a, tail_raw = r[5], r[6]
-        lane = self.lanes[(pe, a & 0xFFFF, a >> 16 & 0xFF)]
+        lane = self.lanes[(pe, *QUIET_A.unpack(a)[:2])]
         tail = lane.unwrap(tail_raw) if lane.wqes else tail_raw
         wqes = lane.wqes
         k = lane.reaped
@@ -423,7 +425,7 @@ class Analyzer(Rules):
 
     def on_signal(self, t: Thread, ts, pe, idx, r) -> None:
         a, off, value = r[5], r[6], r[9]
-        tpe, op, size = a & 0xFFFF, a >> 16 & 0xFF, a >> 24 & 0xFF
+        tpe, op, size = SIGNAL_A.unpack(a)
         self._sync_write(t, ts, tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(),
                          r[4], self.side(t.pe, t.block, r[4], f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} "
                                                               f"{word_value(value, size)})"))
@@ -431,7 +433,7 @@ class Analyzer(Rules):
 
     def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
         _, _, block, flags, site, a, b, c, d, e, f, g = r
-        wpe, cmp, size = a & 0xFFFF, a >> 16 & 0xFF, a >> 24 & 0xFF
+        wpe, cmp, size, _ = WAIT_A.unpack(a)
         seen = f | g << 32
         met = self.met.get((pe, idx))
         indices = range(d) if met is None else met

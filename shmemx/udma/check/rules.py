@@ -16,6 +16,7 @@ import bisect
 
 import operator
 
+from ..events import LANE_A
 from .clocks import NOTIFY, READ, Lane, Thread, Word, Wqe, apply_op, odr_text, word_value
 from .report import Finding, Side, describe_wqe
 from .shadow import ReadRec, State, WriteRec
@@ -46,7 +47,7 @@ class Rules:
     def on_claim(self, t: Thread, ts, pe, idx, r) -> None:
         """A post that SubmitterError refused (another block still owned the queue): two submitters."""
         a = r[5]
-        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
+        lane = self.lanes.get((pe, *LANE_A.unpack(a)))
         if lane is None or lane.last_user is None or not lane.wqes:
             return
         w = lane.wqes[-1]
@@ -63,7 +64,7 @@ class Rules:
 
     def on_unsubmitted(self, t: Thread, ts, pe, idx, r) -> None:
         a, pending = r[5], r[6]
-        peer, qp = a & 0xFFFF, a >> 16 & 0xFF
+        peer, qp = LANE_A.unpack(a)
         self.add(Finding(
             "unfinished-work", self.side(pe, t.block, r[4], f"deferred {pending} WQE{'s' if pending != 1 else ''} "
                                                            f"(aclshmemx_defer_t) to pe {peer} qp {qp}"),
@@ -91,7 +92,7 @@ class Rules:
 
     def on_src_changed(self, t: Thread, ts, pe, idx, r) -> None:
         a, pos = r[5], r[6]
-        lane = self.lanes.get((pe, a & 0xFFFF, a >> 16 & 0xFF))
+        lane = self.lanes.get((pe, *LANE_A.unpack(a)))
         if lane is None:
             return
         w = lane.by_pos.get(pos) or next((x for x in reversed(lane.wqes) if x.pos & 0xFFFF_FFFF == pos), None)
