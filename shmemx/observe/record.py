@@ -12,11 +12,15 @@ where                              what (one row of ten int64 per event, in the 
                                    VALUE row for each payload of at most 32 bytes (a flag or generation number
                                    written as data: its source bytes, so that a replay knows what it writes)
 ``QueuePair.poll``                 QUIET: queue, the CQE count it waits for
-``shm.barrier.barrier``            BARRIER: which call, its number
+``shm.barrier.barrier``            BARRIER: which call, its number (``team_barrier``: its job-wide key, and the
+                                   team's start, stride and size)
 ``api.signals``                    WAIT / TEST: the words (pe, offset, stride, dtype, count), the comparison,
                                    the value, and the result the call returned; SIGNAL (``signal_op``)
 ``api.rma`` MTE copies             MTE: the peer, its heap offset, bytes, direction (and a VALUE row if small);
                                    MTE_QUIET (``aclshmemx_mte_quiet``: the thread's copies are complete)
+``api.sdma`` SDMA copies           SDMA: the peer, its heap offset, bytes, direction (and a VALUE row if small),
+                                   on the calling block's channel; SDMA_QUIET (the block's channel is done);
+                                   SDMA_NOTIFY (a notify record on the block's channel)
 ``api.blocks``                     LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
 ``api.inspection``                 REGION enter and exit, COMPUTE (``shmemx.compute(us=...)``)
 =================================  ===========================================================================
@@ -63,7 +67,7 @@ class Ev(enum.IntEnum):
     TEST = 4  # as WAIT (a non-blocking test: the result is what it returned)
     SIGNAL = 5  # pe, offset, dtype code, op (0 SET, 1 ADD), value
     MTE = 6  # pe, heap offset, bytes, 1 put / 0 get
-    BARRIER = 7  # call, number
+    BARRIER = 7  # call, number (a team barrier: barrier_key(uid, number), start, stride, size; else 0, 0, 0)
     REGION = 8  # name id, 1 enter / 0 exit
     COMPUTE = 9  # microseconds (the float64's bits), name id
     LAUNCH = 10  # launch id, block_dim
@@ -72,6 +76,9 @@ class Ev(enum.IntEnum):
     JOIN = 13  # launch id
     VALUE = 14  # BB position (MTE: -1), bytes, then up to four u64 words: a small payload's bytes (after its POST)
     MTE_QUIET = 15  # (no fields): the calling thread's MTE copies so far are complete (format /2 on)
+    SDMA = 16  # pe, heap offset, bytes, 1 put / 0 get: a copy on the calling thread's SDMA channel
+    SDMA_QUIET = 17  # (no fields): the calling thread's SDMA copies so far are complete
+    SDMA_NOTIFY = 18  # (no fields): a notify record on the calling thread's SDMA channel
 
 
 SMALL_PAYLOAD = 32  # payloads up to this many bytes (flags, generation numbers) are recorded with their value
@@ -160,8 +167,9 @@ class Recorder:
     def quiet(self, q, target: int, call: int) -> None:
         self._add(Ev.QUIET, q.index, target, int(call))
 
-    def barrier(self, call: int, number: int) -> None:
-        self._add(Ev.BARRIER, int(call), number)
+    def barrier(self, call: int, number: int, team: tuple | None = None) -> None:
+        """A barrier of the job, or with ``team`` = (start, stride, size) one of a team (``number`` its key)."""
+        self._add(Ev.BARRIER, int(call), number, *(team or ()))
 
     def wait(self, call: int, pe: int, offset: int, stride: int, dtype: np.dtype, count: int, cmp: int, value: int,
              result: int, *, test: bool = False, active=None, values=None) -> None:
@@ -189,6 +197,19 @@ class Recorder:
 
     def mte_quiet(self) -> None:
         self._add(Ev.MTE_QUIET)
+
+    def sdma(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
+        """An SDMA copy posted on the calling thread's channel (as ``mte``: a small put's source is recorded)."""
+        self._add(Ev.SDMA, pe, offset, nbytes, int(put))
+        if put and src is not None and nbytes <= SMALL_PAYLOAD:
+            self._rows().extend(_value_row(-1, np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:nbytes]
+                                           .tobytes()))
+
+    def sdma_quiet(self) -> None:
+        self._add(Ev.SDMA_QUIET)
+
+    def sdma_notify(self) -> None:
+        self._add(Ev.SDMA_NOTIFY)
 
     def region(self, name: str, enter: bool) -> None:
         self._add(Ev.REGION, self._name(name), int(enter))
