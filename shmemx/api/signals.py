@@ -1,7 +1,8 @@
 """Signals and point-to-point waits: signal_op, signal_wait_until, wait_until, test and the all/any/some family.
 
-A signal or wait word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; the view's
-dtype decides the word size and the comparison. ``aclshmemx_signal_op`` stores into the target PE's heap
+A signal word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; a wait word may also
+be int8, uint8, int16, uint16 or float32 (the typed waits of CANN's P2P types); the view's dtype decides the word
+size and the comparison (float32 words compare as floats; their comparison values are rounded to float32). ``aclshmemx_signal_op`` stores into the target PE's heap
 directly (as MTE does on the device): SET is one aligned store, ADD an atomic add, then the target's wake word is
 bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the
 wake word of the PE whose memory holds the word (the calling PE's own, or a peer's when the view came from
@@ -51,8 +52,12 @@ ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP
 ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
 
 _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)  # by ACLSHMEM_CMP_*
-_WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
-_BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES}
+_SIGNAL_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}  # what signal_op stores or adds to
+_WORD_DTYPES = _SIGNAL_DTYPES | {np.dtype(t) for t in ("<i1", "<u1", "<i2", "<u2", "<f4")}  # what waits read
+_F32 = np.dtype("<f4")
+_FLOAT_KIND = 8  # WORD_KINDS of float32
+_BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES - {_F32}}
+_BOUNDS[_F32] = (-float("inf"), float("inf"))
 _U64 = 2**64 - 1
 
 
@@ -80,7 +85,16 @@ class _Word:
                  "kind")
 
 
-_FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q"}
+_FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q",
+            np.dtype("<i1"): "b", np.dtype("<u1"): "B", np.dtype("<i2"): "h", np.dtype("<u2"): "H", _F32: "f"}
+
+
+def raw_bits(dtype: np.dtype, value) -> int:
+    """A comparison value as the integer the native waits and the recorders take: the value itself for integer
+    words, the IEEE bits for float32 words."""
+    if dtype == _F32:
+        return int(np.array(value, _F32).view(np.uint32))
+    return int(value)
 _cache: dict[int, _Word] = {}
 _heap_words: dict[tuple[int, str], memoryview] = {}  # (pe, format) -> that PE's heap as words
 _cache_heap = None  # the heap the caches belong to (a new init starts new caches)
@@ -107,8 +121,8 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"pe {rt.my_pe}: {what} must be a heap array view, got {type(arr).__name__}")
     if arr.dtype not in _WORD_DTYPES:
-        raise TypeError(f"pe {rt.my_pe}: {what} has dtype {arr.dtype}; signal and wait words are int32, uint32, "
-                        f"int64 or uint64")
+        raise TypeError(f"pe {rt.my_pe}: {what} has dtype {arr.dtype}; signal words are int32, uint32, int64 or "
+                        f"uint64, and wait words also int8, uint8, int16, uint16 or float32")
     if arr.size == 0:
         raise ValueError(f"pe {rt.my_pe}: {what} is empty")
     pe, offset = heap.locate(arr, what)
@@ -139,7 +153,13 @@ def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
 
 
 def _as_int(rt, value, dtype: np.dtype, what: str) -> int:
-    """``value`` as an int that fits the word's dtype; ValueError quoting it when it does not."""
+    """``value`` as an int that fits the word's dtype (a float32 word: the value rounded to float32); ValueError
+    quoting it when it does not."""
+    if dtype == _F32:
+        try:
+            return float(np.float32(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} is not a number") from None
     if type(value) is int:
         v = value
     else:
@@ -183,6 +203,9 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
+    if w.dtype not in _SIGNAL_DTYPES:
+        raise TypeError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_addr has dtype {w.dtype}; signal words are "
+                        f"int32, uint32, int64 or uint64")
     value = _word_value(rt, w, signal, "aclshmemx_signal_op")
     if rt.chaos is not None:
         rt.chaos.jitter()
@@ -200,6 +223,11 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         rt.chaos.after_release()
     if rt.recorder is not None:
         rt.recorder.signal(pe, w.offset, w.dtype, sig_op, value)
+
+
+def _raw(w: _Word, value) -> int:
+    """``raw_bits`` of a value of word ``w`` (integer words: the value)."""
+    return value if w.kind != _FLOAT_KIND else raw_bits(_F32, value)
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -221,13 +249,15 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     if rt.checker is not None or rt.chaos is not None:
         v = _checked_wait(rt, call, name, w, op, cmp, target)
         if rt.checker is not None:  # an acquire: recorded after the word met the condition
-            rt.checker.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v)
+            rt.checker.wait(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, _raw(w, target),
+                            _raw(w, v))
         return v
     if not rt.udma.observed:  # no recorder needs per-event calls (DataPlane.refresh_fast_paths)
         if op(v, target):  # met already: nothing to record
             return v
-        return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
-                             Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+        return block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, _raw(w, target),
+                             Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=_raw(w, target) & _U64,
+                                  dtype=w.dtype_str),
                              lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     seen = [v]  # observed: the generic wait, which records the wait (or its instant) in the trace
 
@@ -238,10 +268,12 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
             return True
         return False
 
-    block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+    block_until(rt, ready, Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=_raw(w, target) & _U64,
+                                dtype=w.dtype_str),
                 lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"), sleep=Sleep.wake(w.pe))
     if rt.recorder is not None:
-        rt.recorder.wait(call, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, seen[0])
+        rt.recorder.wait(call, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, _raw(w, target),
+                         _raw(w, seen[0]))
     return seen[0]
 
 
@@ -250,8 +282,9 @@ def _checked_wait(rt, call: WaitCall, name: str, w: _Word, op, cmp: int, target:
     words, idx = w.words, w.idx
     v = words[idx]
     if not op(v, target):
-        v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
-                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+        v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, _raw(w, target),
+                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=_raw(w, target) & _U64,
+                               dtype=w.dtype_str),
                           lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     if rt.chaos is not None:
         rt.chaos.jitter()
@@ -277,10 +310,11 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     v = w.words[w.idx]
     met = _OPS[cmp](v, target)
     if met and rt.checker is not None:
-        rt.checker.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp, target, v,
-                        test=True)
+        rt.checker.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype.itemsize, cmp,
+                        _raw(w, target), _raw(w, v), test=True)
     if rt.recorder is not None:
-        rt.recorder.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, target, int(met), test=True)
+        rt.recorder.wait(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, w.dtype, 1, cmp, _raw(w, target),
+                         int(met), test=True)
     return met
 
 
@@ -329,7 +363,7 @@ class _Words:
                 f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
 
     def block(self, rt, call: WaitCall, ready) -> None:
-        value = int(self.values) if np.ndim(self.values) == 0 else 0
+        value = raw_bits(self.ivars.dtype, self.values) if np.ndim(self.values) == 0 else 0
         wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
                     dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
         if rt.chaos is not None:
@@ -352,7 +386,7 @@ class _Words:
         ready = lambda: bool(np.all(self.matches() | ~self.active))  # noqa: E731 (the spin's predicate)
         if ready():
             return True
-        target = int(self.values)
+        target = raw_bits(ivars.dtype, self.values)
         wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=target & _U64,
                     dtype=ivars.dtype.str.encode(), count=len(ivars))
         block_on_words(rt, rt.heap.segments[self.pe].addr + self.offset, max(stride, 1),
@@ -367,7 +401,7 @@ class _Words:
         if not len(self.ivars) or not len(met):
             return
         stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
-        value = int(self.values) if np.ndim(self.values) == 0 else 0
+        value = raw_bits(self.ivars.dtype, self.values) if np.ndim(self.values) == 0 else 0
         rt.checker.wait(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.itemsize, self.cmp, value,
                         test=test, met=met)
 
@@ -376,9 +410,10 @@ class _Words:
         vector = np.ndim(self.values) != 0
         stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
         rt.recorder.wait(call, self.pe, self.offset, stride, self.ivars.dtype, len(self.ivars), self.cmp,
-                         0 if vector else int(self.values), result, test=test,
+                         0 if vector else raw_bits(self.ivars.dtype, self.values), result, test=test,
                          active=None if self.active.all() else self.active,
-                         values=self.values if vector else None)
+                         values=(self.values.view(np.uint32) if self.values.dtype == _F32 else self.values)
+                         if vector else None)
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
