@@ -232,7 +232,8 @@ class Buffer:
         return new
 
     def _alloc_hier(self) -> None:
-        """The hierarchy's regions (collective; once): relay records, end flags, IPC flags, combine partials."""
+        """The hierarchy's regions and server team (collective; once): relay records, end flags, combine
+        partials."""
         layout = _hier.plan_hier_workspace(topo=self.topology, max_tokens=self.max_tokens, hidden=self.hidden,
                                           num_topk=self.num_topk)
         try:
@@ -243,7 +244,7 @@ class Buffer:
                 f"({layout.total / 2**20:.1f} MiB) more on every PE: start the job with a larger --heap-size "
                 f"({exc})") from None
         views = layout.views(block)
-        for name in ("relay_end", "ipc_flags", "relay_in"):
+        for name in ("relay_end", "relay_in"):
             views[name][...] = 0
         remote = np.zeros(self.n_pes, np.uint64)
         local = 0
@@ -253,8 +254,17 @@ class Buffer:
                 local = queue.local_va(block)
         if not self.lanes.queues:
             local = 0
-        self._hier = (block, views, {n: r.offset for n, r in layout.regions.items()}, remote, local)
+        self._hier = (block, views, {n: r.offset for n, r in layout.regions.items()}, remote, local,
+                      self._server_team())
         shmemx.aclshmem_barrier_all()  # every PE's regions are zero before anyone writes into them
+
+    def _server_team(self) -> int:
+        """The team of this PE's server (collective: one split of the world per server, as split_2d's rows)."""
+        size, mine = self.topology.server_size, shmemx.ACLSHMEM_TEAM_INVALID
+        for start in range(0, self.n_pes, size):
+            team = shmemx.aclshmem_team_split_strided(shmemx.ACLSHMEM_TEAM_WORLD, start, 1, size)
+            mine = team if team != shmemx.ACLSHMEM_TEAM_INVALID else mine
+        return mine
 
     @property
     def last_stats(self) -> CallStats | None:
@@ -570,8 +580,8 @@ class Buffer:
                              sched.num_qps)
 
     def _hier_spec(self, prefix: np.ndarray, relay=None) -> "_hier.HierSpec":
-        _, views, offsets, remote, local = self._hier
-        return _hier.HierSpec(self.topology, views, offsets, remote, local, prefix, relay)
+        _, views, offsets, remote, local, team = self._hier
+        return _hier.HierSpec(self.topology, views, offsets, remote, local, prefix, relay, team)
 
     def _hier_combine_args(self, args: CombineArgs, handle: DispatchHandle) -> None:
         """What the hierarchy combine reads about this PE's own tokens: the servers each went to, its row among
@@ -721,6 +731,8 @@ class Buffer:
         """Free the workspace (collective; idempotent)."""
         if not self.closed:
             self.closed = True
+            if self._hier is not None:
+                shmemx.aclshmem_team_destroy(self._hier[5])
             shmemx.aclshmem_free(self._block)
 
     def __enter__(self) -> "Buffer":
