@@ -34,6 +34,7 @@ from ..shm import teams as table
 from ..shm.barrier import TeamShape, barrier, team_barrier
 from ..shm.control import MAX_TEAMS, WaitCall
 from .blocks import get_block_idx, sync_all
+from .log import LogLevel, log
 
 __all__ = [
     "ACLSHMEM_TEAM_INVALID", "ACLSHMEM_TEAM_WORLD", "ACLSHMEM_MAX_TEAMS", "aclshmem_team_config_t", "TeamInfo",
@@ -198,6 +199,7 @@ def aclshmem_team_split_strided(parent_team: int, pe_start: int, pe_stride: int,
     if index < 0:
         return ACLSHMEM_TEAM_INVALID
     _teams(rt)[slot] = _Team(shape, index, config=aclshmem_team_config_t(uniqueid=shape.uid))
+    log(LogLevel.INFO, rt.my_pe, f"{what}: created team {slot} ({shape}), team pe {index} here")
     return slot
 
 
@@ -239,6 +241,7 @@ def aclshmem_team_destroy(team: int) -> None:
     del _teams(rt)[team]
     if t.my_index == 0:
         table.release(rt.ctl, t.shape.slot)
+    log(LogLevel.INFO, rt.my_pe, f"{what}: destroyed team {team}")
 
 
 def aclshmem_team_my_pe(team: int) -> int:
