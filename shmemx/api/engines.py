@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from ..runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                        runtime)
 from .blocks import UB_SIZE
-from .checks import as_index
+from .checks import as_index, check_pe
 
-__all__ = ["Engine", "ranks_per_server", "server_of", "engine_for", "aclshmemx_set_mte_config",
+__all__ = ["Engine", "ranks_per_server", "server_of", "engine_for", "engine_of", "aclshmemx_set_mte_config",
            "aclshmemx_set_udma_config", "aclshmemx_set_sdma_config", "ub_config", "UbConfig",
            "RANKS_PER_SERVER_ENV", "ACLSHMEM_UDMA_MTE_STAGING_UB_SIZE", "ACLSHMEM_SDMA_FLAG_LENGTH"]
 
@@ -101,6 +101,13 @@ def engine_for(rt, what: str, pe: int) -> Engine:
                          f"data_op_engine_type={rt.engine_type:#x}: only UDMA (8) crosses servers here, and MTE, "
                          f"SDMA or UDMA reach the own server)")
     return engine
+
+
+def engine_of(pe: int) -> Engine:
+    """The engine the high-level calls of this PE use for PE ``pe`` (ValueError when none reaches it): for
+    programs that complete ``_nbi`` calls themselves (``aclshmemx_udma_quiet(pe)`` after UDMA ones)."""
+    rt = runtime()
+    return engine_for(rt, "engine_of", check_pe(rt, "engine_of", pe))
 
 
 @dataclass(frozen=True)
