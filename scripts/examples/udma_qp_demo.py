@@ -12,8 +12,8 @@
   ``((pe + 1) << 32) | (b + 1)`` (``aclshmemx_udma_qp_put_signal_nbi``).
 
 Each block then quiets its own QP (``aclshmemx_udma_qp_quiet``). The kernel runs on an emulated stream between two
-``aclshmemx_barrier_all_on_stream`` calls, as CANN's newer demo does, then ``aclrtSynchronizeStream``. Byte i of PE p's ``src`` is
-``((p + 1) * 37 + i % 251) & 0xFF``; ``dst`` must equal the previous PE's pattern (put, put_signal) or the next
+``aclshmemx_barrier_all_on_stream`` calls, as CANN's newer demo does, then ``aclrtSynchronizeStream``. Byte i of PE
+p's ``src`` is ``((p + 1) * 37 + i % 251) & 0xFF``; ``dst`` must equal the previous PE's pattern (put, put_signal) or the next
 PE's (get). Prints ``[PASS] op=... pe=... elements=...`` or ``[FAIL] ...`` per PE; exits 0 only if all pass.
 """
 

@@ -2,7 +2,8 @@
 
 A signal word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; a wait word may also
 be int8, uint8, int16, uint16 or float32 (the typed waits of CANN's P2P types); the view's dtype decides the word
-size and the comparison (float32 words compare as floats; their comparison values are rounded to float32). ``aclshmemx_signal_op`` stores into the target PE's heap
+size and the comparison (float32 words compare as floats; their comparison values are rounded to float32).
+``aclshmemx_signal_op`` stores into the target PE's heap
 directly (as MTE does on the device): SET is one aligned store, ADD an atomic add, then the target's wake word is
 bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the
 wake word of the PE whose memory holds the word (the calling PE's own, or a peer's when the view came from

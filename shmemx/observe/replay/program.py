@@ -139,8 +139,8 @@ def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int
     return ops
 
 
-_WIDTH = {Ev.MTE_QUIET: 1, Ev.SDMA: 5, Ev.SDMA_QUIET: 1, Ev.SDMA_NOTIFY: 1, Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 6, Ev.REGION: 3, Ev.COMPUTE: 3,
-          Ev.LAUNCH: 3, Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2}
+_WIDTH = {Ev.MTE_QUIET: 1, Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 6, Ev.REGION: 3, Ev.COMPUTE: 3,
+          Ev.LAUNCH: 3, Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2, Ev.SDMA: 5, Ev.SDMA_QUIET: 1, Ev.SDMA_NOTIFY: 1}
 
 
 def _words(part, row: list, test: bool) -> Words:
