@@ -37,10 +37,13 @@ def _origin(pe: int, n: int, dtype) -> np.ndarray:
 
 
 def _quiet_all(me: int, peers: list[int]) -> None:
-    rt_pe = shmemx.ranks_per_server()
+    """Complete this thread's _nbi calls: UDMA ones to each peer, SDMA ones of its channel."""
     for p in peers:
-        if p != me and p // rt_pe != me // rt_pe:
+        engine = shmemx.engine_of(p)
+        if engine == shmemx.Engine.UDMA:
             shmemx.aclshmemx_udma_quiet(p)
+        elif engine == shmemx.Engine.SDMA:
+            shmemx.aclshmemx_sdma_quiet()
 
 
 def _rma_job(mask: int):
