@@ -149,3 +149,16 @@ def test_sdma_copy_replays(run_job, tmp_path):
     steps = doc["critical_path"]["steps"]
     assert any("SDMA copy" in s["where"] + s.get("detail", "") for s in steps), steps
     assert not doc["warnings"], doc["warnings"]
+
+
+def _quiet_where_nothing_reaches_job():
+    me, n = _init(MTE | SDMA)  # servers of 2: the other server is reached by nothing
+    shmemx.aclshmemx_quiet_on_stream()
+    assert shmemx.aclrtSynchronizeStream() == 0
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_quiet_on_stream_skips_unreachable_pes(run_ok, monkeypatch):
+    monkeypatch.setenv("SHMEMX_RANKS_PER_SERVER", "2")
+    run_ok(4, _quiet_where_nothing_reaches_job, timeout=60)

@@ -91,6 +91,11 @@ def _table(rt) -> list[Engine | None]:
     return _routes["table"]
 
 
+def reaching(rt, pe: int) -> Engine | None:
+    """The engine of ``pe`` (checked by the caller), None when no enabled engine reaches it."""
+    return _table(rt)[pe]
+
+
 def engine_for(rt, what: str, pe: int) -> Engine:
     """The engine a high-level call to ``pe`` (checked by the caller) uses; ValueError when none reaches it."""
     engine = _table(rt)[pe]

@@ -35,7 +35,7 @@ from ..runtime import runtime
 from ..shm.control import WaitCall
 from ..shm.waits import Sleep, Wait, block_until
 from .blocks import launch
-from .engines import Engine, engine_for
+from .engines import Engine, reaching
 from .generic_rma import aclshmem_getmem, aclshmem_putmem
 from .host import aclshmem_barrier_all
 from .log import LogLevel, log
@@ -173,7 +173,7 @@ def aclshmemx_signal_wait_until_on_stream(sig_addr, cmp: int, cmp_val: int,
 def _quiet_peers(peers) -> None:
     rt = runtime()
     for pe in peers:
-        if pe != rt.my_pe and engine_for(rt, "aclshmemx_quiet_on_stream", pe) is Engine.UDMA:
+        if pe != rt.my_pe and reaching(rt, pe) is Engine.UDMA:  # (nothing was sent where nothing reaches)
             aclshmemx_udma_quiet(pe)
     if rt.sdma is not None:
         aclshmemx_sdma_quiet()
