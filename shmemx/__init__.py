@@ -9,9 +9,10 @@ shared-memory substrate), ``udma`` (the emulated data plane), ``observe`` (count
 import sys as _sys
 
 from .errors import (ClosedError, CompletionError, HeapExhaustedError, InternalError, NotInitializedError,
-                     PeerFailedError, ShmemError, SubmitterError, SymmetryError, WaitTimeoutError)
-from .api.memory import (HeapInfo, aclshmem_align, aclshmem_calloc, aclshmem_free, aclshmem_malloc, aclshmem_ptr,
-                         array, empty, full, heap_info, prefault, zeros)
+                     PeerFailedError, ShmemError, StreamError, SubmitterError, SymmetryError, WaitTimeoutError)
+from .api.memory import (DEVICE_SIDE, HOST_SIDE, HeapInfo, aclshmem_align, aclshmem_calloc, aclshmem_free,
+                         aclshmem_malloc, aclshmem_ptr, aclshmemx_align, aclshmemx_calloc, aclshmemx_free,
+                         aclshmemx_get_heap_base, aclshmemx_malloc, array, empty, full, heap_info, prefault, zeros)
 from .runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                       ACLSHMEMX_INIT_WITH_DEFAULT, InitAttr, OptionalAttr, is_initialized)
 from .api.signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
@@ -38,6 +39,22 @@ from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_
                          launch, sync_all)
 from .api.raw import RawQueue, RawQueues, aclshmemx_udma_raw_queue
 from .api.inspection import compute, count, native_access, region, stats
+from .api import (engines as _engines, generic_rma as _generic_rma, generic_signals as _generic_signals,
+                  lifecycle as _lifecycle, log as _log, mte_atomics as _mte_atomics, sdma as _sdma,
+                  streams as _streams, teams as _teams, typed_atomics as _typed_atomics, typed_waits as _typed_waits,
+                  udma_relay as _udma_relay)
+from .api.engines import *  # noqa: F401,F403 (each module's __all__, listed in __all__ below)
+from .api.generic_rma import *  # noqa: F401,F403
+from .api.generic_signals import *  # noqa: F401,F403
+from .api.typed_waits import *  # noqa: F401,F403
+from .api.mte_atomics import *  # noqa: F401,F403
+from .api.typed_atomics import *  # noqa: F401,F403
+from .api.streams import *  # noqa: F401,F403
+from .api.lifecycle import *  # noqa: F401,F403
+from .api.log import *  # noqa: F401,F403
+from .api.udma_relay import *  # noqa: F401,F403
+from .api.sdma import *  # noqa: F401,F403
+from .api.teams import *  # noqa: F401,F403
 from .observe.counters import JobStats
 from .api.host import (aclshmem_barrier_all, aclshmem_finalize, aclshmem_my_pe, aclshmem_n_pes, aclshmem_sync_all,
                        aclshmemx_init_attr, aclshmemx_set_qp_num, finalize, init, my_pe, n_pes, qp_num)
@@ -50,7 +67,7 @@ __version__ = "0.1.0"
 __all__ = [
     # errors
     "ShmemError", "NotInitializedError", "ClosedError", "SymmetryError", "HeapExhaustedError", "WaitTimeoutError",
-    "PeerFailedError", "CompletionError", "SubmitterError", "InternalError",
+    "PeerFailedError", "CompletionError", "SubmitterError", "InternalError", "StreamError",
     # host
     "init", "finalize", "my_pe", "n_pes", "InitAttr", "OptionalAttr", "is_initialized",
     "aclshmemx_init_attr", "aclshmem_finalize", "aclshmem_my_pe", "aclshmem_n_pes", "aclshmemx_set_qp_num", "qp_num",
@@ -60,6 +77,8 @@ __all__ = [
     # memory
     "aclshmem_malloc", "aclshmem_calloc", "aclshmem_align", "aclshmem_free", "aclshmem_ptr",
     "empty", "zeros", "full", "array", "prefault", "heap_info", "HeapInfo",
+    "HOST_SIDE", "DEVICE_SIDE", "aclshmemx_malloc", "aclshmemx_calloc", "aclshmemx_align", "aclshmemx_free",
+    "aclshmemx_get_heap_base",
     # signals and waits
     "ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT", "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT",
     "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD",
@@ -88,4 +107,18 @@ __all__ = [
     "RawQueue", "RawQueues", "aclshmemx_udma_raw_queue",
     # inspection: trace regions, counters
     "region", "count", "stats", "JobStats", "compute", "native_access",
+    # teams
+    *_teams.__all__,
+    # engine choice and UB configs; SDMA
+    *_engines.__all__, *_sdma.__all__,
+    # engine-agnostic RMA: putmem/getmem, typed and sized
+    *_generic_rma.__all__, *_generic_signals.__all__,
+    # typed waits and tests
+    *_typed_waits.__all__,
+    # MTE atomics, typed atomics
+    *_mte_atomics.__all__, *_typed_atomics.__all__,
+    # streams; the rest of init; logging
+    *_streams.__all__, *_lifecycle.__all__, *_log.__all__,
+    # UDMA relay
+    *_udma_relay.__all__,
 ]

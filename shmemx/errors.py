@@ -21,6 +21,7 @@ __all__ = [
     "CompletionError",
     "SubmitterError",
     "InternalError",
+    "StreamError",
 ]
 
 
@@ -68,6 +69,20 @@ class SubmitterError(ShmemError):
 
 class InternalError(ShmemError):
     """An invariant of shmemx itself broke; please report it with the message."""
+
+
+class StreamError(ShmemError):
+    """An operation queued on an emulated ``aclrtStream`` failed; raised by the synchronize that ran it.
+
+    Attributes:
+        operation: what it was (``"aclshmemx_putmem_on_stream(pe=3)"``); index: its position in the stream
+        (from 0, since the stream was created). The failure itself is ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, operation: str = "", index: int = -1):
+        super().__init__(message)
+        self.operation = operation
+        self.index = index
 
 
 class CompletionError(ShmemError):

@@ -66,7 +66,8 @@ ACLSHMEM_MAX_QP_NUM = 32
 DEFAULT_HEAP_SIZE = 1 << 30  # NVSHMEM's default symmetric heap; sparse: untouched pages cost nothing
 DEFAULT_TIMEOUT = 120.0
 
-_ENGINES = {ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_UDMA}
+# data_op_engine_type is a bit mask of the engines (CANN: MTE | SDMA for its double-plane MoE examples)
+_ENGINE_MASK = ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_SDMA | ACLSHMEM_DATA_OP_ROCE | ACLSHMEM_DATA_OP_UDMA
 
 
 def parse_size(text) -> int:
@@ -85,7 +86,8 @@ def parse_size(text) -> int:
 
 @dataclass
 class OptionalAttr:
-    """``aclshmem_init_optional_attr_t``: the engine type and the timeouts (seconds)."""
+    """``aclshmem_init_optional_attr_t``: the engines (a mask of ``ACLSHMEM_DATA_OP_*``; see ``api.engines``) and
+    the timeouts (seconds)."""
 
     data_op_engine_type: int = ACLSHMEM_DATA_OP_UDMA
     shm_init_timeout: float = DEFAULT_TIMEOUT
@@ -101,6 +103,9 @@ class InitAttr:
         my_pe, n_pes: checked against the launcher's when given.
         local_mem_size: heap bytes per PE (``--heap-size``); must be the same on every PE.
         option_attr: engine type and timeouts; ``control_operation_timeout`` is the deadline of every wait.
+        comm_args: the bootstrap's arguments: an ``aclshmemx_uniqueid_t`` (``aclshmemx_set_attr_uniqueid_args``),
+            checked against the job at init.
+        instance_id: 0 (one instance per process is emulated).
     """
 
     my_pe: int = -1
@@ -108,6 +113,8 @@ class InitAttr:
     local_mem_size: int = 0
     ip_port: str = ""
     option_attr: OptionalAttr = field(default_factory=OptionalAttr)
+    comm_args: object = None
+    instance_id: int = 0
 
 
 class Runtime:
@@ -129,6 +136,7 @@ class Runtime:
         self.tracer = None  # writes the trace from the event log when the job is traced (observe.trace.Tracer)
         self.recorder = None  # writes the recording from the event log when recorded (observe.record.Recorder)
         self.chaos = None  # the seeded jitter of kernel threads under --chaos (udma.chaos.Jitter), else None
+        self.sdma = None  # this PE's SDMA engine (udma.sdma.SdmaEngine), started by the first SDMA call
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
@@ -212,8 +220,8 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
         raise ClosedError(f"pe {_rt.my_pe}: shmemx was finalized; a rank of a launched job cannot init again")
     attr = attr or InitAttr()
     engine = attr.option_attr.data_op_engine_type
-    if engine not in _ENGINES:
-        raise ValueError(f"aclshmemx_init_attr: data_op_engine_type {engine!r} is not one of "
+    if isinstance(engine, bool) or not isinstance(engine, (int, np.integer)) or not 0 < engine <= _ENGINE_MASK:
+        raise ValueError(f"aclshmemx_init_attr: data_op_engine_type {engine!r} is not a mask of "
                          f"MTE=1, SDMA=2, ROCE=4, UDMA=8")
     job_id = os.environ.get("SHMEMX_JOB")
     owner = job_id is None
@@ -339,6 +347,8 @@ def finalize() -> int:
         return 0
     try:
         plane.stop(rt)  # the engine first executes everything rung, so that a failure among it is raised here
+        if rt.sdma is not None:
+            rt.sdma.stop()  # (likewise every SDMA copy posted)
         rt.check_errors()
         barrier(rt, call=WaitCall.FINALIZE)
     finally:
@@ -350,6 +360,8 @@ def _teardown(rt: Runtime) -> None:
     global _rt, _pending_qp_num
     rt.finalized = True
     plane.stop(rt)
+    if rt.sdma is not None:
+        rt.sdma.stop()
     _close_inspection(rt)
     ctl = rt.ctl
     ctl.pes[rt.my_pe]["status"] = PeStatus.FINALIZED

@@ -81,3 +81,33 @@ def test_mte_allgather_example(n):
     dtype = {2: "int32", 4: "float16", 8: "bfloat16"}[n]
     proc = _run(n, "mte_allgather.py", "--dtype", dtype, "--len", "2048", "--blocks", "4", "--iters", "3")
     _check_passed(proc, n, rf"PASS: pe \d+: 3 iterations, {n} x 2048 {dtype} gathered, 4 blocks")
+
+
+# --- CANN SHMEM's own examples, re-expressed (allgather, the sync/barrier demos, the team demos, double-plane MoE)
+
+
+@pytest.mark.parametrize("n, extra", [(2, ()), (4, ("--dtype", "bfloat16", "--chunk", "700"))])
+def test_cann_allgather_example(n, extra):
+    dtype = "bfloat16" if extra else "int32"
+    proc = _run(n, "allgather.py", "--len", "4096", "--blocks", "4", *extra)
+    _check_passed(proc, n, rf"PASS: pe \d+: 2 iterations, {n} x 4096 {dtype} gathered, 2 producer and 2 consumer")
+
+
+@pytest.mark.parametrize("mode", ["sync_all", "barrier_all", "sync_team", "barrier_team"])
+def test_cann_sync_barrier_demo(mode):
+    proc = _run(4, "sync_barrier_demo.py", "--mode", mode, "--kib", "64")
+    _check_passed(proc, 4, rf"\[PASS\] {mode} (check success|not a member), pe=\d+")
+    members = re.findall(rf"\[PASS\] {mode} check success, pe=(\d+)", proc.stdout)
+    assert sorted(map(int, members)) == ([1, 3] if mode.endswith("team") else [0, 1, 2, 3]), proc.stdout
+
+
+@pytest.mark.parametrize("n, x", [(4, 2), (8, 4)])
+def test_cann_team_allgather_example(n, x):
+    proc = _run(n, "team_allgather.py", "--x", str(x), "--len", "256")
+    _check_passed(proc, n, rf"PASS: pe \d+: row \d+ \(team pe \d+ of {x}\), column team pe \d+ of {n // x}: all {n}")
+
+
+def test_cann_double_plane_moe_example():
+    proc = _run(4, "sdma_moe.py", "--tokens", "64", "--hidden", "256")
+    _check_passed(proc, 4, r"PASS: pe \d+: 64 tokens dispatched to 8 experts and combined; \d+ segments over SDMA")
+    assert re.search(r"; [1-9]\d* segments over SDMA", proc.stdout), proc.stdout  # the SDMA plane was used

@@ -33,9 +33,10 @@ def _init_attr():
         shmemx.aclshmemx_init_attr(shmemx.ACLSHMEMX_INIT_WITH_DEFAULT, shmemx.InitAttr(my_pe=me + 1))
     with pytest.raises(ValueError, match=f"attr.n_pes={n * 2} but .* n_pes={n}"):
         shmemx.aclshmemx_init_attr(shmemx.ACLSHMEMX_INIT_WITH_DEFAULT, shmemx.InitAttr(n_pes=n * 2))
-    bad_engine = shmemx.OptionalAttr(data_op_engine_type=3)
-    with pytest.raises(ValueError, match="data_op_engine_type 3"):
-        shmemx.aclshmemx_init_attr(0, shmemx.InitAttr(option_attr=bad_engine))
+    for value in (0, 16):  # a mask of the four engines (3 = MTE | SDMA is valid, as in CANN)
+        bad_engine = shmemx.OptionalAttr(data_op_engine_type=value)
+        with pytest.raises(ValueError, match=f"data_op_engine_type {value} is not a mask"):
+            shmemx.aclshmemx_init_attr(0, shmemx.InitAttr(option_attr=bad_engine))
     with pytest.raises(TypeError, match="must be a shmemx.InitAttr"):
         shmemx.aclshmemx_init_attr(0, {"my_pe": me})
     assert not shmemx.is_initialized()  # failed inits left nothing behind

@@ -681,6 +681,8 @@ class Buffer:
         """Free the workspace (collective; idempotent)."""
         if not self.closed:
             self.closed = True
+            for family in self._families.values():
+                family.close()
             shmemx.aclshmem_free(self._block)
 
     def __enter__(self) -> "Buffer":

@@ -59,6 +59,9 @@ class _Family:
     def prepare(self) -> None:
         """Collective: what the family needs before its first call (after every PE agreed on the schedule)."""
 
+    def close(self) -> None:
+        """Collective: what the family made for itself goes (the buffer is closing)."""
+
     def relay(self, relay_out: list):
         """What a dispatch's handle keeps of it for the combine (the hierarchy's relays), or None."""
         return None
@@ -140,6 +143,7 @@ class Hierarchy(_Family):
     def __init__(self, buf):
         super().__init__(buf)
         self.regions = None  # (views, offsets, remote bases, local base) of its workspace, once made
+        self.team = None  # the team of this PE's server (its barrier is the schedule's server barrier)
 
     def check(self, sched) -> None:
         if self.buf.topology.server_size > 64:
@@ -148,7 +152,8 @@ class Hierarchy(_Family):
         super().check(sched)
 
     def prepare(self) -> None:
-        """The hierarchy's regions (collective; once): relay records, end flags, IPC flags, combine partials."""
+        """The hierarchy's regions and server team (collective; once): relay records, end flags, combine
+        partials."""
         if self.regions is not None:
             return
         buf = self.buf
@@ -162,7 +167,7 @@ class Hierarchy(_Family):
                 f"({layout.total / 2**20:.1f} MiB) more on every PE: start the job with a larger --heap-size "
                 f"({exc})") from None
         views = layout.views(block)
-        for name in ("relay_end", "ipc_flags", "relay_in"):
+        for name in ("relay_end", "relay_in"):
             views[name][...] = 0
         remote, local = np.zeros(buf.n_pes, np.uint64), 0
         for (peer, q), queue in buf.lanes.queues.items():
@@ -170,10 +175,24 @@ class Hierarchy(_Family):
                 remote[peer] = queue.remote_va(block)
                 local = queue.local_va(block)
         self.regions = (views, {n: r.offset for n, r in layout.regions.items()}, remote, local)
+        self.team = self._server_team()
         shmemx.aclshmem_barrier_all()  # every PE's regions are zero before anyone writes into them
 
+    def _server_team(self) -> int:
+        """The team of this PE's server (collective: one split of the world per server, as split_2d's rows)."""
+        size, mine = self.buf.topology.server_size, shmemx.ACLSHMEM_TEAM_INVALID
+        for start in range(0, self.buf.n_pes, size):
+            team = shmemx.aclshmem_team_split_strided(shmemx.ACLSHMEM_TEAM_WORLD, start, 1, size)
+            mine = team if team != shmemx.ACLSHMEM_TEAM_INVALID else mine
+        return mine
+
+    def close(self) -> None:
+        if self.team is not None:
+            shmemx.aclshmem_team_destroy(self.team)
+            self.team = None
+
     def _spec(self, prefix: np.ndarray, relay=None) -> "_hier.HierSpec":
-        return _hier.HierSpec(self.buf.topology, *self.regions, prefix, relay)
+        return _hier.HierSpec(self.buf.topology, *self.regions, prefix, relay, self.team)
 
     def dispatch_shape(self, routing) -> Shape:
         return Shape(2, self.buf.topology.num_servers, 1)

@@ -16,8 +16,8 @@ dispatch of PE ``me`` (server σ, lane λ) runs on N blocks:
    server): for every rank d of this server, the rows whose mask names d go, with their metadata, by direct
    (MTE) copies into d's receive regions at the rows the fullmesh schedule would use (``rank_prefix_matrix``):
    one copy per (token, destination rank).
-3. **Intra-server barrier**: every PE SETs its flag ``ipc_flags[0, λ]`` on each rank of its server and waits for
-   all of theirs (after its copies, which are complete when they return): every row for this PE is in place.
+3. **Intra-server barrier**: a barrier of the server's team (``aclshmem_barrier(server_team)``, the ranks of this
+   PE's server; after its copies, which are complete when they return): every row for this PE is in place.
 4. **Compaction**: the rows are copied out to the outputs as the fullmesh receive side does, and every peer gets
    its buffer credit.
 
@@ -56,7 +56,6 @@ __all__ = ["HierSpec", "RelayInfo", "hier_dispatch_kernel", "hier_combine_kernel
 HEADER_BYTES = 32  # flag u64, source token i32, pad, rank mask u64, pad
 BATCH_WQES = 128
 GE = shmemx.ACLSHMEM_CMP_GE
-SET = shmemx.ACLSHMEM_SIGNAL_SET
 SO_FLAG = shmemx.OpConfig(cqe=0, se=0, fence=0, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO).flag
 SO_CQE_FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_SO.flag
 
@@ -73,7 +72,6 @@ def plan_hier_workspace(*, topo: Topology, max_tokens: int, hidden: int, num_top
     rec = record_bytes(hidden, num_topk)
     ws = WorkspaceLayout()
     ws.append("relay_end", (2, n, 64), np.uint64)  # word 0 the signal, word 8 the record count
-    ws.append("ipc_flags", (2, s, 8), np.uint64)
     ws.append("end_record", (n, 8), np.int64)
     ws.append("relay_in", (n, t, rec), np.uint8)
     ws.append("send_rec", (n, t, rec), np.uint8)
@@ -108,6 +106,7 @@ class HierSpec:
     local_base: int
     prefix: np.ndarray  # [P, P] int64
     relay: RelayInfo | None = None
+    server_team: int = 0  # the team of this PE's server (aclshmem_team_split_strided of the world), its barrier
 
 
 def arrived(flags: np.ndarray, seq: int, end_set: bool) -> np.ndarray:
@@ -285,20 +284,14 @@ def _own_server(a, h: HierSpec, toks: np.ndarray, timer, t: float) -> float:
 
 
 def _server_barrier(a, h: HierSpec, kind: int, timer) -> None:
-    """Every rank of this server SETs its flag on the others and waits for theirs (the intra-server barrier)."""
-    topo, me = h.topo, a.me
-    base = (me // topo.server_size) * topo.server_size
-    lane = me % topo.server_size
-    flags = h.views["ipc_flags"][kind]
-    for dl in range(topo.server_size):
-        if base + dl != me:
-            shmemx.aclshmemx_signal_op(flags[lane, 0:1], a.seq, SET, base + dl)
+    """The intra-server barrier (dispatch ``kind`` 0, combine 1): a barrier of the server's team. Counted as one
+    barrier and the S - 1 flag writes a flat barrier of S ranks makes on the device (CANN's team barrier signals
+    the team's other ranks), as the hand-written barrier it replaces counted them."""
+    topo = h.topo
     timer.count("flag_writes", topo.server_size - 1)
     timer.count("barriers")
-    status = np.zeros(topo.server_size, np.int32)
-    status[lane] = 1
     if topo.server_size > 1:
-        shmemx.aclshmem_wait_until_all(flags[:, 0], GE, a.seq, status=status)
+        shmemx.aclshmem_barrier(h.server_team)
 
 
 def _meet_server(a, h: HierSpec, b: int, phase: int, timer, t: float) -> float:

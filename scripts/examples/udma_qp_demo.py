@@ -11,8 +11,9 @@
 * ``put_signal``: as put, and the WQE also sets the per-QP signal word ``signals[b]`` on the next PE to
   ``((pe + 1) << 32) | (b + 1)`` (``aclshmemx_udma_qp_put_signal_nbi``).
 
-Each block then quiets its own QP (``aclshmemx_udma_qp_quiet``). Byte i of PE p's ``src`` is
-``((p + 1) * 37 + i % 251) & 0xFF``; ``dst`` must equal the previous PE's pattern (put, put_signal) or the next
+Each block then quiets its own QP (``aclshmemx_udma_qp_quiet``). The kernel runs on an emulated stream between two
+``aclshmemx_barrier_all_on_stream`` calls, as CANN's newer demo does, then ``aclrtSynchronizeStream``. Byte i of PE
+p's ``src`` is ``((p + 1) * 37 + i % 251) & 0xFF``; ``dst`` must equal the previous PE's pattern (put, put_signal) or the next
 PE's (get). Prints ``[PASS] op=... pe=... elements=...`` or ``[FAIL] ...`` per PE; exits 0 only if all pass.
 """
 
@@ -75,8 +76,12 @@ def kernel():
     shmemx.aclshmemx_udma_qp_quiet(nxt, qp)
 
 
-shmemx.launch(kernel, q)
-shmemx.aclshmem_barrier_all()  # every PE's blocks have quieted: all puts into me are complete
+stream = shmemx.aclrtCreateStream()  # as CANN's newer demo: barrier, kernel, barrier, all on one stream
+shmemx.aclshmemx_barrier_all_on_stream(stream)
+stream.launch(kernel, q)  # (kernel<<<q, nullptr, stream>>>())
+shmemx.aclshmemx_barrier_all_on_stream(stream)  # every PE's blocks have quieted: all puts into me are complete
+shmemx.aclrtSynchronizeStream(stream)
+shmemx.aclrtDestroyStream(stream)
 origin = nxt if args.op == "get" else prev
 wrong = np.flatnonzero(dst != pattern(origin, elems))
 ok = not len(wrong)

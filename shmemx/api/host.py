@@ -10,6 +10,7 @@ from .. import runtime as _runtime
 from ..runtime import InitAttr, runtime
 from ..shm.barrier import barrier
 from ..shm.control import WaitCall
+from .lifecycle import check_uniqueid
 
 __all__ = [
     "init",
@@ -44,9 +45,11 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
 
 
 def aclshmemx_init_attr(flags: int, attr: InitAttr) -> int:
-    """CANN's init (collective). ``flags`` selects the bootstrap (ignored: the launcher bootstraps); returns 0."""
+    """CANN's init (collective). ``flags`` selects the bootstrap (ignored: the launcher bootstraps); returns 0.
+    A unique id in ``attr.comm_args`` (``aclshmemx_set_attr_uniqueid_args``) must name this job."""
     if not isinstance(attr, InitAttr):
         raise TypeError(f"aclshmemx_init_attr: attr must be a shmemx.InitAttr, got {type(attr).__name__}")
+    check_uniqueid(attr)
     _runtime.init(attr)
     return 0
 

@@ -37,7 +37,19 @@ __all__ = [
     "prefault",
     "heap_info",
     "HeapInfo",
+    "HOST_SIDE",
+    "DEVICE_SIDE",
+    "aclshmemx_malloc",
+    "aclshmemx_calloc",
+    "aclshmemx_align",
+    "aclshmemx_free",
+    "aclshmemx_get_heap_base",
 ]
+
+# aclshmem_mem_type_t. Every PE has one symmetric heap here (all of it is host memory), so both kinds come from
+# it; which kind an allocation was made as is kept, and aclshmemx_free checks it.
+HOST_SIDE, DEVICE_SIDE = 0, 1
+_mem_types: dict[tuple[int, int], int] = {}  # (id of the heap, offset) -> the mem_type of an aclshmemx_ allocation
 
 
 class HeapInfo(NamedTuple):
@@ -176,6 +188,7 @@ def aclshmem_free(arr: np.ndarray | None) -> None:
                          f"allocation of this PE")
     size, _ = rt.heap.allocations[offset]
     _agree(rt, WaitCall.FREE, size, 0, offset, "")
+    _mem_types.pop((id(rt.heap), offset), None)
     if rt.events is not None:
         rt.events.free(offset, size)
     rt.heap.release(offset)
@@ -187,6 +200,62 @@ def aclshmem_free(arr: np.ndarray | None) -> None:
 
 
 free = aclshmem_free
+
+
+def _mem_type(what: str, mem_type) -> int:
+    if mem_type not in (HOST_SIDE, DEVICE_SIDE) or isinstance(mem_type, bool):
+        raise ValueError(f"pe {runtime().my_pe}: {what}: mem_type {mem_type!r} is not HOST_SIDE (0) or "
+                         f"DEVICE_SIDE (1)")
+    return int(mem_type)
+
+
+def _typed(block: np.ndarray | None, mem_type: int) -> np.ndarray | None:
+    if block is not None:
+        rt = runtime()
+        _mem_types[(id(rt.heap), rt.heap.locate(block)[1])] = mem_type
+    return block
+
+
+def aclshmemx_malloc(size: int, mem_type: int = DEVICE_SIDE, *, name: str = "") -> np.ndarray | None:
+    """``aclshmem_malloc`` of ``mem_type`` memory (HOST_SIDE or DEVICE_SIDE: the same heap here; collective)."""
+    mem_type = _mem_type("aclshmemx_malloc", mem_type)
+    return _typed(aclshmem_malloc(size, name=name or "xmalloc"), mem_type)
+
+
+def aclshmemx_calloc(count: int, size: int, mem_type: int = DEVICE_SIDE, *, name: str = "") -> np.ndarray | None:
+    """``aclshmem_calloc`` of ``mem_type`` memory (collective)."""
+    mem_type = _mem_type("aclshmemx_calloc", mem_type)
+    return _typed(aclshmem_calloc(count, size, name=name or "xcalloc"), mem_type)
+
+
+def aclshmemx_align(alignment: int, size: int, mem_type: int = DEVICE_SIDE, *, name: str = "") -> np.ndarray | None:
+    """``aclshmem_align`` of ``mem_type`` memory (collective)."""
+    mem_type = _mem_type("aclshmemx_align", mem_type)
+    return _typed(aclshmem_align(alignment, size, name=name or "xalign"), mem_type)
+
+
+def aclshmemx_free(ptr: np.ndarray | None, mem_type: int = DEVICE_SIDE) -> None:
+    """Free an ``aclshmemx_malloc/calloc/align`` allocation (collective); ValueError when ``mem_type`` is not
+    the one it was made with."""
+    mem_type = _mem_type("aclshmemx_free", mem_type)
+    if ptr is None:
+        return
+    rt = runtime()
+    _, offset = rt.heap.locate(ptr, "aclshmemx_free argument")
+    made = _mem_types.get((id(rt.heap), offset), DEVICE_SIDE)
+    if made != mem_type:
+        kinds = ("HOST_SIDE", "DEVICE_SIDE")
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_free: heap+{offset:#x} was allocated as {kinds[made]}, freed "
+                         f"as {kinds[mem_type]}")
+    aclshmem_free(ptr)
+
+
+def aclshmemx_get_heap_base(mem_type: int = DEVICE_SIDE) -> np.ndarray:
+    """This PE's whole symmetric heap as a ``[heap size] uint8`` array (CANN returns its base address; here a
+    view starting there, local to this PE). Both mem types are the one heap."""
+    _mem_type("aclshmemx_get_heap_base", mem_type)
+    rt = runtime()
+    return wrap(rt.heap.view(rt.my_pe, 0, (rt.heap.size,), np.uint8))
 
 
 def aclshmem_ptr(arr: np.ndarray, pe: int) -> np.ndarray:

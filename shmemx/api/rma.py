@@ -27,6 +27,7 @@ from ..udma.layout import (ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_C
 from ..udma.check.array import CheckedArray
 from ..udma.rings import Api
 from ..runtime import runtime
+from . import mte_strided
 from .checks import check_config, check_pe, check_target, symmetric_offset, transfer_bytes
 
 __all__ = [
@@ -406,13 +407,19 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
 def aclshmemx_mte_put_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
     """Copy ``nelems`` elements of ``src`` into ``dst`` on PE ``pe`` (any PE, this one included) directly.
 
-    Complete when it returns (``aclshmemx_mte_quiet`` is a no-op); the peer's waiters are woken.
+    Complete when it returns (``aclshmemx_mte_quiet`` is a no-op); the peer's waiters are woken. With a
+    ``non_contiguous_copy_param`` in place of ``nelems``: the strided copy of ``api.mte_strided``.
     """
+    if isinstance(nelems, mte_strided.non_contiguous_copy_param):
+        return mte_strided.put("aclshmemx_mte_put_nbi", dst, src, nelems, pe)
     _mte("aclshmemx_mte_put_nbi", dst, src, nelems, pe, True)
 
 
 def aclshmemx_mte_get_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
-    """Copy ``nelems`` elements of ``src`` on PE ``pe`` (a heap view) into local ``dst`` directly."""
+    """Copy ``nelems`` elements of ``src`` on PE ``pe`` (a heap view) into local ``dst`` directly (or, with a
+    ``non_contiguous_copy_param``, the strided copy of ``api.mte_strided``)."""
+    if isinstance(nelems, mte_strided.non_contiguous_copy_param):
+        return mte_strided.get("aclshmemx_mte_get_nbi", dst, src, nelems, pe)
     _mte("aclshmemx_mte_get_nbi", dst, src, nelems, pe, False)
 
 

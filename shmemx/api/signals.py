@@ -1,7 +1,9 @@
 """Signals and point-to-point waits: signal_op, signal_wait_until, wait_until, test and the all/any/some family.
 
-A signal or wait word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; the view's
-dtype decides the word size and the comparison. ``aclshmemx_signal_op`` stores into the target PE's heap
+A signal word is the first element of a heap view, of dtype int32, uint32, int64 or uint64; a wait word may also
+be int8, uint8, int16, uint16 or float32 (the typed waits of CANN's P2P types); the view's dtype decides the word
+size and the comparison (float32 words compare as floats; their comparison values are rounded to float32).
+``aclshmemx_signal_op`` stores into the target PE's heap
 directly (as MTE does on the device): SET is one aligned store, ADD an atomic add, then the target's wake word is
 bumped (a locked add, which orders the update before it) so that its waiters re-check. A wait sleeps on the
 wake word of the PE whose memory holds the word (the calling PE's own, or a peer's when the view came from
@@ -53,8 +55,12 @@ ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP
 ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
 
 _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)  # by ACLSHMEM_CMP_*
-_WORD_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}
-_BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES}
+_SIGNAL_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}  # what signal_op stores or adds to
+_WORD_DTYPES = _SIGNAL_DTYPES | {np.dtype(t) for t in ("<i1", "<u1", "<i2", "<u2", "<f4")}  # what waits read
+_F32 = np.dtype("<f4")
+_FLOAT_KIND = 8  # WORD_KINDS of float32
+_BOUNDS = {dt: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in _WORD_DTYPES - {_F32}}
+_BOUNDS[_F32] = (-float("inf"), float("inf"))
 _U64 = 2**64 - 1
 _now = time.perf_counter_ns
 
@@ -83,7 +89,16 @@ class _Word:
                  "kind")
 
 
-_FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q"}
+_FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np.dtype("<u8"): "Q",
+            np.dtype("<i1"): "b", np.dtype("<u1"): "B", np.dtype("<i2"): "h", np.dtype("<u2"): "H", _F32: "f"}
+
+
+def raw_bits(dtype: np.dtype, value) -> int:
+    """A comparison value as the integer the native waits and the recorders take: the value itself for integer
+    words, the IEEE bits for float32 words."""
+    if dtype == _F32:
+        return int(np.array(value, _F32).view(np.uint32))
+    return int(value)
 _cache: dict[int, _Word] = {}
 _heap_words: dict[tuple[int, str], memoryview] = {}  # (pe, format) -> that PE's heap as words
 _cache_heap = None  # the heap the caches belong to (a new init starts new caches)
@@ -110,8 +125,8 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"pe {rt.my_pe}: {what} must be a heap array view, got {type(arr).__name__}")
     if arr.dtype not in _WORD_DTYPES:
-        raise TypeError(f"pe {rt.my_pe}: {what} has dtype {arr.dtype}; signal and wait words are int32, uint32, "
-                        f"int64 or uint64")
+        raise TypeError(f"pe {rt.my_pe}: {what} has dtype {arr.dtype}; signal words are int32, uint32, int64 or "
+                        f"uint64, and wait words also int8, uint8, int16, uint16 or float32")
     if arr.size == 0:
         raise ValueError(f"pe {rt.my_pe}: {what} is empty")
     pe, offset = heap.locate(arr, what)
@@ -142,7 +157,13 @@ def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
 
 
 def _as_int(rt, value, dtype: np.dtype, what: str) -> int:
-    """``value`` as an int that fits the word's dtype; ValueError quoting it when it does not."""
+    """``value`` as an int that fits the word's dtype (a float32 word: the value rounded to float32); ValueError
+    quoting it when it does not."""
+    if dtype == _F32:
+        try:
+            return float(np.float32(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"pe {rt.my_pe}: {what}: value {value!r} is not a number") from None
     if type(value) is int:
         v = value
     else:
@@ -186,6 +207,9 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
                          f"or ACLSHMEM_SIGNAL_ADD (1)")
     w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
+    if w.dtype not in _SIGNAL_DTYPES:
+        raise TypeError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_addr has dtype {w.dtype}; signal words are "
+                        f"int32, uint32, int64 or uint64")
     value = _word_value(rt, w, signal, "aclshmemx_signal_op")
     if rt.chaos is not None:
         rt.chaos.jitter()
@@ -201,6 +225,11 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.after_release()
+
+
+def _raw(w: _Word, value) -> int:
+    """``raw_bits`` of a value of word ``w`` (integer words: the value)."""
+    return value if w.kind != _FLOAT_KIND else raw_bits(_F32, value)
 
 
 def _describe_word(rt, call: str, w: _Word, cond: str) -> str:
@@ -223,11 +252,13 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     t0 = _now() if ev is not None else 0
     v = w.words[w.idx]
     if not _OPS[cmp](v, target):
-        v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, target,
-                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=target & _U64, dtype=w.dtype_str),
+        v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, _raw(w, target),
+                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=_raw(w, target) & _U64,
+                               dtype=w.dtype_str),
                           lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
     if ev is not None:  # an acquire: recorded after the word met the condition
-        ev.wait(Watched(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target), v, t0=t0)
+        ev.wait(Watched(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, _raw(w, target)), _raw(w, v),
+                t0=t0)
     if chaos is not None:
         chaos.jitter()
     return v
@@ -253,9 +284,9 @@ def aclshmem_test(ivar: np.ndarray, cmp: int, value: int) -> bool:
     met = _OPS[cmp](v, target)
     ev = rt.events
     if ev is not None:
-        words = Watched(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, target)
+        words = Watched(WaitCall.WAIT_UNTIL, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, _raw(w, target))
         if met:
-            ev.wait(words, v, test=True, result=1)
+            ev.wait(words, _raw(w, v), test=True, result=1)
         else:
             ev.unmet(words, 0)
     return met
@@ -313,7 +344,7 @@ class _Words:
         if rt.chaos is not None:
             rt.chaos.jitter()
         if not (call == WaitCall.WAIT_UNTIL_ALL and self.native_block(rt, call)):
-            value = int(self.values) if np.ndim(self.values) == 0 else 0
+            value = raw_bits(self.ivars.dtype, self.values) if np.ndim(self.values) == 0 else 0
             wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
                         dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
             block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
@@ -335,7 +366,7 @@ class _Words:
         ready = lambda: bool(np.all(self.matches() | ~self.active))  # noqa: E731 (the spin's predicate)
         if ready():
             return True
-        target = int(self.values)
+        target = raw_bits(ivars.dtype, self.values)
         wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=target & _U64,
                     dtype=ivars.dtype.str.encode(), count=len(ivars))
         block_on_words(rt, rt.heap.segments[self.pe].addr + self.offset, max(stride, 1),
@@ -353,12 +384,13 @@ class _Words:
             met = np.flatnonzero(self.active)
         vector = np.ndim(self.values) != 0
         stride = self.ivars.strides[0] if self.ivars.ndim else self.ivars.itemsize
-        value = 0 if vector else int(self.values)
+        value = 0 if vector else raw_bits(self.ivars.dtype, self.values)
         extras = {}
         if not self.active.all():
             extras["active"] = [bool(a) for a in self.active]
         if vector:
-            extras["values"] = [int(v) for v in self.values]
+            bits = self.values.view(np.uint32) if self.values.dtype == _F32 else self.values
+            extras["values"] = [int(v) for v in bits]
         words = Watched(call, self.pe, self.offset, stride, len(self.ivars), self.ivars.dtype, self.cmp, value)
         if len(self.ivars) and len(met):
             ev.wait(words, test=test, met=met, result=result, t0=t0, extras=extras or None)

@@ -77,10 +77,11 @@ class _Target:
     def value(self, bits: int):
         return np.array([bits], np.uint64).view(np.uint8)[: self.size].view(self.dtype)[0].item()
 
-    def post(self, opcode: int, operand: int = 0, compare: int = 0) -> None:
+    def post(self, opcode: int, operand: int = 0, compare: int = 0, flag: int = _CQE) -> None:
+        """Post the atomic WQE (``flag``: its flag byte; a CQE always, a fence when a caller orders it)."""
         qp = self.qp
-        wqe = qp.build(opcode, _CQE, self.va, sge_len=self.size, sge_va=qp.amo_va, operand=operand, compare=compare)
-        qp.post_bytes(wqe, _CQE, Api.ATOMIC, self.what)
+        wqe = qp.build(opcode, flag, self.va, sge_len=self.size, sge_va=qp.amo_va, operand=operand, compare=compare)
+        qp.post_bytes(wqe, flag, Api.ATOMIC, self.what)
 
     def read(self) -> None:
         self.qp.post_rw(Opcode.READ, _CQE, self.va, self.size, self.qp.amo_va, Api.ATOMIC, self.what)

@@ -143,6 +143,11 @@ class JobReader:
             listing = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
             return (f"{who} waits in {call} (barrier #{number}) for {w['seconds']:.1f} s; "
                     f"not arrived: pe {listing or 'none'}")
+        if call in ("team_barrier", "team_split"):  # (shm.barrier: the slot in ``offset``, the number in ``target``)
+            slot = w["offset"]
+            members = "" if slot else "; every PE is a member (ACLSHMEM_TEAM_WORLD)"
+            return (f"{who} waits in {call} of team {slot} (its barrier #{w['target']}) for {w['seconds']:.1f} s"
+                    f"{members}")
         if w["dtype"]:
             pe = w["target_pe"]
             where = self.ctl.describe_offset(pe, w["offset"])

@@ -17,7 +17,9 @@ WAIT / TEST        the words (pe, offset, stride, dtype, count), the comparison,
 SIGNAL             ``signal_op``
 MTE / MTE_QUIET    the peer, its heap offset, bytes, direction (and a VALUE row if small) / the thread's copies
                    are complete (``aclshmemx_mte_quiet``)
-BARRIER            which call, its number
+SDMA ...           SDMA: as MTE, on the calling block's channel; SDMA_QUIET (the block's channel is done);
+                   SDMA_NOTIFY (a notify record on the block's channel)
+BARRIER            which call, its number (a team barrier: its job-wide key, and the team's start, stride, size)
 LAUNCH ... JOIN    LAUNCH / BLOCK begin and end / SYNC (``sync_all``) / JOIN
 REGION / COMPUTE   a user region's enter and exit, ``shmemx.compute(us=...)``
 =================  ==========================================================================================
@@ -64,7 +66,7 @@ class Ev(enum.IntEnum):
     TEST = 4  # as WAIT (a non-blocking test: the result is what it returned)
     SIGNAL = 5  # pe, offset, dtype code, op (0 SET, 1 ADD), value
     MTE = 6  # pe, heap offset, bytes, 1 put / 0 get
-    BARRIER = 7  # call, number
+    BARRIER = 7  # call, number (a team barrier: barrier_key(uid, number), start, stride, size; else 0, 0, 0) (a team barrier: barrier_key(uid, number), start, stride, size; else 0, 0, 0)
     REGION = 8  # name id, 1 enter / 0 exit
     COMPUTE = 9  # microseconds (the float64's bits), name id
     LAUNCH = 10  # launch id, block_dim
@@ -73,6 +75,9 @@ class Ev(enum.IntEnum):
     JOIN = 13  # launch id
     VALUE = 14  # BB position (MTE: -1), bytes, then up to four u64 words: a small payload's bytes (after its POST)
     MTE_QUIET = 15  # (no fields): the calling thread's MTE copies so far are complete (format /2 on)
+    SDMA = 16  # pe, heap offset, bytes, 1 put / 0 get: a copy on the calling thread's SDMA channel
+    SDMA_QUIET = 17  # (no fields): the calling thread's SDMA copies so far are complete
+    SDMA_NOTIFY = 18  # (no fields): a notify record on the calling thread's SDMA channel
 
 
 SMALL_PAYLOAD = 32  # payloads up to this many bytes (flags, generation numbers) are recorded with their value
@@ -146,7 +151,9 @@ class _Rows:
                     Kind.WAIT: self._wait, Kind.WAIT_INFO: self._wait_info, Kind.SIGNAL: self._signal,
                     Kind.MTE: self._mte, Kind.ARRIVE: self._barrier, Kind.REGION: self._region,
                     Kind.COMPUTE: self._compute}
-        simple = {Kind.MTE_QUIET: lambda r: (Ev.MTE_QUIET,), Kind.LAUNCH: lambda r: (Ev.LAUNCH, r["a"], r["b"]),
+        simple = {Kind.MTE_QUIET: lambda r: (Ev.MTE_QUIET,), Kind.SDMA_QUIET: lambda r: (Ev.SDMA_QUIET,),
+                  Kind.SDMA_NOTIFY: lambda r: (Ev.SDMA_NOTIFY,),
+                  Kind.SDMA: lambda r: (Ev.SDMA, r["a"], r["b"], r["c"], r["d"]), Kind.LAUNCH: lambda r: (Ev.LAUNCH, r["a"], r["b"]),
                   Kind.BLOCK_BEGIN: lambda r: (Ev.BLOCK, r["a"], 1), Kind.BLOCK_END: lambda r: (Ev.BLOCK, r["a"], 0),
                   Kind.SYNC_ARRIVE: lambda r: (Ev.SYNC, r["a"]), Kind.JOIN: lambda r: (Ev.JOIN, r["a"])}
         for r in self.log.records.tolist():
@@ -201,7 +208,8 @@ class _Rows:
         self.add(r["block"], Ev.MTE, r["a"], r["b"], r["c"], r["d"])
 
     def _barrier(self, r: dict) -> None:
-        self.add(r["block"], Ev.BARRIER, r["b"], r["a"])
+        team = (r["c"], r["d"], r["e"]) if r["e"] else ()  # a team barrier: start, stride, size
+        self.add(r["block"], Ev.BARRIER, r["b"], r["a"], *team)
 
     def _region(self, r: dict) -> None:
         self.add(r["block"], Ev.REGION, self.name(r["a"], r["b"]), r["c"])

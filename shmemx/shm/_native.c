@@ -6,7 +6,8 @@
  * of the sleeper counts. While a thread waits here the PE's other threads (kernel blocks, whose posts its
  * engine executes without the lock anyway) run.
  *
- * Words: kind 0 int32, 1 uint32, 2 int64, 3 uint64; comparisons 0..5 are ACLSHMEM_CMP_EQ..LE and 6 is
+ * Words: kind 0 int32, 1 uint32, 2 int64, 3 uint64, 4 int8, 5 uint8, 6 int16, 7 uint16, 8 float32 (its target
+ * passed as its IEEE bits; compared as floats); comparisons 0..5 are ACLSHMEM_CMP_EQ..LE and 6 is
  * "(word & mask) == value" (a CQE's owner bit). Addresses are plain integers; callers bound-check them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,16 +36,43 @@ typedef struct {
     uint64_t target, mask;
 } Cond;
 
+#define KIND_F32 8
+
 static inline uint64_t load_word(const Cond *c) {
-    if (c->kind < 2) return __atomic_load_n((uint32_t *)c->addr, __ATOMIC_ACQUIRE);
-    return __atomic_load_n((uint64_t *)c->addr, __ATOMIC_ACQUIRE);
+    switch (c->kind) {
+    case 2: case 3: return __atomic_load_n((uint64_t *)c->addr, __ATOMIC_ACQUIRE);
+    case 4: case 5: return __atomic_load_n((uint8_t *)c->addr, __ATOMIC_ACQUIRE);
+    case 6: case 7: return __atomic_load_n((uint16_t *)c->addr, __ATOMIC_ACQUIRE);
+    default: return __atomic_load_n((uint32_t *)c->addr, __ATOMIC_ACQUIRE);
+    }
+}
+
+/* A raw word of a signed kind as a signed value (sign-extended from its size). */
+static inline int64_t signed_of(int kind, uint64_t raw) {
+    switch (kind) {
+    case 0: return (int32_t)raw;
+    case 4: return (int8_t)raw;
+    case 6: return (int16_t)raw;
+    default: return (int64_t)raw;
+    }
+}
+
+static inline float float_of(uint64_t raw) {
+    uint32_t bits = (uint32_t)raw;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
 }
 
 static inline int met(const Cond *c, uint64_t raw) {
     if (c->cmp == 6) return (raw & c->mask) == c->target;
     int r;
-    if (c->kind == 0 || c->kind == 2) {
-        int64_t v = c->kind == 0 ? (int64_t)(int32_t)raw : (int64_t)raw, t = (int64_t)c->target;
+    if (c->kind == KIND_F32) {
+        float v = float_of(raw), t = float_of(c->target);
+        r = c->cmp == 0 ? v == t : c->cmp == 1 ? v != t : c->cmp == 2 ? v > t : c->cmp == 3 ? v >= t
+            : c->cmp == 4 ? v < t : v <= t;
+    } else if (c->kind % 2 == 0) {
+        int64_t v = signed_of(c->kind, raw), t = (int64_t)c->target;
         r = c->cmp == 0 ? v == t : c->cmp == 1 ? v != t : c->cmp == 2 ? v > t : c->cmp == 3 ? v >= t
             : c->cmp == 4 ? v < t : v <= t;
     } else {
@@ -57,9 +85,12 @@ static inline int met(const Cond *c, uint64_t raw) {
 
 static PyObject *value_of(const Cond *c, uint64_t raw) {
     switch (c->kind) {
-    case 0: return PyLong_FromLong((int32_t)raw);
+    case 0: case 4: case 6: return PyLong_FromLong((long)signed_of(c->kind, raw));
     case 1: return PyLong_FromUnsignedLong((uint32_t)raw);
     case 2: return PyLong_FromLongLong((int64_t)raw);
+    case 5: return PyLong_FromUnsignedLong((uint8_t)raw);
+    case 7: return PyLong_FromUnsignedLong((uint16_t)raw);
+    case KIND_F32: return PyFloat_FromDouble((double)float_of(raw));
     default: return PyLong_FromUnsignedLongLong(raw);
     }
 }
@@ -67,7 +98,7 @@ static PyObject *value_of(const Cond *c, uint64_t raw) {
 static int parse_cond(PyObject *addr, int kind, int cmp, PyObject *target, PyObject *mask, Cond *c) {
     c->addr = PyLong_AsVoidPtr(addr);
     if (PyErr_Occurred()) return -1;
-    if (kind < 0 || kind > 3 || cmp < 0 || cmp > 6) {
+    if (kind < 0 || kind > KIND_F32 || cmp < 0 || cmp > 6) {
         PyErr_SetString(PyExc_ValueError, "wait: bad word kind or comparison");
         return -1;
     }
@@ -77,9 +108,12 @@ static int parse_cond(PyObject *addr, int kind, int cmp, PyObject *target, PyObj
     if (PyErr_Occurred()) return -1;
     c->mask = PyLong_AsUnsignedLongLongMask(mask);
     if (PyErr_Occurred()) return -1;
-    if (kind < 2) { /* compare 32-bit words in their own domain */
-        if (kind == 0) c->target = (uint64_t)(int64_t)(int32_t)c->target;
-        else c->target &= 0xFFFFFFFFu;
+    switch (kind) { /* compare words narrower than 64 bits in their own domain */
+    case 0: case 4: case 6: c->target = (uint64_t)signed_of(kind, c->target); break;
+    case 1: case KIND_F32: c->target &= 0xFFFFFFFFu; break;
+    case 5: c->target &= 0xFFu; break;
+    case 7: c->target &= 0xFFFFu; break;
+    default: break;
     }
     return 0;
 }

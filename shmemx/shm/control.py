@@ -6,11 +6,16 @@ and every inspection tool maps it. It holds no payload, only small fixed-layout 
 * the job header: size, launcher pid, job state, the barrier counter and generation word;
 * one block per PE: its status and pid, its wake word (a futex that every writer into this PE's memory bumps),
   its URMA identity (EID, heap tokenId and token value), its collective-call log (the symmetry check of malloc
-  and free), the wait slot of each of its threads (what it waits on, so that a hang can be diagnosed from
-  outside), its live heap allocations with their names, and its failure summary.
+  and free), the barriers it entered on each team slot, the wait slot of each of its threads (what it waits on,
+  so that a hang can be diagnosed from outside), its live heap allocations with their names, and its failure
+  summary;
+* after the PE blocks, the team table: one 64-byte entry per team slot (``MAX_TEAMS``), with the slot's barrier
+  counter and generation word, the team's shape and job-wide id, and the mailbox of its collective calls (see
+  ``shm.teams``).
 
-Who writes what: a PE writes only its own block, except the wake word (every writer bumps it atomically) and the
-header's barrier words (changed atomically by every PE). The launcher writes the header.
+Who writes what: a PE writes only its own block, except the wake word (every writer bumps it atomically); the
+header's barrier words and a team entry's counter and generation are changed atomically by every PE (of the job,
+of the team); a team entry's shape and mailbox by the team's leader. The launcher writes the header.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ __all__ = [
     "COLL_DTYPE",
     "MAX_WAIT_SLOTS",
     "MAX_ALLOCS",
+    "MAX_TEAMS",
+    "TEAM_DTYPE",
     "Control",
     "format_heap_offset",
 ]
@@ -50,6 +57,7 @@ VERSION = 1
 MAX_WAIT_SLOTS = 130  # AIV blocks 0..127, the main thread outside a launch (slot 0), the engine (last slot)
 MAX_ALLOCS = 512
 COLL_LOG = 4
+MAX_TEAMS = 256  # team slots of a job (CANN: ACLSHMEM_MAX_TEAMS = 2048); slot 0 is ACLSHMEM_TEAM_WORLD
 
 
 class JobState(enum.IntEnum):
@@ -88,6 +96,10 @@ class WaitCall(enum.IntEnum):
     SYNC_VEC_ALL = 14
     BLOCK_SYNC = 15
     SQ_CREDIT = 16
+    TEAM_BARRIER = 17  # aclshmem_barrier(team) / aclshmem_sync(team) / the _vec forms, on a team other than WORLD
+    TEAM_SPLIT = 18  # the meeting of a collective team call (split_strided, split_2d, destroy)
+    SDMA_QUIET = 19  # aclshmemx_sdma_quiet: the calling block's SDMA channel
+    STREAM_SYNC = 20  # aclrtSynchronizeStream / a notify wait on an emulated stream
 
 
 # What each kind of wait is counted as (the stats' quiet / barrier / wait timers; init, finalize, malloc and free
@@ -121,7 +133,8 @@ HEADER_DTYPE = np.dtype(
         ("timeout", "<f8"),
         ("job_id", "S32"),
         ("script", "S256"),
-        ("_pad0", "V120"),
+        ("team_uids", "<u4"),  # the last job-wide team id handed out (shm.teams; ACLSHMEM_TEAM_WORLD's is 1)
+        ("_pad0", "V116"),
         *_line("barrier_count"),
         *_line("barrier_gen"),
     ]
@@ -180,7 +193,9 @@ _PE_HEAD.append(("_pad0", "V%d" % (128 - np.dtype(_PE_HEAD).itemsize)))
 # plain stores); n_remote_sleepers counts other PEs' threads asleep on it (atomic adds). One cache line: a waker
 # reads both.
 _SLEEPERS = [("n_sleepers", "<u4"), ("n_remote_sleepers", "<u4"), ("_n_sleepers_pad", "V56")]
-_PE_WORDS = [*_line("wake_seq"), *_SLEEPERS, ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,))]
+# team_barriers[s]: the barriers this PE entered on team slot s since it joined the team there (shm.barrier)
+_PE_WORDS = [*_line("wake_seq"), *_SLEEPERS, ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,)),
+             ("team_barriers", "<u4", (MAX_TEAMS,))]
 _PE_WORDS.append(("_pad1", "V%d" % (4096 - 128 - np.dtype(_PE_WORDS).itemsize)))
 PE_DTYPE = np.dtype(
     _PE_HEAD + _PE_WORDS + [("waits", WAIT_DTYPE, (MAX_WAIT_SLOTS,)), ("allocs", ALLOC_DTYPE, (MAX_ALLOCS,))]
@@ -189,9 +204,29 @@ assert PE_DTYPE.fields["waits"][1] == 4096
 PE_STRIDE = -(-PE_DTYPE.itemsize // 4096) * 4096
 HEADER_SIZE = 4096
 
+# One team slot (shm.teams): its barrier counter and generation (the futex word), then what its leader writes:
+# the team's job-wide id (0: the slot is free), shape, and the mailbox of the team's collective calls.
+TEAM_DTYPE = np.dtype(
+    [
+        ("count", "<u4"),  # members arrived at the current barrier
+        ("gen", "<u4"),  # barrier generation: bumped (and woken) by the last arrival
+        ("uid", "<u4"),  # the team's job-wide id; 0 = free slot
+        ("size", "<i4"),
+        ("start", "<i4"),  # global PE of team PE 0
+        ("stride", "<i4"),  # global stride
+        ("coll_seq", "<u4"),  # the leader's count of collective calls on this team (the mailbox's call)
+        ("coll_op", "<u4"),  # WaitCall of that call's kind (TEAM_SPLIT ...) | sub-op << 8
+        ("coll_args", "<i4", (3,)),  # the leader's arguments
+        ("coll_result", "<i4"),  # the slot it allocated (-1: none free)
+        ("coll_bad", "<i4"),  # 1 + the team index of the first member that disagreed (0: none)
+        ("_pad", "V12"),
+    ]
+)
+assert TEAM_DTYPE.itemsize == 64
+
 
 def control_size(n_pes: int) -> int:
-    return HEADER_SIZE + n_pes * PE_STRIDE
+    return HEADER_SIZE + n_pes * PE_STRIDE + MAX_TEAMS * TEAM_DTYPE.itemsize
 
 
 class Control:
@@ -211,6 +246,8 @@ class Control:
         self.n_pes = n
         self.job_id = self.header["job_id"].item().decode()
         self.pes = [segment.view(PE_DTYPE, HEADER_SIZE + p * PE_STRIDE, (1,)).reshape(()) for p in range(n)]
+        self.teams_offset = HEADER_SIZE + n * PE_STRIDE
+        self.teams = segment.view(TEAM_DTYPE, self.teams_offset, (MAX_TEAMS,))
         # The wake path runs on every signal and put: its addresses and words, computed once.
         self.u32 = segment.view("<u4", 0, (segment.size // 4,))
         self.words = memoryview(segment.mm).cast("I")  # the same words; a read gives an int in 20 ns, not 80
@@ -246,6 +283,7 @@ class Control:
     def close(self) -> None:
         self.header = None
         self.pes = []
+        self.teams = None
         self.u32 = None
         self.words = None
         self.segment.close()
@@ -257,6 +295,10 @@ class Control:
 
     def pe_addr(self, pe: int, field: str) -> int:
         return self.segment.addr + HEADER_SIZE + pe * PE_STRIDE + PE_DTYPE.fields[field][1]
+
+    def team_addr(self, slot: int, field: str) -> int:
+        """The address of a word of team slot ``slot``'s entry (``TEAM_DTYPE``)."""
+        return self.segment.addr + self.teams_offset + slot * TEAM_DTYPE.itemsize + TEAM_DTYPE.fields[field][1]
 
     # --- helpers -------------------------------------------------------------------------------------------
 

@@ -56,7 +56,8 @@ ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
 _PLAIN_SLEEPERS = getattr(sys, "_is_gil_enabled", lambda: True)()
 _BACKSTOP = 0.25  # seconds between checks of the deadline and the job state while asleep
-WORD_KINDS = {"<i4": 0, "<u4": 1, "<i8": 2, "<u8": 3}  # a word's dtype string -> the native waits' kind
+# a word's dtype string -> the native waits' kind (_native.c: signed kinds even, float32 last)
+WORD_KINDS = {"<i4": 0, "<u4": 1, "<i8": 2, "<u8": 3, "|i1": 4, "|u1": 5, "<i2": 6, "<u2": 7, "<f4": 8}
 CMP_MASKED = 6  # the native waits' "word & mask == target" (ACLSHMEM_CMP_EQ..LE are 0..5)
 
 # A wait slot is written with one pack (0.2 us) instead of nine structured-field stores (~8 us): every field but

@@ -91,7 +91,9 @@ class Kind(enum.IntEnum):
     # the log records or traces) a WAIT_INFO record; a test that found its condition unmet has only WAIT_INFO
     WAIT = 7
     MET = 8  # indices (u16 each) of words that met a wait: a..e hold up to 20, f = how many in this record
-    ARRIVE = 9  # barrier arrival: a = barrier number (per PE, from 1), b = WaitCall
+    # barrier arrival: a = barrier number (per PE, from 1; a team barrier's job-wide key), b = WaitCall; a team
+    # barrier: c, d, e = the team's start, stride, size (e 0: the whole job)
+    ARRIVE = 9
     DEPART = 10  # barrier departure: a, b as ARRIVE
     LAUNCH = 11  # kernel launch by the main thread: a = launch id, b = blocks
     JOIN = 12  # the launch returned: a = launch id
@@ -120,6 +122,9 @@ class Kind(enum.IntEnum):
     MTE_QUIET = 25  # aclshmemx_mte_quiet: the thread's MTE copies so far are complete
     REGION = 26  # a user region: a = blob offset of its name, b = name length, c = 1 enter / 0 exit
     COMPUTE = 27  # shmemx.compute: a = microseconds (the float64's bits), b = blob offset of its name, c = length
+    SDMA = 28  # an SDMA copy posted on the calling block's channel: a = pe, b = heap offset, c = bytes, d = 1 put
+    SDMA_QUIET = 29  # the calling block's SDMA channel is done (aclshmemx_sdma_quiet)
+    SDMA_NOTIFY = 30  # a notify record on the calling block's SDMA channel
 
 
 LOCAL_HEAP = 1 << 15  # POST flags bit: c is a heap offset of this PE
@@ -322,8 +327,9 @@ class EventLog:
             off = _NO_BLOB
         self.put(Kind.WAIT_INFO, t0, dtype_code(dtype), result, off, length, flags=int(test), ts=ts)
 
-    def barrier(self, number: int, call: int, arrive: bool) -> None:
-        self.put(Kind.ARRIVE if arrive else Kind.DEPART, number, int(call))
+    def barrier(self, number: int, call: int, arrive: bool, team: tuple = ()) -> None:
+        """A barrier's arrival (before) or departure (after); ``team``: (start, stride, size) of a team's."""
+        self.put(Kind.ARRIVE if arrive else Kind.DEPART, number, int(call), *team)
 
     def launch(self, blocks: int) -> int:
         self._launches += 1
@@ -366,6 +372,18 @@ class EventLog:
 
     def mte_quiet(self) -> None:
         self.put(Kind.MTE_QUIET)
+
+    def sdma(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
+        """An SDMA copy posted on the calling block's channel (as ``mte``: a small put's source is kept)."""
+        self.put(Kind.SDMA, pe, offset, nbytes, int(put))
+        if put and src is not None and self.bytes and nbytes <= 32:
+            self.value(-1, np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:nbytes].tobytes())
+
+    def sdma_quiet(self) -> None:
+        self.put(Kind.SDMA_QUIET)
+
+    def sdma_notify(self) -> None:
+        self.put(Kind.SDMA_NOTIFY)
 
     def alloc(self, offset: int, size: int, name: str, zero: bool) -> None:
         at, n = self.string(name)

@@ -15,40 +15,44 @@ from ...shm.control import WaitCall
 
 __all__ = ["Collectives"]
 
-_FREE_BARRIERS = frozenset({WaitCall.INIT, WaitCall.MALLOC, WaitCall.FREE})  # host-side setup: no cost
+# host-side setup (init, allocation, a team's creation): no cost
+_FREE_BARRIERS = frozenset({WaitCall.INIT, WaitCall.MALLOC, WaitCall.FREE, WaitCall.TEAM_SPLIT})
 
 
 class Collectives:
     def _op_barrier(self, th, op) -> bool:
-        _, call, number = op
+        """A barrier of the job, or of a team (a row with the team's start, stride and size: its members only)."""
+        _, call, number = op[:3]
         if call == WaitCall.FINALIZE:
             th.end = th.clock
             return True
+        size = op[5] if len(op) > 5 and op[5] else self.n_pes
         arrivals = self.barriers.setdefault(number, [])
         arrivals.append((th.pe, th, th.clock, call))
         self._block(th, ("barrier", number))
-        if len(arrivals) == self.n_pes:
+        if len(arrivals) == size:
             self._release_barrier(number, arrivals)
         return False
 
     def _release_barrier(self, number: int, arrivals: list) -> None:
-        """Every PE arrived: the release times of a dissemination barrier (ceil(log2 P) rounds; in round r PE i
-        signals PE i + 2^r and waits for PE i - 2^r), each signal a small control message."""
+        """Every member arrived: the release times of a dissemination barrier over the arrived PEs (ceil(log2 n)
+        rounds; in round r member i signals member i + 2^r and waits for member i - 2^r), each signal a small
+        control message."""
         del self.barriers[number]
-        n, topo = self.n_pes, self.topo
+        n, topo = len(arrivals), self.topo
         arrivals.sort(key=lambda a: a[0])
         a = np.array([x[2] for x in arrivals])
         last = int(np.argmax(a))
         if arrivals[0][3] in _FREE_BARRIERS or n == 1:
             times = np.full(n, a.max())
         else:
-            pes = np.arange(n)
-            servers = pes // self.rps
+            idx = np.arange(n)
+            servers = np.array([x[0] for x in arrivals]) // self.rps
             send = topo.post_us + topo.doorbell_us
             times = a.copy()
             d = 1
             while d < n:
-                src = (pes - d) % n
+                src = (idx - d) % n
                 lat = np.where(servers[src] == servers, self.lat[0], self.lat[1])
                 times = np.maximum(times + send, times[src] + send + topo.wqe_us + lat)
                 d *= 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 
 from ...udma.layout import opcode_name
-from .sim import W_MTE, W_SIGNAL, Sim
+from .sim import W_MTE, W_SDMA, W_SIGNAL, Sim
 
 __all__ = ["critical_path", "CATEGORIES"]
 
@@ -64,6 +64,8 @@ class _Walk:
             return f"signal_op pe {sim.w_pe[gid]} -> pe {sim.w_dst[gid]}"
         if kind == W_MTE:
             return f"MTE copy pe {sim.w_src[gid]} -> pe {sim.w_dst[gid]} {sim.w_bytes[gid]} B"
+        if kind == W_SDMA:
+            return f"SDMA copy pe {sim.w_src[gid]} -> pe {sim.w_dst[gid]} {sim.w_bytes[gid]} B"
         pe = sim.w_pe[gid]
         i = gid - sim.base[pe]
         wq = sim.prog.wqes[pe]
@@ -84,7 +86,7 @@ class _Walk:
             return None
         _, since, cause = th.releases[k]
         kind = cause[0] if cause else "never"
-        if kind == "wqe" or kind == "mte":
+        if kind == "wqe" or kind == "mte" or kind == "sdma":
             return ("done", cause[1])
         if kind == "ack":
             return ("ack", cause[1])
@@ -154,7 +156,8 @@ class _Walk:
         poster = sim.w_poster[gid]
         if sim.w_kind[gid] == W_MTE:
             return ("thread", poster, sim.w_ready[gid])
-        self.add(sim.w_s[gid], sim.w_T[gid], "engine", f"pe {sim.w_pe[gid]} engine", self._wqe_name(gid))
+        where = "sdma" if sim.w_kind[gid] == W_SDMA else "engine"
+        self.add(sim.w_s[gid], sim.w_T[gid], "engine", f"pe {sim.w_pe[gid]} {where}", self._wqe_name(gid))
         if sim.w_pred_fence[gid] >= 0:
             return ("ack", sim.w_pred_fence[gid])
         if sim.w_pred_eng[gid] >= 0:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import operator
 
+import numpy as np
+
 from ...shm.control import WaitCall
 
 __all__ = ["Memory"]
@@ -107,7 +109,7 @@ class Memory:
             if self.is_unknown(w.pe, off):
                 unknown = True
                 hits.append(i)
-            elif op(self.read(w.pe, off, w.size, w.signed), w.values[i]):
+            elif op(self._value(w, off), w.values[i]):
                 hits.append(i)
         n_active = sum(1 for a in w.active if a)
         if w.call in _ALL_CALLS:
@@ -118,6 +120,11 @@ class Memory:
         if w.call == _ANY:
             return bool(hits) or n_active == 0, hits[0] if hits else -1, unknown
         return bool(hits) or n_active == 0, len(hits), unknown
+
+    def _value(self, w, off: int):
+        """The word at ``off`` as wait ``w`` compares it (a float32 word as a float)."""
+        v = self.read(w.pe, off, w.size, w.signed)
+        return float(np.array(v, "<u4").view("<f4")) if w.floating else v
 
     def watch(self, w, thread) -> None:
         for off in w.offsets:

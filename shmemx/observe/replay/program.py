@@ -63,6 +63,7 @@ class Words:
     call: int
     result: int
     test: bool
+    floating: bool = False  # float32 words: values (and the words read) compare as floats
 
 
 @dataclass
@@ -118,7 +119,7 @@ def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int
         if kind == Ev.VALUE:  # the bytes of a small payload of the POST (or MTE) before it
             data = np.array(row[3:7], "<i8").tobytes()[:row[2]]
             last = ops[-1]
-            if last[0] == Ev.MTE:
+            if last[0] in (Ev.MTE, Ev.SDMA):
                 ops[-1] = last + (data,)
             else:
                 first, end = last[2], last[3]
@@ -138,8 +139,8 @@ def _ops(prog: Program, part, rows: np.ndarray, post_ranges: dict, row_base: int
     return ops
 
 
-_WIDTH = {Ev.MTE_QUIET: 1, Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 3, Ev.REGION: 3, Ev.COMPUTE: 3,
-          Ev.LAUNCH: 3, Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2}
+_WIDTH = {Ev.MTE_QUIET: 1, Ev.QUIET: 4, Ev.SIGNAL: 6, Ev.MTE: 5, Ev.BARRIER: 6, Ev.REGION: 3, Ev.COMPUTE: 3,
+          Ev.LAUNCH: 3, Ev.BLOCK: 3, Ev.SYNC: 2, Ev.JOIN: 2, Ev.SDMA: 5, Ev.SDMA_QUIET: 1, Ev.SDMA_NOTIFY: 1}
 
 
 def _words(part, row: list, test: bool) -> Words:
@@ -156,7 +157,10 @@ def _words(part, row: list, test: bool) -> Words:
             active = list(ex["active"])
     if not signed:  # recorded as int64 bits: back to the word's unsigned value
         values = [v & ((1 << 8 * size) - 1) for v in values]
-    return Words(pe, offsets, size, signed, values, active, cmp, call, result, test)
+    floating = bool(code >> 9 & 1)
+    if floating:  # recorded as the float32's bits
+        values = [float(np.array(v & 0xFFFF_FFFF, "<u4").view("<f4")) for v in values]
+    return Words(pe, offsets, size, signed, values, active, cmp, call, result, test, floating)
 
 
 def _decode_wqes(part, qp_num: int, heap_base: int, heap_stride: int) -> tuple[Wqes, dict]:

@@ -22,7 +22,7 @@ import json
 
 from ...udma.layout import opcode_name
 from .critical import critical_path
-from .sim import W_MTE, W_SIGNAL, Sim
+from .sim import W_MTE, W_SDMA, W_SIGNAL, Sim
 
 __all__ = ["summary", "render", "write_perfetto", "SCHEMA"]
 
@@ -151,7 +151,7 @@ def render(doc: dict, *, top: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
-_BLOCKED = {"wqe": "wait", "mte": "mte copy", "ack": "quiet", "barrier": "barrier", "join": "join",
+_BLOCKED = {"wqe": "wait", "mte": "mte copy", "sdma": "sdma quiet", "ack": "quiet", "barrier": "barrier", "join": "join",
             "sync": "sync_all", "launch": "launch", "never": "wait (never met)"}
 
 
@@ -159,9 +159,9 @@ def _blocked_slice(sim: Sim, cause) -> tuple[str, dict]:
     """A blocked stretch of a thread: its name (what it waited in) and what released it."""
     kind = cause[0] if cause else "never"
     args: dict = {}
-    if kind in ("wqe", "ack", "mte") and cause[1] is not None and cause[1] >= 0:
+    if kind in ("wqe", "ack", "mte", "sdma") and cause[1] is not None and cause[1] >= 0:
         gid = cause[1]
-        what = {W_SIGNAL: "signal_op", W_MTE: "MTE copy"}.get(sim.w_kind[gid])
+        what = {W_SIGNAL: "signal_op", W_MTE: "MTE copy", W_SDMA: "SDMA copy"}.get(sim.w_kind[gid])
         if what is None:
             pe = sim.w_pe[gid]
             what = opcode_name(int(sim.prog.wqes[pe].opcode[gid - sim.base[pe]]))
@@ -210,7 +210,7 @@ def write_perfetto(sim: Sim, path: str) -> None:
         queues = set()
         for gid in range(len(sim.w_kind)):
             kind, pe = sim.w_kind[gid], sim.w_pe[gid]
-            if kind in (W_SIGNAL, W_MTE) or sim.w_queue[gid] is None:
+            if kind in (W_SIGNAL, W_MTE, W_SDMA) or sim.w_queue[gid] is None:
                 continue
             pid = pe + 1
             i = gid - sim.base[pe]

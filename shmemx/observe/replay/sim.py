@@ -17,6 +17,10 @@ equal times is too. What each part does:
   through the intra ports like a WQE without the engine; the thread goes on, and its ``aclshmemx_mte_quiet`` (or a
   barrier, its ``sync_all``, its block's end) waits until the last of its copies landed. (A format /1 recording
   has no quiets: each of its copies blocks its thread until it landed.)
+* **SDMA copies** go on their thread's SDMA channel (one per block, FIFO): each costs the thread ``post_us +
+  doorbell_us``, waits for the channel (the copy before it), takes the channel ``intra_wqe_us`` per SQE of at
+  most 1 MiB (no public SDMA figure: the engine's per-WQE time, an assumption), then goes through the intra
+  ports; ``aclshmemx_sdma_quiet`` waits until the thread's last SDMA copy landed. Nothing else waits for them.
 * **Small control messages** (``signal_op`` stores, barrier rounds) cost the sender ``post_us + doorbell_us``
   and arrive ``wqe_us + latency`` later, without taking port time.
 
@@ -44,7 +48,8 @@ from .topology import Topology
 __all__ = ["Sim", "SimError"]
 
 M32 = 0xFFFF_FFFF
-W_WQE, W_READ, W_SIGNAL, W_MTE = 0, 1, 2, 3  # what a record is
+W_WQE, W_READ, W_SIGNAL, W_MTE, W_SDMA = 0, 1, 2, 3, 4  # what a record is
+SDMA_SQE_BYTES = 1 << 20
 _WRITES = frozenset({Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY})
 
 
@@ -54,7 +59,8 @@ class SimError(Exception):
 
 class Thread:
     __slots__ = ("pe", "slot", "ops", "pc", "clock", "blocked", "releases", "regions", "syncs", "end", "computes",
-                 "blocked_since", "mte_pending", "mte_done", "mte_gid")
+                 "blocked_since", "mte_pending", "mte_done", "mte_gid", "sdma_pending", "sdma_done", "sdma_gid",
+                 "sdma_free", "sdma_last")
 
     def __init__(self, pe: int, slot: int, ops: list):
         self.pe, self.slot, self.ops = pe, slot, ops
@@ -69,6 +75,9 @@ class Thread:
         self.computes: list[tuple] = []  # (start, end) of compute annotations
         self.mte_pending = 0  # MTE copies issued whose landing time is not known yet (non-blocking copies)
         self.mte_done, self.mte_gid = 0.0, -1  # the latest landing among those known, and its copy
+        self.sdma_pending = 0  # the same for the thread's SDMA channel
+        self.sdma_done, self.sdma_gid = 0.0, -1
+        self.sdma_free, self.sdma_last = 0.0, -1  # when the channel takes its next SQE, and the copy before it
 
     def __repr__(self) -> str:
         return f"pe {self.pe} block {self.slot}"
@@ -454,8 +463,49 @@ class Sim(Collectives):
             return False
         return True
 
+    def _op_sdma(self, th: Thread, op) -> bool:
+        """An SDMA copy on the thread's channel (see the module docstring); the thread goes on."""
+        pe, offset, nbytes, put = op[1:5]
+        data = op[5] if len(op) > 5 else None
+        w = self.watched.get(pe if put else th.pe)
+        effect = None
+        if put and w:
+            effect = [("bytes", pe, offset, data) if data is not None else ("cover", pe, offset, offset + nbytes)]
+        src, dst = (th.pe, pe) if put else (pe, th.pe)
+        gid = self._new_record(W_SDMA, th.pe, src, dst, nbytes, effect)
+        self.w_poster[gid] = th
+        th.clock += self.topo.post_us + self.topo.doorbell_us
+        start = max(th.clock, th.sdma_free)
+        if th.sdma_free > th.clock:
+            self.w_pred_eng[gid] = th.sdma_last
+        self.w_ready[gid], self.w_s[gid] = th.clock, start
+        self.w_T[gid] = self.w_x[gid] = start + self.wqe[0] * max(1, -(-nbytes // SDMA_SQE_BYTES))
+        th.sdma_free, th.sdma_last = self.w_T[gid], gid
+        th.sdma_pending += 1
+        if put:
+            self.at(self.w_T[gid], self._send, gid)
+        else:  # the read request goes one latency ahead of the data
+            self.at(self.w_T[gid] + self.lat[self.w_tier[gid]], self._send, gid)
+        return True
+
+    def _op_sdma_quiet(self, th: Thread, op) -> bool:
+        """``aclshmemx_sdma_quiet``: until every SDMA copy of this thread's channel has landed."""
+        if th.sdma_pending:
+            return self._block(th, ("sdma_quiet",))
+        if th.sdma_done > th.clock:
+            self._block(th, ("sdma_quiet",))
+            self.at(th.sdma_done, self._resume_event, (th, ("sdma", th.sdma_gid)))
+            return False
+        return True
+
+    def _op_sdma_notify(self, th: Thread, op) -> bool:
+        """A notify record: the thread goes on (a host's wait for the notify is not modelled)."""
+        th.clock += self.topo.post_us + self.topo.doorbell_us
+        return True
+
     _handlers = {Ev.POST: _op_post, Ev.QUIET: _op_quiet, Ev.WAIT: _op_wait, Ev.TEST: _op_wait,
                  Ev.SIGNAL: _op_signal, Ev.MTE: _op_mte, Ev.MTE_QUIET: _op_mte_quiet,
+                 Ev.SDMA: _op_sdma, Ev.SDMA_QUIET: _op_sdma_quiet, Ev.SDMA_NOTIFY: _op_sdma_notify,
                  Ev.BARRIER: Collectives._op_barrier,
                  Ev.REGION: Collectives._op_region, Ev.COMPUTE: Collectives._op_compute,
                  Ev.LAUNCH: Collectives._op_launch, Ev.BLOCK: Collectives._op_block, Ev.SYNC: Collectives._op_sync,
@@ -593,6 +643,15 @@ class Sim(Collectives):
             if not th.mte_pending and th.blocked == ("mte_quiet",):
                 th.blocked = ("released",)
                 self.at(max(th.mte_done, th.clock), self._resume_event, (th, ("mte", th.mte_gid)))
+            return
+        if kind == W_SDMA:
+            th = self.w_poster[gid]
+            th.sdma_pending -= 1
+            if done >= th.sdma_done:
+                th.sdma_done, th.sdma_gid = done, gid
+            if not th.sdma_pending and th.blocked == ("sdma_quiet",):
+                th.blocked = ("released",)
+                self.at(max(th.sdma_done, th.clock), self._resume_event, (th, ("sdma", th.sdma_gid)))
             return
         q = self.w_queue[gid]
         q.unacked -= 1
