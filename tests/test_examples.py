@@ -81,3 +81,23 @@ def test_mte_allgather_example(n):
     dtype = {2: "int32", 4: "float16", 8: "bfloat16"}[n]
     proc = _run(n, "mte_allgather.py", "--dtype", dtype, "--len", "2048", "--blocks", "4", "--iters", "3")
     _check_passed(proc, n, rf"PASS: pe \d+: 3 iterations, {n} x 2048 {dtype} gathered, 4 blocks")
+
+
+@pytest.mark.parametrize("n", N_PES)
+def test_ring_example(n):
+    """The README's first kernel."""
+    _check_passed(_run(n, "ring.py"), n, r"PASS: pe \d+ holds pe \d+'s row")
+
+
+def test_replay_alltoall_example(tmp_path):
+    """The README's replay example: the kernel checks its rows, the replay of its recording reads as shown."""
+    rec = tmp_path / "a2a.rec"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+    run = [*_shmemx_command(), "run", "-n", "4", "--timeout", "60", "--record", str(rec),
+           str(EXAMPLES / "replay_alltoall.py")]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+    _check_passed(proc, 4, r"PASS: pe \d+ holds every peer's row")
+    replay = subprocess.run([*_shmemx_command(), "replay", str(rec)], capture_output=True, text=True, timeout=90,
+                            env=env, cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    assert "makespan 7.695 us (pe 1)" in replay.stdout and "bound by compute" in replay.stdout, replay.stdout
