@@ -11,7 +11,7 @@ _FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
 setup(
     ext_modules=[
         Extension("shmemx.udma._engine", ["shmemx/udma/_engine.c", "shmemx/udma/_post.c", "shmemx/udma/_chaos.c"],
-                  depends=["shmemx/shm/wake.h", "shmemx/udma/_engine.h"],
+                  depends=["shmemx/shm/wake.h", "shmemx/udma/_engine.h", "shmemx/udma/_config.h"],
                   extra_compile_args=_FLAGS, libraries=["pthread", "m"]),
         Extension("shmemx.shm._native", ["shmemx/shm/_native.c"], depends=["shmemx/shm/wake.h"],
                   extra_compile_args=_FLAGS),
