@@ -101,3 +101,14 @@ def test_replay_alltoall_example(tmp_path):
                             env=env, cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr
     assert "makespan 7.695 us (pe 1)" in replay.stdout and "bound by compute" in replay.stdout, replay.stdout
+
+
+def test_counters_example():
+    """The README's --stats example: every PE's counters as the README shows them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+    cmd = [*_shmemx_command(), "run", "-n", "3", "--timeout", "60", "--stats", str(EXAMPLES / "counters.py")]
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env, cwd=scratch)
+    _check_passed(proc, 3, r"PASS: pe \d+ got 200 puts and a put_signal from each of 2 peers")
+    rows = [line.split() for line in (proc.stdout + proc.stderr).splitlines() if re.match(r"^\s+[0-2]\s+402\s", line)]
+    assert len(rows) == 3 and all(r[2] == r[4] == "11,000" and r[-1] == "400" for r in rows), proc.stderr
