@@ -12,7 +12,7 @@ setup(
     ext_modules=[
         Extension("shmemx.udma._engine", ["shmemx/udma/_engine.c", "shmemx/udma/_post.c", "shmemx/udma/_chaos.c",
                                                 "shmemx/udma/_events.c"],
-                  depends=["shmemx/shm/wake.h", "shmemx/udma/_engine.h"],
+                  depends=["shmemx/shm/wake.h", "shmemx/udma/_engine.h", "shmemx/udma/_config.h"],
                   extra_compile_args=_FLAGS, libraries=["pthread", "m"]),
         Extension("shmemx.shm._native", ["shmemx/shm/_native.c"], depends=["shmemx/shm/wake.h"],
                   extra_compile_args=_FLAGS),

@@ -70,7 +70,7 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
 @click.option("--model", default=None, metavar="TOPO",
               help="Also record each job and add modelled columns from its replay on TOPO (e.g. ascend950).")
 def experiment(name, quick, out, model) -> None:
-    """Run seed 001's experiment NAME (P0-P5, or all) over the MoE schedules; print its table and verdict."""
+    """Run the MoE schedule experiment NAME (P0-P5, or all); print its table and verdict."""
     from pathlib import Path
 
     from shmemx.launcher.experiment import EXPERIMENTS, run_experiment
@@ -166,7 +166,8 @@ def clean(job, stale, force) -> None:
 @click.option("--all-queues", is_flag=True, help="List idle queues too (default: only queues with work in flight).")
 @click.option("--limit", type=int, default=None, metavar="N",
               help="WQEs and CQEs listed per queue (default 64; -1 = all). Counts are always complete.")
-@click.option("--json", "as_json", is_flag=True, help="Print the dump as one JSON document (schema in the README).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the dump as one JSON document (schema in docs/formats.md).")
 @click.option("--file", "path", default=None, metavar="F", type=click.Path(exists=True, dir_okay=False),
               help="Read a saved dump (e.g. the launcher's post-mortem shmemx-dump-<job>.json) instead of a job.")
 def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
@@ -208,7 +209,8 @@ def dump(job, pes, peers, qps, all_queues, limit, as_json, path) -> None:
               help="A topology TOML file, or a built-in one: ascend950, h800_cx7.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a topology value, e.g. --set intra.bandwidth_GBps=100 (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print the replay as one JSON document (schema in the README).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the replay as one JSON document (schema in docs/formats.md).")
 @click.option("--perfetto", default=None, metavar="FILE",
               help="Also write a Chrome trace-event JSON of the replay in virtual time (open it in Perfetto).")
 def replay(recording, topology, settings, as_json, perfetto) -> None:

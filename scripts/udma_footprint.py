@@ -5,8 +5,8 @@
 Each PE's UDMA segment is a sparse file: its size is the address space reserved (``UdmaSegment.size``), its
 ``st_blocks`` the memory actually used. PE 0 reads both for every PE's file at three moments: after init, after
 one put per (peer, qp), and after 256 puts per (peer, qp) (every PE sends to every other PE on every QP, quieting
-each queue). Prints one table: per PE (median and max over PEs) and for the whole job. The README's "Ring memory"
-table comes from this script at 128 PEs x 2 QPs.
+each queue). Prints one table: per PE (median and max over PEs) and for the whole job. The "Ring memory"
+table of docs/design.md comes from this script at 128 PEs x 2 QPs.
 """
 
 import argparse

@@ -16,10 +16,10 @@ from .api.memory import (DEVICE_SIDE, HOST_SIDE, HeapInfo, aclshmem_align, aclsh
 from .runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
                       ACLSHMEMX_INIT_WITH_DEFAULT, InitAttr, OptionalAttr, is_initialized)
 from .api.signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_LE, ACLSHMEM_CMP_LT,
-                          ACLSHMEM_CMP_NE, ACLSHMEM_SIGNAL_ADD, ACLSHMEM_SIGNAL_SET, aclshmem_signal_wait_until,
-                          aclshmem_test, aclshmem_test_all, aclshmem_test_any, aclshmem_test_some, aclshmem_wait_until,
-                          aclshmem_wait_until_all, aclshmem_wait_until_any, aclshmem_wait_until_some,
-                          aclshmemx_signal_op)
+                          ACLSHMEM_CMP_NE, ACLSHMEM_SIGNAL_ADD, ACLSHMEM_SIGNAL_SET, CmpOp, SignalOp,
+                          aclshmem_signal_wait_until, aclshmem_test, aclshmem_test_all, aclshmem_test_any,
+                          aclshmem_test_some, aclshmem_wait_until, aclshmem_wait_until_all, aclshmem_wait_until_any,
+                          aclshmem_wait_until_some, aclshmemx_signal_op)
 from .udma import layout
 from .udma.layout import (ACLSHMEMX_UDMA_ODR_NO, ACLSHMEMX_UDMA_ODR_RO, ACLSHMEMX_UDMA_ODR_SO,
                           ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, ACLSHMEMX_UDMA_OP_CONFIG_SO,
@@ -81,7 +81,7 @@ __all__ = [
     "aclshmemx_get_heap_base",
     # signals and waits
     "ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT", "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT",
-    "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD",
+    "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD", "CmpOp", "SignalOp",
     "aclshmemx_signal_op", "aclshmem_signal_wait_until", "aclshmem_wait_until", "aclshmem_test",
     "aclshmem_wait_until_all", "aclshmem_wait_until_any", "aclshmem_wait_until_some",
     "aclshmem_test_all", "aclshmem_test_any", "aclshmem_test_some",

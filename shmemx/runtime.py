@@ -87,12 +87,17 @@ def parse_size(text) -> int:
 @dataclass
 class OptionalAttr:
     """``aclshmem_init_optional_attr_t``: the engines (a mask of ``ACLSHMEM_DATA_OP_*``; see ``api.engines``) and
-    the timeouts (seconds)."""
+    the timeouts (seconds).
+
+    A timeout left at None is not set: ``control_operation_timeout`` (the deadline of every wait) is then the
+    launcher's ``--timeout``, else 120 s; ``shm_init_timeout`` (the init barrier's) and ``shm_create_timeout`` are
+    120 s. A timeout set to any value, 120 s included, beats the launcher's.
+    """
 
     data_op_engine_type: int = ACLSHMEM_DATA_OP_UDMA
-    shm_init_timeout: float = DEFAULT_TIMEOUT
-    shm_create_timeout: float = DEFAULT_TIMEOUT
-    control_operation_timeout: float = DEFAULT_TIMEOUT
+    shm_init_timeout: float | None = None
+    shm_create_timeout: float | None = None
+    control_operation_timeout: float | None = None
 
 
 @dataclass
@@ -196,19 +201,63 @@ def set_qp_num(engine: int, qp_num: int) -> int:
     return 0
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None else int(value)
+def first_set(*choices):
+    """The first of ``choices`` that is set (not None): the precedence of every init setting is an argument of init
+    (a keyword, then ``attr``), then the launcher's environment, then the default."""
+    return next(value for value in choices if value is not None)
+
+
+def _env(name: str) -> str | None:
+    """The launcher's setting ``name`` (None when absent or empty)."""
+    return os.environ.get(name) or None
+
+
+def _heap_size(attr: InitAttr, heap_size, min_heap_size) -> int:
+    """Heap bytes per PE: ``heap_size`` > ``attr.local_mem_size`` (0: unset) > ``SHMEMX_HEAP_SIZE`` > 1 GiB, raised
+    to ``min_heap_size``."""
+    size = parse_size(first_set(heap_size, attr.local_mem_size or None, _env("SHMEMX_HEAP_SIZE"), DEFAULT_HEAP_SIZE))
+    return size if min_heap_size is None else max(size, parse_size(min_heap_size))
+
+
+def _timeout(attr: InitAttr, timeout: float | None) -> float:
+    """The deadline of every wait: ``timeout`` > ``attr``'s ``control_operation_timeout`` > ``SHMEMX_TIMEOUT`` >
+    120 s."""
+    return float(first_set(timeout, attr.option_attr.control_operation_timeout, _env("SHMEMX_TIMEOUT"),
+                           DEFAULT_TIMEOUT))
+
+
+def _identity(attr: InitAttr) -> tuple[str, bool, int, int]:
+    """(job id, owner, my_pe, n_pes): the launcher's, or a new job of one PE that this process owns."""
+    job_id = _env("SHMEMX_JOB")
+    if job_id is None:
+        return f"{os.getpid():x}{secrets.token_hex(2)}", True, 0, 1
+    me, n = int(first_set(_env("SHMEMX_RANK"), 0)), int(first_set(_env("SHMEMX_SIZE"), 1))
+    for name, given, actual in (("my_pe", attr.my_pe, me), ("n_pes", attr.n_pes, n)):
+        if given >= 0 and given != actual:
+            raise ValueError(f"aclshmemx_init_attr: attr.{name}={given} but the launcher started this "
+                             f"process as {name}={actual}")
+    return job_id, False, me, n
+
+
+def _check_engine(attr: InitAttr) -> int:
+    engine = attr.option_attr.data_op_engine_type
+    if isinstance(engine, bool) or not isinstance(engine, (int, np.integer)) or not 0 < engine <= _ENGINE_MASK:
+        raise ValueError(f"aclshmemx_init_attr: data_op_engine_type {engine!r} is not a mask of "
+                         f"MTE=1, SDMA=2, ROCE=4, UDMA=8")
+    return int(engine)
 
 
 def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
          cq_depth: int | None = None, min_heap_size=None) -> Runtime:
     """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
 
+    Every setting is an argument of init when given, else the launcher's (its environment), else the default
+    (``first_set``).
+
     Args:
         attr: CANN-style attributes; see ``InitAttr``.
-        heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
-        timeout: deadline of every wait in seconds; overrides the launcher's ``--timeout``.
+        heap_size: heap bytes per PE (int or "64M"); overrides ``attr`` and the launcher's ``--heap-size``.
+        timeout: deadline of every wait in seconds; overrides ``attr`` and the launcher's ``--timeout``.
         sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two, default 32768; tests use small ones).
         min_heap_size: a heap of at least this many bytes (for libraries that know what they need, such as
             ``shmemx.deep_ep.Buffer``): the size above, or the launcher's, or the default, raised to it.
@@ -219,73 +268,67 @@ def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None 
     if _rt is not None and not _rt.owner:  # its segments live on until the launcher removes them
         raise ClosedError(f"pe {_rt.my_pe}: shmemx was finalized; a rank of a launched job cannot init again")
     attr = attr or InitAttr()
-    engine = attr.option_attr.data_op_engine_type
-    if isinstance(engine, bool) or not isinstance(engine, (int, np.integer)) or not 0 < engine <= _ENGINE_MASK:
-        raise ValueError(f"aclshmemx_init_attr: data_op_engine_type {engine!r} is not a mask of "
-                         f"MTE=1, SDMA=2, ROCE=4, UDMA=8")
-    job_id = os.environ.get("SHMEMX_JOB")
-    owner = job_id is None
-    if owner:
-        job_id = f"{os.getpid():x}{secrets.token_hex(2)}"
-        my_pe, n_pes = 0, 1
-    else:
-        my_pe, n_pes = _env_int("SHMEMX_RANK", 0), _env_int("SHMEMX_SIZE", 1)
-    for name, given, actual in (("my_pe", attr.my_pe, my_pe), ("n_pes", attr.n_pes, n_pes)):
-        if given >= 0 and given != actual:
-            raise ValueError(f"aclshmemx_init_attr: attr.{name}={given} but the launcher started this "
-                             f"process as {name}={actual}")
-    size = parse_size(heap_size if heap_size is not None else
-                      attr.local_mem_size or os.environ.get("SHMEMX_HEAP_SIZE") or DEFAULT_HEAP_SIZE)
-    if min_heap_size is not None:
-        size = max(size, parse_size(min_heap_size))
+    engine = _check_engine(attr)
+    job_id, owner, my_pe, n_pes = _identity(attr)
+    size, timeout = _heap_size(attr, heap_size, min_heap_size), _timeout(attr, timeout)
     if size <= 0:
         raise ValueError(f"pe {my_pe}: heap size must be positive, got {size}")
-    if timeout is None:  # as for the heap size: a timeout set in attr beats the launcher's, which beats ours
-        env_timeout = os.environ.get("SHMEMX_TIMEOUT")
-        timeout = attr.option_attr.control_operation_timeout
-        if env_timeout and timeout == DEFAULT_TIMEOUT:
-            timeout = float(env_timeout)
-    if owner:
-        ctl = Control.create(job_id, 1, heap_size=size, timeout=timeout, script="")
-        ctl.header["state"] = JobState.RUNNING
-    else:
-        ctl = Control.attach(job_id)
-    try:
-        heap = Heap(job_id, my_pe, n_pes, size)
-    except BaseException:
-        if owner:  # a standalone PE made the job's control segment just now: nothing else holds it
-            ctl.close()
-            remove_job_segments(job_id)
-        raise
+    ctl, heap = _attach(job_id, owner, my_pe, n_pes, size, timeout)
     rt = Runtime(ctl, my_pe, heap, timeout=timeout, owner=owner, engine_type=engine)
     rt.qp_num = _pending_qp_num
     rt.sq_depth, rt.cq_depth = sq_depth, cq_depth
-    me = ctl.pes[my_pe]
-    me["pid"] = os.getpid()
-    me["heap_size"] = size
-    me["qp_num"] = rt.qp_num
-    me["start_time"] = time.time()
+    _publish(rt)
     _rt = rt
     try:
-        rt.stats = StatsSegment.create(job_id, my_pe, n_pes, rt.qp_num)
-        _observers(rt)
-        plane.create(rt)  # this PE's queues and URMA identity
-        if rt.events is not None and rt.events.checker is not None:
-            rt.udma.array_type = checked_arrays.CheckedArray  # heap arrays post natively too
-        me["status"] = PeStatus.READY
-        atomics.fetch_add_u32(ctl.header_addr("n_ready"), 1)
-        barrier(rt, call=WaitCall.INIT, timeout=attr.option_attr.shm_init_timeout)
-        # Before anyone maps a peer: when PEs disagree, every PE fails here and may remove its own segments
-        # (_undo_failed_init) without pulling them from under a peer that is still attaching.
-        _check_agreement(rt)
-        heap.attach_peers()
-        plane.start(rt)
+        _start(rt, first_set(attr.option_attr.shm_init_timeout, DEFAULT_TIMEOUT))
     except BaseException:
         _rt = None
         _undo_failed_init(rt)
         raise
     atexit.register(_finalize_at_exit)
     return rt
+
+
+def _attach(job_id: str, owner: bool, my_pe: int, n_pes: int, size: int, timeout: float) -> tuple[Control, Heap]:
+    """The job's control segment (made here for a job of one PE) and this PE's heap."""
+    if owner:
+        ctl = Control.create(job_id, 1, heap_size=size, timeout=timeout, script="")
+        ctl.header["state"] = JobState.RUNNING
+    else:
+        ctl = Control.attach(job_id)
+    try:
+        return ctl, Heap(job_id, my_pe, n_pes, size)
+    except BaseException:
+        if owner:  # a standalone PE made the job's control segment just now: nothing else holds it
+            ctl.close()
+            remove_job_segments(job_id)
+        raise
+
+
+def _publish(rt: Runtime) -> None:
+    """This PE's identity in the control segment, for the peers and the job's readers."""
+    me = rt.ctl.pes[rt.my_pe]
+    me["pid"] = os.getpid()
+    me["heap_size"] = rt.heap.size
+    me["qp_num"] = rt.qp_num
+    me["start_time"] = time.time()
+
+
+def _start(rt: Runtime, init_timeout: float) -> None:
+    """The recorders, the data plane, the init barrier and the peers' heaps (undone by the caller on failure)."""
+    rt.stats = StatsSegment.create(rt.job_id, rt.my_pe, rt.n_pes, rt.qp_num)
+    _observers(rt)
+    plane.create(rt)  # this PE's queues and URMA identity
+    if rt.events is not None and rt.events.checker is not None:
+        rt.udma.array_type = checked_arrays.CheckedArray  # heap arrays post natively too
+    rt.ctl.pes[rt.my_pe]["status"] = PeStatus.READY
+    atomics.fetch_add_u32(rt.ctl.header_addr("n_ready"), 1)
+    barrier(rt, call=WaitCall.INIT, timeout=init_timeout)
+    # Before anyone maps a peer: when PEs disagree, every PE fails here and may remove its own segments
+    # (_undo_failed_init) without pulling them from under a peer that is still attaching.
+    _check_agreement(rt)
+    rt.heap.attach_peers()
+    plane.start(rt)
 
 
 def _observers(rt: Runtime) -> None:

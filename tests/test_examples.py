@@ -111,3 +111,34 @@ def test_cann_double_plane_moe_example():
     proc = _run(4, "sdma_moe.py", "--tokens", "64", "--hidden", "256")
     _check_passed(proc, 4, r"PASS: pe \d+: 64 tokens dispatched to 8 experts and combined; \d+ segments over SDMA")
     assert re.search(r"; [1-9]\d* segments over SDMA", proc.stdout), proc.stdout  # the SDMA plane was used
+
+
+@pytest.mark.parametrize("n", N_PES)
+def test_ring_example(n):
+    """The README's first kernel."""
+    _check_passed(_run(n, "ring.py"), n, r"PASS: pe \d+ holds pe \d+'s row")
+
+
+def test_replay_alltoall_example(tmp_path):
+    """The README's replay example: the kernel checks its rows, the replay of its recording reads as shown."""
+    rec = tmp_path / "a2a.rec"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+    run = [*_shmemx_command(), "run", "-n", "4", "--timeout", "60", "--record", str(rec),
+           str(EXAMPLES / "replay_alltoall.py")]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+    _check_passed(proc, 4, r"PASS: pe \d+ holds every peer's row")
+    replay = subprocess.run([*_shmemx_command(), "replay", str(rec)], capture_output=True, text=True, timeout=90,
+                            env=env, cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    assert "makespan 7.695 us (pe 1)" in replay.stdout and "bound by compute" in replay.stdout, replay.stdout
+
+
+def test_counters_example():
+    """The README's --stats example: every PE's counters as the README shows them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMEMX_")}
+    cmd = [*_shmemx_command(), "run", "-n", "3", "--timeout", "60", "--stats", str(EXAMPLES / "counters.py")]
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env, cwd=scratch)
+    _check_passed(proc, 3, r"PASS: pe \d+ got 200 puts and a put_signal from each of 2 peers")
+    rows = [line.split() for line in (proc.stdout + proc.stderr).splitlines() if re.match(r"^\s+[0-2]\s+402\s", line)]
+    assert len(rows) == 3 and all(r[2] == r[4] == "11,000" and r[-1] == "400" for r in rows), proc.stderr

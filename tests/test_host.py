@@ -78,6 +78,43 @@ def test_finalize_is_idempotent(run_ok, n):
     run_ok(n, _finalize_idempotent)
 
 
+def test_init_settings_precedence(monkeypatch):
+    """An argument of init (a keyword, then attr) beats the launcher's environment, which beats the default; an
+    attr timeout set to 120 s, the default's value, is still an argument."""
+    from shmemx import runtime as rtm
+
+    attr_of = lambda timeout=None, mem=0: shmemx.InitAttr(  # noqa: E731
+        local_mem_size=mem, option_attr=shmemx.OptionalAttr(control_operation_timeout=timeout))
+    monkeypatch.delenv("SHMEMX_TIMEOUT", raising=False)
+    monkeypatch.delenv("SHMEMX_HEAP_SIZE", raising=False)
+    assert rtm._timeout(attr_of(), None) == rtm.DEFAULT_TIMEOUT == 120.0
+    assert rtm._heap_size(attr_of(), None, None) == rtm.DEFAULT_HEAP_SIZE
+    monkeypatch.setenv("SHMEMX_TIMEOUT", "5")
+    monkeypatch.setenv("SHMEMX_HEAP_SIZE", "4M")
+    assert rtm._timeout(attr_of(), None) == 5.0
+    assert rtm._timeout(attr_of(120.0), None) == 120.0  # set explicitly: beats the launcher's 5 s
+    assert rtm._timeout(attr_of(17.0), None) == 17.0 and rtm._timeout(attr_of(17.0), 3) == 3.0
+    assert rtm._heap_size(attr_of(), None, None) == 4 << 20
+    assert rtm._heap_size(attr_of(mem=2 << 20), None, None) == 2 << 20
+    assert rtm._heap_size(attr_of(mem=2 << 20), "3M", None) == 3 << 20
+    assert rtm._heap_size(attr_of(mem=2 << 20), "3M", "8M") == 8 << 20  # raised to the minimum
+    monkeypatch.setenv("SHMEMX_TIMEOUT", "")  # an empty setting is no setting
+    assert rtm._timeout(attr_of(), None) == 120.0
+    assert rtm.first_set(None, 0, 5) == 0 and rtm.first_set(None, None, "x") == "x"
+
+
+def _attr_timeout_beats_launcher():
+    attr = shmemx.InitAttr(option_attr=shmemx.OptionalAttr(control_operation_timeout=120.0))
+    assert float(os.environ["SHMEMX_TIMEOUT"]) != 120.0
+    shmemx.aclshmemx_init_attr(shmemx.ACLSHMEMX_INIT_WITH_DEFAULT, attr)
+    assert runtime().timeout == 120.0
+    shmemx.finalize()
+
+
+def test_attr_timeout_of_120_s_beats_the_launchers(run_ok):
+    run_ok(2, _attr_timeout_beats_launcher)
+
+
 # --- aclshmemx_set_qp_num ----------------------------------------------------------------------------------
 
 

@@ -269,6 +269,28 @@ def test_topology_overrides_and_errors(tmp_path):
     assert "kernel_us" not in older.read_text() and load_topology(str(older)).kernel_us == 0.0
 
 
+def test_topology_optional_keys_take_their_defaults(tmp_path, record):
+    """A file with only the required keys (as the README's table lists them) loads; each optional key gets its
+    documented default; a required key left out is refused by name."""
+    minimal = tmp_path / "cluster.toml"
+    minimal.write_text("ranks_per_server = 4\n[intra]\nbandwidth_GBps = 100\nlatency_us = 0.4\n"
+                       "[inter]\nbandwidth_GBps = 25\nlatency_us = 1.5\n[engine]\nwqe_us = 0.07\n"
+                       "[host]\npost_us = 0.03\ndoorbell_us = 0.2\n")
+    topo = load_topology(str(minimal))
+    assert (topo.name, topo.ranks_per_server, topo.sharing, topo.kernel_us) == ("cluster", 4, "fcfs", 0.0)
+    assert topo.engine_us == (0.07, 0.07) and topo.intra.bandwidth_GBps == 100.0 and topo.inter.latency_us == 1.5
+    assert load_topology(str(minimal), {"network.sharing": "maxmin"}).sharing == "maxmin"
+    nbytes = 64 << 10  # one put + quiet inside a server, at the file's own values
+    doc = replay(record(2, put_quiet_body, nbytes), topo)
+    assert close(doc["regions"]["rma"]["max_us"], 0.03 + 0.2 + 0.07 + 0.4 + nbytes / 100e3 + 0.4), doc["regions"]
+    for required in ("ranks_per_server", "latency_us = 1.5", "wqe_us", "doorbell_us"):
+        broken = tmp_path / "broken.toml"
+        broken.write_text("".join(line for line in minimal.read_text().splitlines(True)
+                                  if not line.startswith(required)))
+        with pytest.raises(ValueError, match="missing key"):
+            load_topology(str(broken))
+
+
 # --- recordings ----------------------------------------------------------------------------------------------------
 
 def test_recording_holds_the_exact_wqes(record):

@@ -516,3 +516,17 @@ def _wait_all_strided():
 @pytest.mark.parametrize("n", [2, 5])
 def test_wait_until_all_strided_words(run_ok, n):
     run_ok(n, _wait_all_strided)
+
+
+def test_comparison_and_signal_constants_are_int_enums():
+    """``ACLSHMEM_CMP_*`` and ``ACLSHMEM_SIGNAL_*`` are members of ``CmpOp`` / ``SignalOp`` with CANN's values."""
+    import enum
+
+    assert [(m.name, int(m)) for m in shmemx.CmpOp] == [("EQ", 0), ("NE", 1), ("GT", 2), ("GE", 3), ("LT", 4),
+                                                       ("LE", 5)]
+    assert [(m.name, int(m)) for m in shmemx.SignalOp] == [("SET", 0), ("ADD", 1)]
+    assert issubclass(shmemx.CmpOp, enum.IntEnum) and issubclass(shmemx.SignalOp, enum.IntEnum)
+    for name in ("EQ", "NE", "GT", "GE", "LT", "LE"):
+        assert getattr(shmemx, f"ACLSHMEM_CMP_{name}") is shmemx.CmpOp[name]
+    assert (shmemx.ACLSHMEM_SIGNAL_SET, shmemx.ACLSHMEM_SIGNAL_ADD) == tuple(shmemx.SignalOp) == (0, 1)
+    assert {"CmpOp", "SignalOp", "ACLSHMEM_CMP_EQ", "ACLSHMEM_SIGNAL_ADD"} <= set(shmemx.__all__)

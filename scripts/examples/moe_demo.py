@@ -48,10 +48,12 @@ opts = {k: v for k, v in (("num_channels", args.channels), ("shared_lanes", args
 buf = moe.Buffer(T, H, topk.shape[1], E, qp_policy=args.policy, **opts)
 
 layout = buf.get_dispatch_layout(topk)
-got = buf.dispatch(x, topk_idx=topk, topk_weights=weights, num_tokens_per_rank=layout.num_tokens_per_rank,
-                   is_token_in_rank=layout.is_token_in_rank, num_tokens_per_expert=layout.num_tokens_per_expert)
+with shmemx.region("dispatch"):  # regions: what a trace and a replay (shmemx run --record) time
+    got = buf.dispatch(x, topk_idx=topk, topk_weights=weights, num_tokens_per_rank=layout.num_tokens_per_rank,
+                       is_token_in_rank=layout.is_token_in_rank, num_tokens_per_expert=layout.num_tokens_per_expert)
 d_stats = buf.last_stats
-back = buf.combine(got.recv_x, got.handle, got.recv_topk_weights)
+with shmemx.region("combine"):
+    back = buf.combine(got.recv_x, got.handle, got.recv_topk_weights)
 c_stats = buf.last_stats
 
 want = ref.reference_dispatch([e[0] for e in everyone], [e[1] for e in everyone], [e[2] for e in everyone], E, me)

@@ -3,7 +3,7 @@
     flock /tmp/shmemx-heavy.lock python scripts/replay/deepep_fit.py --mode normal [--tokens 256] [--dir DIR]
     flock /tmp/shmemx-heavy.lock python scripts/replay/deepep_fit.py --mode ll --eps 8,16,32,64 [--dir DIR]
 
-DeepEP's README (../shared/reference/deepep.md section 3), H800 + CX7 (the ``h800_cx7`` topology, 8 per node):
+DeepEP's README (its Performance section), H800 + CX7 (the ``h800_cx7`` topology, 8 per node):
 
 * **normal** kernels, 4096 tokens, H = 7168, top-4 nodes, top-8 of 256 experts, FP8 dispatch / BF16 combine;
   "bottleneck bandwidth" per rank = DeepEP's bytes / the kernel's time (intranode EP8: received rows x H x 2,
@@ -53,7 +53,7 @@ Measured (2026-12-01, EP 8/16/32/64; EP128/256 do not fit this machine's memory)
   dispatch -15.5% / -13.0% at EP32/64, combine -10.3 .. +7.0% (+0.2% at EP8). The full mesh sends a token once per
   destination rank, DeepEP's internode kernel once per destination node: the bytes per rank differ from DeepEP's
   by a factor that changes with EP (kernel / DeepEP-counted bytes 1.64 / 1.50 / 1.64 at EP16/32/64), which one
-  fitted bandwidth cannot follow. See README "Modelled time" for the tables.
+  fitted bandwidth cannot follow. See docs/timing-model.md for the tables.
 """
 
 import argparse
@@ -370,6 +370,11 @@ def _wqes_per_rank(path: str) -> float:
     return total / rec.n_pes
 
 
+def fit_points(how: str, fit_eps: tuple, tier_eps: tuple) -> tuple:
+    """The EPs whose recordings fit ``how`` fits its parameters on (``none``: no EP)."""
+    return {"none": (), "tiers": tier_eps, "cost": fit_eps[:1]}.get(how, fit_eps)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default="deep_ep", choices=("deep_ep", "moe", "ll"),
@@ -437,6 +442,12 @@ def main() -> None:
         published = dict(zip(eps, published.values()))
         tier_eps = tuple(eps[:2])
     for how in fits:
+        absent = [n for n in fit_points(how, fit_eps, tier_eps) if n not in models]
+        if absent:
+            flag = "--tier-eps" if how == "tiers" else "--fit-eps"
+            print(f"\nfit '{how}': skipped: it fits on EP {', '.join(map(str, absent))} ({flag}), which was not "
+                  f"recorded (recorded: EP {', '.join(map(str, eps))}); name recorded EPs with {flag}")
+            continue
         t = time.perf_counter()
         note = ""
         if how == "none":
@@ -490,7 +501,8 @@ def main() -> None:
     if args.mode == "ll":
         missing = sorted(set(PUBLISHED_LL) - set(eps))
         if missing:
-            print(f"not recorded: EP {', '.join(map(str, missing))} (see the README: what this machine can run)")
+            print(f"not recorded: EP {', '.join(map(str, missing))} (docs/timing-model.md: what this machine can "
+                  "record)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ entries that are nonzero exclude that word; an empty set makes ``*_all`` return 
 
 from __future__ import annotations
 
+import enum
 import operator
 import time
 import weakref
@@ -30,6 +31,8 @@ from ..udma.events import Watched
 from .checks import check_pe
 
 __all__ = [
+    "CmpOp",
+    "SignalOp",
     "ACLSHMEM_CMP_EQ",
     "ACLSHMEM_CMP_NE",
     "ACLSHMEM_CMP_GT",
@@ -51,8 +54,26 @@ __all__ = [
     "word_view",
 ]
 
-ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_LT, ACLSHMEM_CMP_LE = range(6)
-ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = 0, 1
+class CmpOp(enum.IntEnum):
+    """``aclshmem_cmp_op_type_t``: how a wait compares its word with the value (``ACLSHMEM_CMP_*``)."""
+
+    EQ = 0
+    NE = 1
+    GT = 2
+    GE = 3
+    LT = 4
+    LE = 5
+
+
+class SignalOp(enum.IntEnum):
+    """``aclshmem_signal_op_type_t``: how ``aclshmemx_signal_op`` updates its word (``ACLSHMEM_SIGNAL_*``)."""
+
+    SET = 0
+    ADD = 1
+
+
+ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_NE, ACLSHMEM_CMP_GT, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_LT, ACLSHMEM_CMP_LE = CmpOp
+ACLSHMEM_SIGNAL_SET, ACLSHMEM_SIGNAL_ADD = SignalOp
 
 _OPS = (operator.eq, operator.ne, operator.gt, operator.ge, operator.lt, operator.le)  # by ACLSHMEM_CMP_*
 _SIGNAL_DTYPES = {np.dtype(t) for t in ("<i4", "<u4", "<i8", "<u8")}  # what signal_op stores or adds to
@@ -66,7 +87,7 @@ _now = time.perf_counter_ns
 
 
 def _check_cmp(cmp) -> int:
-    if type(cmp) is int and 0 <= cmp <= 5:
+    if (type(cmp) is CmpOp) or (type(cmp) is int and 0 <= cmp <= 5):  # the common cases, checked first
         return cmp
     if isinstance(cmp, bool) or not isinstance(cmp, (int, np.integer)) or not 0 <= cmp <= 5:
         raise ValueError(f"comparison {cmp!r} is not one of ACLSHMEM_CMP_EQ..ACLSHMEM_CMP_LE (0..5)")

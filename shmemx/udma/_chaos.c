@@ -104,6 +104,13 @@ static inline uint64_t draw(const Chaos *c, uint64_t what, uint64_t q, uint64_t 
 
 static inline double unit(uint64_t h) { return (double)(h >> 11) * (1.0 / 9007199254740992.0); }
 
+/* A log-uniform draw in [lo, hi) ns, keyed like every draw. */
+static int64_t log_uniform(const Chaos *c, int64_t lo, int64_t hi, uint64_t what, uint32_t q, uint32_t pos,
+                           uint64_t extra) {
+    double l = log((double)lo), h = log((double)hi);
+    return (int64_t)exp(l + (h - l) * unit(draw(c, what, q, pos, extra)));
+}
+
 void *chaos_new(Engine *e, uint64_t seed) {
     Chaos *c = calloc(1, sizeof(Chaos));
     if (!c) return NULL;
@@ -141,8 +148,7 @@ static inline int held(const Chaos *c, uint32_t q) { return c->hold_steps[q] > 0
 /* Hold queue q (or, by a draw, every queue to its peer), keyed by what decided it and the WQE at pos. */
 static void hold(Chaos *c, Engine *e, uint32_t q, uint32_t pos, uint64_t why, int64_t min_ns) {
     uint32_t steps = 4 + (uint32_t)(draw(c, S_STEPS, q, pos, why) % 61);
-    double lo = log((double)min_ns), hi = log((double)HOLD_MAX_NS);
-    int64_t ns = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_NS, q, pos, why)));
+    int64_t ns = log_uniform(c, min_ns, HOLD_MAX_NS, S_NS, q, pos, why);
     uint32_t first = q, last = q;
     int peer = unit(draw(c, S_PEER, q, pos, why)) < P_PEER;
     if (peer) {
@@ -205,22 +211,62 @@ static int eligible(Chaos *c, Engine *e, uint32_t q, uint32_t ci, uint32_t db, u
     return n;
 }
 
-int chaos_step(Engine *e, int64_t *nap_ns) {
-    Chaos *c = e->policy.state;
+/* The time slept because only held work was left (the nap that ends now) counts against every hold. */
+static void charge_nap(Chaos *c, int64_t now) {
+    if (!c->nap_since) return;
+    int64_t dt = now - c->nap_since;
+    c->idle_ns += dt;
+    c->nap_since = 0;
+    for (uint32_t q = 0; q < c->n; q++)
+        if (c->hold_ns[q] > 0) c->hold_ns[q] = c->hold_ns[q] > dt ? c->hold_ns[q] - dt : 0;
+}
+
+/* Work arrived on queue q (seen empty before), its first WQE at ci: a plain WRITE may starve; otherwise the queue
+ * is held (less often when a READ, a signal or an atomic comes first) or its burst of posts is gathered. */
+static void on_arrival(Chaos *c, Engine *e, uint32_t q, uint32_t ci, int64_t now) {
     const Layout *L = &e->L;
-    int64_t now = now_ns();
-    int stopping = __atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE);
-    if (c->nap_since) { /* time slept because only held work was left counts against the holds */
-        int64_t dt = now - c->nap_since;
-        c->idle_ns += dt;
-        c->nap_since = 0;
-        for (uint32_t q = 0; q < c->n; q++)
-            if (c->hold_ns[q] > 0) c->hold_ns[q] = c->hold_ns[q] > dt ? c->hold_ns[q] - dt : 0;
+    c->empty[q] = 0;
+    c->activity = now;
+    WqeInfo w0;
+    int known = engine_wqe(e, q, ci, &w0);
+    uint32_t op = known ? w0.opcode : UINT32_MAX;
+    int plain = op == (uint32_t)L->op_write, read = op == (uint32_t)L->op_read;
+    int signal = op == (uint32_t)L->op_notify || op == (uint32_t)L->op_faa || op == (uint32_t)L->op_cas;
+    if (plain && unit(draw(c, S_STARVE, q, ci, 0)) < c->p_starve) {
+        c->starve[q] = 1;
+        c->starve_since[q] = now;
+        c->starve_quiet[q] = log_uniform(c, STARVE_QUIET_MIN_NS, STARVE_QUIET_MAX_NS, S_QUIET, q, ci, 0);
+        engine_log(e, LOG_STARVE, q, ci, c->starve_quiet[q], 0);
+    } else if (unit(draw(c, S_ARRIVE, q, ci, 0))
+               < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
+        hold(c, e, q, ci, S_ARRIVE, HOLD_MIN_NS);
+    } else if (!held(c, q)) {
+        c->hold_steps[q] = 64;
+        c->hold_ns[q] = log_uniform(c, GATHER_MIN_NS, GATHER_MAX_NS, S_NS, q, ci, S_ARRIVE);
+        engine_log(e, LOG_HOLD, q, ci, 64, c->hold_ns[q]);
     }
-    int best = -1, held_work = 0;
-    int64_t soonest = INT64_MAX;
-    uint32_t cands[c->n], starved[c->n];
-    int n_cands = 0, n_starved = 0;
+}
+
+/* A starving queue runs at the latest STARVE_MAX_NS after its arrival, and at once when the engine stops. */
+static void starve_ends(Chaos *c, Engine *e, uint32_t q, uint32_t ci, int64_t now, int stopping) {
+    if (c->starve[q] && (stopping || now - c->starve_since[q] >= STARVE_MAX_NS)) {
+        c->starve[q] = 0;
+        engine_log(e, LOG_RELEASE, q, ci, now - c->starve_since[q], 0);
+    }
+}
+
+/* What a scan of every queue found: the highest-priority queue that may run (best, -1: none), the queues that
+ * could (cands), the starving ones, and whether held work is left and when its first hold ends. */
+typedef struct {
+    int best, held_work, n_cands, n_starved;
+    int64_t soonest;
+    uint32_t *cands, *starved;
+} Scan;
+
+/* Classify every queue: empty, in error, arrived, starving, held, or a candidate. Returns 1 when a queue in error
+ * was flushed (in order, by the turn core): that was this step. */
+static int scan_queues(Chaos *c, Engine *e, int64_t now, int stopping, Scan *s) {
+    const Layout *L = &e->L;
     for (uint32_t q = 0; q < c->n; q++) {
         uint32_t *hw = hw_of(e, q);
         uint32_t ci = hw[L->hw_ci], db = ld32(hw + L->hw_sq_db);
@@ -228,108 +274,122 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
             c->empty[q] = 1;
             continue;
         }
-        if (ld32(hw + L->hw_state) || db - ci > e->sq_depth) { /* in error: flushed in order by the turn core */
+        if (ld32(hw + L->hw_state) || db - ci > e->sq_depth) {
             engine_turn(e, q, BATCH_BBS);
             return 1;
         }
-        if (c->empty[q]) {
-            c->empty[q] = 0;
-            c->activity = now;
-            WqeInfo w0;
-            int known = engine_wqe(e, q, ci, &w0);
-            int plain = known && w0.opcode == (uint32_t)L->op_write;
-            int read = known && w0.opcode == (uint32_t)L->op_read;
-            int signal = known && (w0.opcode == (uint32_t)L->op_notify || w0.opcode == (uint32_t)L->op_faa
-                                   || w0.opcode == (uint32_t)L->op_cas);
-            if (plain && unit(draw(c, S_STARVE, q, ci, 0)) < c->p_starve) {
-                double lo = log((double)STARVE_QUIET_MIN_NS), hi = log((double)STARVE_QUIET_MAX_NS);
-                c->starve[q] = 1;
-                c->starve_since[q] = now;
-                c->starve_quiet[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_QUIET, q, ci, 0)));
-                engine_log(e, LOG_STARVE, q, ci, c->starve_quiet[q], 0);
-            } else if (unit(draw(c, S_ARRIVE, q, ci, 0))
-                       < (read ? P_ARRIVE_READ : signal ? P_ARRIVE_SIGNAL : 1.0) * c->p_arrive) {
-                hold(c, e, q, ci, S_ARRIVE, HOLD_MIN_NS);
-            } else if (!held(c, q)) {
-                double lo = log((double)GATHER_MIN_NS), hi = log((double)GATHER_MAX_NS);
-                c->hold_steps[q] = 64;
-                c->hold_ns[q] = (int64_t)exp(lo + (hi - lo) * unit(draw(c, S_NS, q, ci, S_ARRIVE)));
-                engine_log(e, LOG_HOLD, q, ci, 64, c->hold_ns[q]);
-            }
-        }
-        if (c->starve[q] && (stopping || now - c->starve_since[q] >= STARVE_MAX_NS)) {
-            c->starve[q] = 0;
-            engine_log(e, LOG_RELEASE, q, ci, now - c->starve_since[q], 0);
-        }
+        if (c->empty[q]) on_arrival(c, e, q, ci, now);
+        starve_ends(c, e, q, ci, now, stopping);
         if (c->starve[q]) {
-            starved[n_starved++] = q;
+            s->starved[s->n_starved++] = q;
             continue;
         }
         if (held(c, q) && !stopping) {
-            held_work = 1;
-            if (c->hold_ns[q] < soonest) soonest = c->hold_ns[q];
+            s->held_work = 1;
+            if (c->hold_ns[q] < s->soonest) s->soonest = c->hold_ns[q];
             continue;
         }
         WqeInfo w;
         if (!engine_wqe(e, q, ci, &w)) continue; /* its second BB is not rung yet */
-        cands[n_cands++] = q;
-        if (best < 0 || c->prio[q] > c->prio[best]) best = (int)q;
+        s->cands[s->n_cands++] = q;
+        if (s->best < 0 || c->prio[q] > c->prio[s->best]) s->best = (int)q;
     }
-    if (best < 0) {
-        if (!held_work && !n_starved) return 0;
-        int64_t budget = BUDGET_BASE_NS + (int64_t)(BUDGET_SHARE * (double)(now - c->start));
-        if (c->idle_ns >= budget) { /* out of budget: every hold ends */
-            engine_log(e, LOG_BUDGET, 0, 0, c->idle_ns, budget);
-            memset(c->hold_steps, 0, c->n * sizeof(uint32_t));
-            memset(c->hold_ns, 0, c->n * sizeof(int64_t));
-            memset(c->starve, 0, c->n);
-            return 1;
+    return 0;
+}
+
+/* Only starving queues have work: the highest-priority one whose quiet (since its arrival or the last activity,
+ * whichever is later) has passed runs; returns 1 when one was released, else lowers soonest to the next quiet. */
+static int release_starved(Chaos *c, Engine *e, int64_t now, Scan *s) {
+    int pick = -1;
+    for (int i = 0; i < s->n_starved; i++) {
+        uint32_t q = s->starved[i];
+        int64_t since = c->activity > c->starve_since[q] ? c->activity : c->starve_since[q];
+        int64_t left = since + c->starve_quiet[q] - now;
+        if (left <= 0) {
+            if (pick < 0 || c->prio[q] > c->prio[pick]) pick = (int)q;
+        } else if (left < s->soonest) {
+            s->soonest = left;
         }
-        if (!held_work) { /* only starving queues have work: the highest-priority one that waited its quiet runs */
-            int pick = -1;
-            for (int i = 0; i < n_starved; i++) {
-                uint32_t s = starved[i];
-                int64_t since = c->activity > c->starve_since[s] ? c->activity : c->starve_since[s];
-                int64_t left = since + c->starve_quiet[s] - now;
-                if (left <= 0) {
-                    if (pick < 0 || c->prio[s] > c->prio[pick]) pick = (int)s;
-                } else if (left < soonest) {
-                    soonest = left;
-                }
-            }
-            if (pick >= 0) {
-                c->starve[pick] = 0;
-                engine_log(e, LOG_RELEASE, pick, hw_of(e, (uint32_t)pick)[L->hw_ci], now - c->starve_since[pick], 1);
-                return 1;
-            }
-        }
-        *nap_ns = soonest < budget - c->idle_ns ? soonest : budget - c->idle_ns;
-        if (*nap_ns < 1000) *nap_ns = 1000;
-        c->nap_since = now;
-        return 0;
     }
-    uint32_t q = (uint32_t)best;
-    uint32_t *hw = hw_of(e, q);
-    uint32_t ci = hw[L->hw_ci], db = ld32(hw + L->hw_sq_db);
-    uint32_t pos[WINDOW];
-    WqeInfo info[WINDOW];
-    int n = eligible(c, e, q, ci, db, pos, info);
-    if (n == 0) return 0; /* cannot happen: the WQE at ci is always eligible */
+    if (pick < 0) return 0;
+    c->starve[pick] = 0;
+    engine_log(e, LOG_RELEASE, pick, hw_of(e, (uint32_t)pick)[e->L.hw_ci], now - c->starve_since[pick], 1);
+    return 1;
+}
+
+/* No queue may run: past the budget every hold and starvation ends; else a starving queue whose quiet has passed
+ * is released, or the engine naps until the first hold or quiet ends (within the budget). */
+static int idle_step(Chaos *c, Engine *e, int64_t now, Scan *s, int64_t *nap_ns) {
+    if (!s->held_work && !s->n_starved) return 0;
+    int64_t budget = BUDGET_BASE_NS + (int64_t)(BUDGET_SHARE * (double)(now - c->start));
+    if (c->idle_ns >= budget) {
+        engine_log(e, LOG_BUDGET, 0, 0, c->idle_ns, budget);
+        memset(c->hold_steps, 0, c->n * sizeof(uint32_t));
+        memset(c->hold_ns, 0, c->n * sizeof(int64_t));
+        memset(c->starve, 0, c->n);
+        return 1;
+    }
+    if (!s->held_work && release_starved(c, e, now, s)) return 1;
+    *nap_ns = s->soonest < budget - c->idle_ns ? s->soonest : budget - c->idle_ns;
+    if (*nap_ns < 1000) *nap_ns = 1000;
+    c->nap_since = now;
+    return 0;
+}
+
+/* Which of queue q's n eligible WQEs runs: the first (1/4), the last (1/2), or any. */
+static int pick_wqe(Chaos *c, uint32_t q, int n) {
     uint64_t h = draw(c, S_PICK, q, c->serial[q]++, 0);
-    int k = h % 4 == 0 ? 0 : h % 4 != 3 ? n - 1 : (int)((h >> 8) % (uint64_t)n); /* first 1/4, last 1/2, any */
-    uint32_t p = pos[k];
-    /* the piece: the undone one of the lowest drawn rank */
-    uint64_t cut[MAX_CHUNKS + 1];
-    int m = pieces(c, q, p, &info[k], cut);
-    Ahead *a = &e->ahead[(uint64_t)q * e->sq_depth + (p & (e->sq_depth - 1))];
+    return h % 4 == 0 ? 0 : h % 4 != 3 ? n - 1 : (int)((h >> 8) % (uint64_t)n);
+}
+
+/* Which of the WQE's m pieces runs: the undone one of the lowest drawn rank. */
+static int pick_piece(const Chaos *c, uint32_t q, uint32_t pos, const Ahead *a, int m) {
     int piece = -1;
     uint64_t rank = 0;
     for (int i = 0; i < m; i++) {
         if (a->chunks >> i & 1) continue;
-        uint64_t r = draw(c, S_ORDER, q, p, (uint64_t)i);
+        uint64_t r = draw(c, S_ORDER, q, pos, (uint64_t)i);
         if (piece < 0 || r < rank) { piece = i; rank = r; }
     }
-    if (piece < 0) piece = 0; /* (a WQE with every piece done is done) */
+    return piece < 0 ? 0 : piece; /* (a WQE with every piece done is done) */
+}
+
+/* After a piece of queue q's WQE at pos (ci: the queue's consumer index): a hold (likely when it ran ahead of an
+ * earlier WQE), a change point, a draw for each queue it overtook, and a step off every other queue's hold. */
+static void after_piece(Chaos *c, Engine *e, uint32_t q, uint32_t pos, uint32_t ci, int piece, const Scan *s) {
+    double u = unit(draw(c, S_HOLD, q, pos, (uint64_t)piece));
+    if (u < (pos != ci ? P_AHEAD : P_AFTER))
+        hold(c, e, q, pos, S_HOLD + ((uint64_t)piece << 8), pos != ci ? HOLD_LONG_NS : HOLD_MIN_NS);
+    if (unit(draw(c, S_CHANGE, q, pos, (uint64_t)piece)) < P_CHANGE) {
+        c->prio[q] = c->low > 0 ? c->low-- : 0;
+        engine_log(e, LOG_CHANGE, q, pos, c->prio[q], 0);
+    }
+    for (int i = 0; i < s->n_cands; i++) { /* one draw per queue and position of its ci */
+        uint32_t o = s->cands[i];
+        if (o == q) continue;
+        uint32_t oci = hw_of(e, o)[e->L.hw_ci];
+        if (c->overtaken[o] == oci + 1) continue;
+        c->overtaken[o] = oci + 1;
+        if (unit(draw(c, S_OVERTAKEN, o, oci, 0)) < P_OVERTAKEN) hold(c, e, o, oci, S_OVERTAKEN, HOLD_LONG_NS);
+    }
+    for (uint32_t o = 0; o < c->n; o++)
+        if (o != q && c->hold_steps[o] > 0) c->hold_steps[o]--;
+}
+
+/* Run one piece of queue q's work: a WQE among its eligible ones, then a piece of it. */
+static int run_piece(Chaos *c, Engine *e, uint32_t q, const Scan *s) {
+    uint32_t *hw = hw_of(e, q);
+    uint32_t ci = hw[e->L.hw_ci], db = ld32(hw + e->L.hw_sq_db);
+    uint32_t pos[WINDOW];
+    WqeInfo info[WINDOW];
+    int n = eligible(c, e, q, ci, db, pos, info);
+    if (n == 0) return 0; /* cannot happen: the WQE at ci is always eligible */
+    int k = pick_wqe(c, q, n);
+    uint32_t p = pos[k];
+    uint64_t cut[MAX_CHUNKS + 1];
+    int m = pieces(c, q, p, &info[k], cut);
+    Ahead *a = &e->ahead[(uint64_t)q * e->sq_depth + (p & (e->sq_depth - 1))];
+    int piece = pick_piece(c, q, p, a, m);
     int last = __builtin_popcount(a->chunks) + 1 >= m;
     if (engine_piece(e, q, p, cut[piece], cut[piece + 1], last)) {
         c->stuck[q] = p + 1; /* it fails its checks: the queue runs in order until ci passes it */
@@ -338,25 +398,20 @@ int chaos_step(Engine *e, int64_t *nap_ns) {
     engine_log(e, LOG_PIECE, q, p, (int64_t)cut[piece], (int64_t)cut[piece + 1]);
     c->activity = now_ns();
     if (!last) a->chunks |= (uint8_t)(1u << piece);
-    /* after the piece: a hold (likely when it ran ahead of an earlier WQE), a change point */
-    double u = unit(draw(c, S_HOLD, q, p, (uint64_t)piece));
-    if (u < (p != ci ? P_AHEAD : P_AFTER))
-        hold(c, e, q, p, S_HOLD + ((uint64_t)piece << 8), p != ci ? HOLD_LONG_NS : HOLD_MIN_NS);
-    if (unit(draw(c, S_CHANGE, q, p, (uint64_t)piece)) < P_CHANGE) {
-        c->prio[q] = c->low > 0 ? c->low-- : 0;
-        engine_log(e, LOG_CHANGE, q, p, c->prio[q], 0);
-    }
-    /* the queues it overtook: one draw each per position of their ci */
-    for (int i = 0; i < n_cands; i++) {
-        uint32_t o = cands[i];
-        if (o == q) continue;
-        uint32_t oci = hw_of(e, o)[L->hw_ci];
-        if (c->overtaken[o] == oci + 1) continue;
-        c->overtaken[o] = oci + 1;
-        if (unit(draw(c, S_OVERTAKEN, o, oci, 0)) < P_OVERTAKEN) hold(c, e, o, oci, S_OVERTAKEN, HOLD_LONG_NS);
-    }
-    /* a step of another queue counts against every hold */
-    for (uint32_t o = 0; o < c->n; o++)
-        if (o != q && c->hold_steps[o] > 0) c->hold_steps[o]--;
+    after_piece(c, e, q, p, ci, piece, s);
     return 1;
+}
+
+/* One step of the chaos policy: returns 1 when it did something (a piece, a flush, a release), 0 when there is
+ * nothing to do (with *nap_ns set when held or starving work is left). */
+int chaos_step(Engine *e, int64_t *nap_ns) {
+    Chaos *c = e->policy.state;
+    int64_t now = now_ns();
+    int stopping = __atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE);
+    charge_nap(c, now);
+    uint32_t cands[c->n], starved[c->n];
+    Scan s = {.best = -1, .soonest = INT64_MAX, .cands = cands, .starved = starved};
+    if (scan_queues(c, e, now, stopping, &s)) return 1;
+    if (s.best < 0) return idle_step(c, e, now, &s, nap_ns);
+    return run_piece(c, e, (uint32_t)s.best, &s);
 }

@@ -34,6 +34,7 @@
  * wake words (the futex protocol of shmemx/shm/waits.py, shared with shm/_native.c through shm/wake.h) when it
  * runs out of work, or every WAKE_EVERY turns while queues stay busy.
  */
+#include "_config.h"
 #include "_engine.h"
 
 static inline void touch(Engine *e, int pe) {
@@ -656,32 +657,10 @@ static void *engine_main(void *arg) {
 
 /* --- the Python type ------------------------------------------------------------------------------------- */
 
-static int get_int(PyObject *d, const char *name, long long *out) {
-    PyObject *v = PyDict_GetItemString(d, name);
-    if (!v) { PyErr_Format(PyExc_KeyError, "engine layout: %s missing", name); return -1; }
-    *out = PyLong_AsLongLong(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int get_u64(PyObject *d, const char *name, uint64_t *out) {
-    PyObject *v = PyDict_GetItemString(d, name);
-    if (!v) { PyErr_Format(PyExc_KeyError, "engine config: %s missing", name); return -1; }
-    *out = PyLong_AsUnsignedLongLongMask(v);
-    return PyErr_Occurred() ? -1 : 0;
-}
-
-/* A list of n ints from dict key ``name`` into out[] (as uint64). */
+static int get_int(PyObject *d, const char *name, long long *out) { return config_int(d, "engine layout", name, out); }
+static int get_u64(PyObject *d, const char *name, uint64_t *out) { return config_u64(d, "engine config", name, out); }
 static int get_list(PyObject *d, const char *name, int n, uint64_t *out) {
-    PyObject *v = PyDict_GetItemString(d, name);
-    if (!v || !PyList_Check(v) || PyList_GET_SIZE(v) != n) {
-        PyErr_Format(PyExc_ValueError, "engine config: %s must be a list of %d ints", name, n);
-        return -1;
-    }
-    for (int k = 0; k < n; k++) {
-        out[k] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(v, k));
-        if (PyErr_Occurred()) return -1;
-    }
-    return 0;
+    return config_list(d, "engine config", name, n, out);
 }
 
 #define LAYOUT_FIELDS(X) \

@@ -18,6 +18,7 @@
  * numpy arrays are read through the stable prefix of numpy's PyArrayObject (data, nd, dimensions, strides,
  * base, descr, flags), checked against numpy's own answers when the Poster is made (``probe``).
  */
+#include "_config.h"
 #include "_engine.h"
 
 enum { ST_HEAD, ST_TAIL, ST_CQE_CNT, ST_CQ_TAIL, ST_OWNER, ST_OWNER_BLOCK, ST_N_POSTED, ST_B_POSTED, ST_DOORBELLS,
@@ -849,24 +850,9 @@ static PyObject *Poster_probe(Poster *p, PyObject *arr) {
                          (a->flags & NPY_C_CONTIGUOUS) != 0, (unsigned long long)(uintptr_t)a->descr);
 }
 
-static int get(PyObject *d, const char *name, uint64_t *out) {
-    PyObject *v = PyDict_GetItemString(d, name);
-    if (!v) { PyErr_Format(PyExc_KeyError, "poster config: %s missing", name); return -1; }
-    *out = PyLong_AsUnsignedLongLongMask(v);
-    return PyErr_Occurred() ? -1 : 0;
-}
-
+static int get(PyObject *d, const char *name, uint64_t *out) { return config_u64(d, "poster config", name, out); }
 static int get_array(PyObject *d, const char *name, Py_ssize_t n, uint64_t *out) {
-    PyObject *v = PyDict_GetItemString(d, name);
-    if (!v || !PyList_Check(v) || PyList_GET_SIZE(v) != n) {
-        PyErr_Format(PyExc_ValueError, "poster config: %s must be a list of %zd ints", name, n);
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        out[k] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(v, k));
-        if (PyErr_Occurred()) return -1;
-    }
-    return 0;
+    return config_list(d, "poster config", name, n, out);
 }
 
 /* Poster(engine, ndarray, registry, state, signal_dtypes, config): config holds the layout words this file needs (wq_head,

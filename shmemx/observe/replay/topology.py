@@ -10,9 +10,12 @@ A topology file is TOML (read with the standard library's ``tomllib``)::
                                                             #   default wqe_us)
     [host]   post_us = 0.02   doorbell_us = 0.1             # per WQE built, per doorbell
              kernel_us = 0.0                                # per kernel call (optional, default 0)
-    [network] sharing = "fcfs"                              # or "maxmin" (max-min fair flows, for validation)
+    [network] sharing = "fcfs"                              # or "maxmin" (max-min fair flows, for validation;
+                                                            #   optional, default "fcfs")
 
-Built-in files (``topologies/``): ``ascend950`` (the default) and ``h800_cx7``, each value with its source in a
+Every key is required except the optional ones, which take their default when a file leaves them out
+(``engine.intra_wqe_us``, ``host.kernel_us``, ``network.sharing``, and ``name``: the file's name). Built-in files
+(``topologies/``): ``ascend950`` (the default) and ``h800_cx7``, each value with its source in a
 comment. ``--set intra.bandwidth_GBps=100`` (``overrides``) changes one value, for sweeps. Ranks ``a`` and ``b``
 share a server when ``a // ranks_per_server == b // ranks_per_server``.
 
@@ -45,7 +48,8 @@ _KEYS = {"name": str, "ranks_per_server": int, "intra.bandwidth_GBps": float, "i
          "inter.bandwidth_GBps": float, "inter.latency_us": float, "engine.wqe_us": float,
          "engine.intra_wqe_us": float, "host.post_us": float,
          "host.doorbell_us": float, "host.kernel_us": float, "network.sharing": str}
-_OPTIONAL = {"host.kernel_us": 0.0}  # keys a file may leave out, and their value then
+# keys a file may leave out, and their value then (the README's topology table documents them)
+_OPTIONAL = {"host.kernel_us": 0.0, "network.sharing": "fcfs"}
 _SAME_AS = {"engine.intra_wqe_us": "engine.wqe_us"}  # optional keys that default to another key's value
 
 
