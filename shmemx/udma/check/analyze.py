@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +55,25 @@ _HISTORY = 256  # writes remembered per synchronisation word
 _FINALIZE = int(WaitCall.FINALIZE)
 _ATOMIC_API = int(Api.ATOMIC)
 LOCAL = 1 << 20  # shadow key of a PE's registered local arrays (by process address): pe | LOCAL
+
+
+class SyncWrite(NamedTuple):
+    """A write of a synchronisation word, as the analysis checks and records it.
+
+    ``by``: the Wqe that writes it, or (thread index, clock) of a kernel thread's signal_op or store. ``kind`` of
+    its shadow record: "signal" (a WQE's signal or atomic), "signal_op", "store", "wqe" (a payload over the word);
+    None: "signal" for a WQE's, "signal_op" for a thread's.
+    """
+
+    pe: int
+    off: int
+    size: int
+    op: str  # "set", "add" or "cas"
+    value: int | None
+    by: object
+    rel: Rel
+    site: int
+    kind: str | None = None
 
 
 def _mixed(a: WriteRec, b: WriteRec) -> bool:
@@ -311,11 +331,11 @@ class Analyzer(Rules):
         if opcode in (WRITE, NOTIFY) and w.length and not reduce:
             self._engine_write(t, w, peer, w.dst, w.length, "wqe")
         if opcode == NOTIFY:
-            self._sync_write(t, ts, peer, w.sig_off, 8, "set", w.value, w, w.rel, site)
+            self._sync_write(t, ts, SyncWrite(peer, w.sig_off, 8, "set", w.value, w, w.rel, site))
             self._release(t, ts, "signal", w, site)
         elif opcode in (FAA, CAS) or reduce:
-            self._sync_write(t, ts, peer, w.dst, w.length, "cas" if opcode == CAS else "add",
-                             None if opcode == CAS or reduce else w.value, w, w.rel, site)
+            self._sync_write(t, ts, SyncWrite(peer, w.dst, w.length, "cas" if opcode == CAS else "add",
+                                              None if opcode == CAS or reduce else w.value, w, w.rel, site))
             self._release(t, ts, "atomic", w, site)
 
     def _local_side(self, t: Thread, w: Wqe) -> None:
@@ -449,7 +469,7 @@ class Analyzer(Rules):
             value = w.value if kind == "wqe" and w.opcode == WRITE and n <= 8 else None
             for woff, word in self._words_in(pe, off, off + n):
                 v = None if value is None else value >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
-                self._sync_write(t, w.ts, pe, woff, word.size, "set", v, w, rel, w.site, writer, kind="wqe")
+                self._sync_write(t, w.ts, SyncWrite(pe, woff, word.size, "set", v, w, rel, w.site, "wqe"), writer)
             self._release(t, w.ts, "signal", w, w.site)
 
     def _wqe_rel(self, t: Thread, w: Wqe) -> Rel:
@@ -472,53 +492,56 @@ class Analyzer(Rules):
 
     # --- signals, stores and waits on synchronisation words --------------------------------------------------
 
-    def _sync_write(self, t: Thread, ts: int, pe: int, off: int, size: int, op: str, value, by, rel: Rel,
-                    site: int, side: Side | None = None, kind: str | None = None) -> None:
+    def _sync_write(self, t: Thread, ts: int, sw: SyncWrite, side: Side | None = None) -> None:
         """A write of a synchronisation word (signal_op, a put_signal's signal, an atomic, a store, a payload):
-        checked against the unordered writes whose order matters, then recorded for the waits. ``kind`` of the
-        record: "signal" (a WQE's signal or atomic), "signal_op", "store", "wqe" (a payload over the word)."""
-        if pe not in self.shadow:
+        checked against the unordered writes whose order matters, then recorded for the waits."""
+        if sw.pe not in self.shadow:
             return
-        kind = kind or ("signal" if isinstance(by, Wqe) else "signal_op")
-        width = size if kind == "signal" else 0  # the engine's atomics (FAA, CAS, fp32 add, a put_signal's signal)
-        rec = WriteRec(by, kind, site, t.pe, op, value, rel=rel, width=width, at=off if width else -1)
-        me = side or (self.wqe_side(by, lambda: f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
-                      else self.side(t.pe, t.block, site, "signals"))
-        wqe = by if isinstance(by, Wqe) else None
+        kind = sw.kind or ("signal" if isinstance(sw.by, Wqe) else "signal_op")
+        width = sw.size if kind == "signal" else 0  # the engine's atomics (FAA, CAS, fp32 add, a put_signal's signal)
+        rec = WriteRec(sw.by, kind, sw.site, t.pe, sw.op, sw.value, rel=sw.rel, width=width, at=sw.off if width else -1)
+        me = side or (self.wqe_side(sw.by, lambda: f"posts {describe_wqe(sw.by)}") if isinstance(sw.by, Wqe)
+                      else self.side(t.pe, t.block, sw.site, "signals"))
+        wqe = sw.by if isinstance(sw.by, Wqe) else None
+        self.shadow[sw.pe].update(sw.off, sw.off + sw.size,
+                                  lambda s, start: self._sync_state(t, me, rec, wqe, sw.pe, s, start))
+        self._sync_history(t, ts, sw)
 
-        def fn(s: State, start: int) -> State:
-            keep = []
-            for old in s.writes:
-                if wqe is not None and isinstance(old.by, Wqe) and self._ordered(old.by, wqe):
-                    continue
-                if self.known(t, old.by):
-                    continue
-                if _mixed(old, rec):
-                    self._mixed_width(me, old, rec, pe, start)
-                elif order_matters(old, op, value):
-                    self._waw(me, old, pe, start, w=wqe, sync=True)
-                elif _atomic_vs_plain(old, rec):
-                    self._atomic_race(me, old, rec, pe, start)
-                elif old.op == "add" or op == "add":
-                    keep.append(old)
-            if width and not rec.reads_only:
-                for rd in s.reads:
-                    if not t.vc[rd.ti] >= rd.clock:
-                        self._atomic_race_read(me, rd, rec, pe, start)
-            for p in s.pins:
-                if p is not wqe and not self.known(t, p) and not (wqe is not None and self._ordered(p, wqe)):
-                    self._pin_conflict(me, p, rec, pe, start)
-            return s.replace(writes=tuple(keep) + (rec,), pins=self._pins_after(t, s.pins, wqe))
+    def _sync_state(self, t: Thread, me: Side, rec: WriteRec, wqe: Wqe | None, pe: int, s: State,
+                    start: int) -> State:
+        """The shadow interval after the synchronisation write ``rec`` (by ``wqe`` if a WQE's): the unordered
+        writes it conflicts with reported, the adds whose order does not matter kept, and it appended."""
+        keep = []
+        for old in s.writes:
+            if (wqe is not None and isinstance(old.by, Wqe) and self._ordered(old.by, wqe)) or self.known(t, old.by):
+                continue  # ordered before this write, or known to its writer
+            if _mixed(old, rec):
+                self._mixed_width(me, old, rec, pe, start)
+            elif order_matters(old, rec.op, rec.value):
+                self._waw(me, old, pe, start, w=wqe, sync=True)
+            elif _atomic_vs_plain(old, rec):
+                self._atomic_race(me, old, rec, pe, start)
+            elif old.op == "add" or rec.op == "add":
+                keep.append(old)
+        if rec.width and not rec.reads_only:
+            for rd in s.reads:
+                if not t.vc[rd.ti] >= rd.clock:
+                    self._atomic_race_read(me, rd, rec, pe, start)
+        for p in s.pins:
+            if p is not wqe and not self.known(t, p) and not (wqe is not None and self._ordered(p, wqe)):
+                self._pin_conflict(me, p, rec, pe, start)
+        return s.replace(writes=tuple(keep) + (rec,), pins=self._pins_after(t, s.pins, wqe))
 
-        self.shadow[pe].update(off, off + size, fn)
-        word = self.words.get((pe, off))
+    def _sync_history(self, t: Thread, ts: int, sw: SyncWrite) -> None:
+        """The write appended to its word's history (the last ``_HISTORY``), with the word's value after it."""
+        word = self.words.get((sw.pe, sw.off))
         if word is None:
-            word = self.words[(pe, off)] = Word(size, None)
-            bisect.insort(self.word_offsets[pe], off)
-        entry = Entry(ts, op, value, by, rel, site, t.pe, t.ti)
+            word = self.words[(sw.pe, sw.off)] = Word(sw.size, None)
+            bisect.insort(self.word_offsets[sw.pe], sw.off)
+        entry = Entry(ts, sw.op, sw.value, sw.by, sw.rel, sw.site, t.pe, t.ti)
         entries = word.entries
         prev = entries[-1].cur if entries else word.initial
-        entry.cur = apply_op(prev, op, value, word.size)
+        entry.cur = apply_op(prev, sw.op, sw.value, word.size)
         entries.append(entry)
         if len(entries) > _HISTORY:
             del entries[:len(entries) - _HISTORY]
@@ -526,9 +549,9 @@ class Analyzer(Rules):
     def on_signal(self, t: Thread, ts, pe, idx, r) -> None:
         a, off, value = r[5], r[6], r[9]
         tpe, op, size = SIGNAL_A.unpack(a)
-        self._sync_write(t, ts, tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(),
-                         r[4], self.side(t.pe, t.block, r[4], f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} "
-                                                              f"{word_value(value, size)})"))
+        sw = SyncWrite(tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(), r[4])
+        what = f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} {word_value(value, size)})"
+        self._sync_write(t, ts, sw, self.side(t.pe, t.block, r[4], what))
         self._release(t, ts, "signal_op", None, r[4])
 
     def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
@@ -773,7 +796,7 @@ class Analyzer(Rules):
                 v = value if n <= 8 else (0 if value == 0 else None)
                 if v is not None and n <= 8:
                     v = v >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
-                self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me, kind="store")
+                self._sync_write(t, ts, SyncWrite(pe, woff, word.size, "set", v, by, rel, site, "store"), me)
         if sync_parts or acc.direct or remote:
             self._release(t, ts, "store", None, site)
 

@@ -203,13 +203,18 @@ def _name_of(frame, address: int, nbytes: int) -> str | None:
     """The name of the innermost kernel variable bound to an array over [address, address + nbytes)."""
     f = frame
     while f is not None:
-        if CLASSIFY(f.f_code) > 0:
-            for name, value in list(f.f_locals.items()):
-                if isinstance(value, np.ndarray) and value.nbytes:
-                    at = data_address(value)
-                    if address <= at < address + max(nbytes, 1):
-                        return name
+        name = _array_in(f, address, nbytes) if CLASSIFY(f.f_code) > 0 else None
+        if name is not None:
+            return name
         f = f.f_back
+    return None
+
+
+def _array_in(frame, address: int, nbytes: int) -> str | None:
+    """The first local of ``frame`` bound to a non-empty array starting inside [address, address + nbytes)."""
+    for name, value in list(frame.f_locals.items()):
+        if isinstance(value, np.ndarray) and value.nbytes and address <= data_address(value) < address + max(nbytes, 1):
+            return name
     return None
 
 
