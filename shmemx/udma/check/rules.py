@@ -326,19 +326,18 @@ class Rules:
             # nothing from elsewhere was there to consume: the read is not of a previous message in a reused slot
             # but of memory this WQE is the first to write, and it is unordered with it. The read may as well
             # come after the post (then the read-after-write path reports it): same kind either way.
-            self.add(Finding(
-                "unsynchronized-read", me, other, w.target, w.qp, (pe, off, 1), w,
-                why=f"pe {reader.pe} read it with no wait, quiet or barrier ordering the read after pe {w.pe}'s WQE, "
-                    f"which may land before or after the read",
-                fix=f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or aclshmemx_udma_qp_quiet({w.target}, "
-                    f"{w.qp}) then a signal) and wait for it before reading"))
-            return
-        self.add(Finding(
-            "slot-reuse", me, other, w.target, w.qp, (pe, off, 1), w,
-            why=f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while it "
-                f"still reads",
-            fix=f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, or "
-                f"use more slots"))
+            kind = "unsynchronized-read"
+            why = (f"pe {reader.pe} read it with no wait, quiet or barrier ordering the read after pe {w.pe}'s WQE, "
+                   f"which may land before or after the read")
+            fix = (f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or aclshmemx_udma_qp_quiet({w.target}, "
+                   f"{w.qp}) then a signal) and wait for it before reading")
+        else:
+            kind = "slot-reuse"
+            why = (f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while "
+                   f"it still reads")
+            fix = (f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, "
+                   f"or use more slots")
+        self.add(Finding(kind, me, other, w.target, w.qp, (pe, off, 1), w, why=why, fix=fix))
 
     def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None, t: Thread | None = None) -> None:
         if p.opcode == READ and t is not None and not t.vc[p.ti] >= p.clock:
