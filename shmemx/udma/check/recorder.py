@@ -154,6 +154,7 @@ class Checker:
         path (``poster``) of every WQE over one and of every quiet."""
         registry.watch = self.registered
         self._registry = registry
+        self._last = None
         poster.set_watch(self.in_flight, self.retired)
 
     def registered(self, reg) -> None:
@@ -166,12 +167,15 @@ class Checker:
     def in_flight(self, queue: int, end: int, va: int, length: int) -> None:
         """The native posting path posted a WQE of ``queue`` ending at BB ``end`` whose local side is
         ``[va, va + length)`` of a registered local array: watch the array until the quiet retires it."""
-        found = self._registry.resolve(va, length)
-        if found is None or found[0] is self._registry.amo_bytes:
-            return
-        buf, off = found
-        root = data_address(buf)
-        self.watch.add(queue, end, root, buf.nbytes, root + off, root + off + length, sys._getframe(1))
+        last = self._last  # (first VA, end VA, root address, bytes) of the registration resolved last: a kernel
+        if not (last and last[0] <= va and va + length <= last[1]):  # posts many rows of one array in a row
+            found = self._registry.resolve(va, length)
+            if found is None or found[0] is self._registry.amo_bytes:
+                return
+            buf, off = found
+            last = self._last = (va - off, va - off + buf.nbytes, data_address(buf), buf.nbytes)
+        lo = last[2] + va - last[0]  # (a registration's VAs are never given again: the cache cannot go stale)
+        self.watch.add(queue, end, last[2], last[3], lo, lo + length, sys._getframe(1))
 
     def retired(self, queue: int, tail: int) -> None:
         """A quiet of ``queue`` returned with every WQE before BB ``tail`` retired."""

@@ -110,6 +110,7 @@ class LocalWatch:
         self.emit = emit  # emit(write, address, nbytes, code, line): one LOCAL_ACCESS record
         self.flights: dict[tuple[int, int], tuple] = {}  # (queue index, array address) -> (lo, hi, end BB)
         self.spans: tuple = ()  # the flights' [lo, hi) (a tuple replaced on change: other threads iterate it)
+        self._stale = False  # a flight grew since spans was built (_hulls rebuilds it)
         self.gen = 0  # changes whenever flights do: a thread re-arms at its next event
         self.roots: dict[int, int] = {}  # address -> end of every array with a flight (replaced on change)
         self.roots_gen = 0
@@ -133,11 +134,12 @@ class LocalWatch:
             old = self.flights.get(key)
             span = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
             self.flights[key] = (span[0], span[1], end & _M32)
-            changed = old is None or span != old[:2]
-            if changed:
-                self.spans = tuple((a, b) for a, b, _ in self.flights.values())
-                self.gen += 1
-        if changed or getattr(self._tls, "gen", 0) != self.gen:
+            if old is None:  # another flight: the threads look at their frames again (a kernel posts many WQEs
+                self.spans = tuple((a, b) for a, b, _ in self.flights.values())  # from one array: walking the
+                self.gen += 1  # stack, or rebuilding the spans, for each of them cost more than the kernel)
+            elif span != old[:2]:
+                self._stale = True  # a flight grew: the spans are rebuilt when a line looks them up (_hulls)
+        if getattr(self._tls, "gen", 0) != self.gen:
             self.arm(frame)
 
     def retire(self, queue: int, tail: int) -> None:
@@ -148,6 +150,7 @@ class LocalWatch:
                 del self.flights[k]
             if done:
                 self.spans = tuple((a, b) for a, b, _ in self.flights.values())
+                self._stale = False
                 self.gen += 1
                 live = {k[1] for k in self.flights}
                 if len(live) != len(self.roots):
@@ -155,6 +158,14 @@ class LocalWatch:
                     self.roots_gen += 1
         if done and not self.spans:
             self._disarm()
+
+    def _hulls(self) -> tuple:
+        """The flights' [lo, hi), up to date."""
+        if self._stale:
+            with self._lock:
+                self._stale = False
+                self.spans = tuple((a, b) for a, b, _ in self.flights.values())
+        return self.spans
 
     # --- tracing -------------------------------------------------------------------------------------------------
 
@@ -204,7 +215,7 @@ class LocalWatch:
         if not isinstance(value, np.ndarray) or not value.size:
             return False
         lo, hi = _extent(value)
-        return any(lo < fhi and flo < hi for flo, fhi in self.spans)
+        return any(lo < fhi and flo < hi for flo, fhi in self._hulls())
 
     def _holds(self, frame) -> bool:
         """Whether a frame has a variable bound to an array over bytes of an array in flight."""
@@ -248,7 +259,7 @@ class LocalWatch:
             except (IndexError, TypeError, ValueError):
                 whole = True
         lo, hi = _extent(value)
-        for flo, fhi in self.spans:
+        for flo, fhi in self._hulls():
             a, b = max(lo, flo), min(hi, fhi)
             if a < b:
                 self.emit(write, a, b - a, code, line, whole)
