@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..udma.layout import MAX_MSG_BYTES, OpConfig
 from ..runtime import Runtime
+from ..udma.layout import MAX_MSG_BYTES, OpConfig
 
 __all__ = ["as_index", "check_pe", "check_target", "check_config", "transfer_bytes", "symmetric_offset"]
 

@@ -19,7 +19,12 @@ import numpy as np
 from ..runtime import runtime
 from ..udma.layout import ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, OpConfig
 from .checks import check_pe
-from .rma import aclshmemx_defer_t, aclshmemx_submit_t, aclshmemx_udma_get_nbi, aclshmemx_udma_put_nbi
+from .rma import (
+    aclshmemx_defer_t,
+    aclshmemx_submit_t,
+    aclshmemx_udma_get_nbi,
+    aclshmemx_udma_put_nbi,
+)
 
 __all__ = ["aclshmemx_udma_relay_put_nbi", "aclshmemx_udma_relay_get_nbi"]
 

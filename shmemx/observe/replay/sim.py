@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -237,7 +238,7 @@ class Sim(Collectives):
 
     # --- the event queue ---------------------------------------------------------------------------------
 
-    def at(self, t: float, fn, arg) -> None:
+    def at(self, t: float, fn: Callable[..., object], arg: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, fn, arg))
 
