@@ -31,7 +31,7 @@ import shmemx
 from .constants import FLOAT_NUM_PER_ALIGN, TOKEN_SRC_INFO_LEN, UB_32_ALIGN
 from .dispatch import BlockResults, _out, cost_stats
 from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, op_attrs, split
-from .window import flip_half
+from .window import WindowContext, flip_half
 
 __all__ = ["CombineOutput", "moe_combine_normal"]
 
@@ -231,12 +231,12 @@ def _check_rows(info: MoeCombineNormalInfo, recv_x: np.ndarray, token_src_info: 
                          f"[0, {R}) x [0, maxBs={info.global_bs // R}) x [0, {info.k})")
 
 
-def moe_combine_normal(ctx, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
+def moe_combine_normal(ctx: WindowContext, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
                        recv_topk_weights: np.ndarray, *, moe_expert_num: int, global_bs: int = 0,
                        diagnose: bool = False, send_cost_stats: np.ndarray | None = None,
                        tp_recv_counts: np.ndarray | None = None, ep_world_size: int | None = None,
-                       ep_rank_id: int | None = None, tp_world_size: int | None = None,
-                       tp_rank_id: int | None = None, x_out: np.ndarray | None = None) -> CombineOutput:
+                       ep_rank_id: int | None = None, tp_world_size: int | None = None, tp_rank_id: int | None = None,
+                       x_out: np.ndarray | None = None) -> CombineOutput:
     """Return the expert outputs to their tokens and sum them with the top-k weights. Collective over EP.
 
     Args:

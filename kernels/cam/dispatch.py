@@ -37,7 +37,7 @@ import shmemx
 from .constants import COMM_EP_IDX, EXPAND_IDX_INFO, FLOAT_NUM_PER_ALIGN, QUANT_MODE_DYNAMIC, STATE_OFFSET
 from .quant import dynamic_quant
 from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, op_attrs, split
-from .window import flip_half
+from .window import WindowContext, flip_half
 
 __all__ = ["DispatchOutput", "moe_dispatch_normal"]
 
@@ -343,13 +343,12 @@ def _output(run: _Run, recv_count: np.ndarray, wait_recv_cost_stats: np.ndarray 
                           sum(run.flags_written), sum(run.bytes_copied))
 
 
-def moe_dispatch_normal(ctx, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
+def moe_dispatch_normal(ctx: WindowContext, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
                         send_token_idx: np.ndarray, recv_offset: np.ndarray, recv_count: np.ndarray, *,
                         moe_expert_num: int, global_bs: int, quant_mode: int = 0, diagnose: bool = False,
                         wait_recv_cost_stats: np.ndarray | None = None, ep_world_size: int | None = None,
-                        ep_rank_id: int | None = None, tp_world_size: int | None = None,
-                        tp_rank_id: int | None = None, recv_x_out: np.ndarray | None = None,
-                        x_scales_out: np.ndarray | None = None,
+                        ep_rank_id: int | None = None, tp_world_size: int | None = None, tp_rank_id: int | None = None,
+                        recv_x_out: np.ndarray | None = None, x_scales_out: np.ndarray | None = None,
                         assist_info_out: np.ndarray | None = None) -> DispatchOutput:
     """Dispatch this rank's tokens to the experts' ranks through the HCCL windows. Collective over the EP domain.
 
