@@ -53,20 +53,25 @@ ANNOTATIONS_EXEMPT = {
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match,
              getattr(ast, "TryStar", ast.Try))
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 def depth(node: ast.AST, level: int = 0) -> int:
     """The deepest nesting of compound statements inside ``node`` (nested functions and classes not entered);
-    an ``elif`` counts at the level of its ``if``."""
+    an ``elif`` counts at the level of its ``if``. Only statement lists are walked: no expression holds one."""
     elif_ = None
     if isinstance(node, ast.If) and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
         elif_ = node.orelse[0]
     best = level
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, _SCOPES):
-            continue
-        inner = level if child is elif_ or not isinstance(child, _COMPOUND) else level + 1
-        best = max(best, depth(child, inner))
+    for name in _BLOCKS:
+        for child in getattr(node, name, ()):
+            if isinstance(child, _SCOPES):
+                continue
+            if isinstance(child, (ast.ExceptHandler, ast.match_case)):  # part of its try / match statement
+                best = max(best, depth(child, level))
+                continue
+            inner = level if child is elif_ or not isinstance(child, _COMPOUND) else level + 1
+            best = max(best, depth(child, inner))
     return best
 
 
