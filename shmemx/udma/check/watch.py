@@ -29,6 +29,8 @@ import dis
 import os
 import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 
 import numpy as np
 
@@ -106,7 +108,7 @@ def _use(instrs: list, i: int) -> tuple[bool, object]:
 class LocalWatch:
     """The in-flight local arrays of this PE and the line tracing that watches them (see the module docstring)."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Callable[..., object]):
         self.emit = emit  # emit(write, address, nbytes, code, line): one LOCAL_ACCESS record
         self.flights: dict[tuple[int, int], tuple] = {}  # (queue index, array address) -> (lo, hi, end BB)
         self.spans: tuple = ()  # the flights' [lo, hi) (a tuple replaced on change: other threads iterate it)
@@ -121,7 +123,7 @@ class LocalWatch:
 
     # --- what is in flight -------------------------------------------------------------------------------------
 
-    def add(self, queue: int, end: int, root: int, nbytes: int, lo: int, hi: int, frame) -> None:
+    def add(self, queue: int, end: int, root: int, nbytes: int, lo: int, hi: int, frame: FrameType) -> None:
         """A WQE of ``queue`` ending at BB ``end`` reads or writes local bytes [lo, hi) of the registered array of
         ``nbytes`` at address ``root`` (one flight per queue and array: the hull of its bytes in flight, until the
         last of them retires). A frame is traced when it holds a variable over any byte of such an array, so a
@@ -169,7 +171,7 @@ class LocalWatch:
 
     # --- tracing -------------------------------------------------------------------------------------------------
 
-    def sync(self, frame) -> None:
+    def sync(self, frame: FrameType) -> None:
         """A checker event of this thread: start (or stop) tracing if the flights changed since its last one."""
         tls = self._tls
         if getattr(tls, "gen", 0) != self.gen:
@@ -178,7 +180,7 @@ class LocalWatch:
             else:
                 self._disarm()
 
-    def arm(self, frame) -> None:
+    def arm(self, frame: FrameType) -> None:
         tls = self._tls
         tls.gen = self.gen
         if not getattr(tls, "on", False):
