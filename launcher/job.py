@@ -172,6 +172,8 @@ class Job:
         self.launcher_pid = os.getpid()
         self.job_id = f"{self.launcher_pid:x}{secrets.token_hex(3)}"
         self.ranks: list[_Rank] = []
+        self.pes = range(n)  # the PEs this launcher starts: all of them, or its host's (launcher.hosts)
+        self.host = None  # a job of several hosts: this host's part (launcher.hosts.HostPart), else None
         self.ctl: Control | None = None
         self.failure: tuple[int, int] | None = None  # (rank, exit status) of the first failure
         self.stopping_since: float | None = None
@@ -223,6 +225,8 @@ class Job:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
             self._start_ranks()
+            if self.host is not None:
+                self.host.started(self)  # the NIC, once the ranks are forked (no MPI state in a rank)
             self.ctl.header["state"] = JobState.RUNNING
             return self._supervise()
         except _Interrupted as exc:
@@ -234,6 +238,8 @@ class Job:
             try:
                 self._reap_all()
                 self._drain_all()
+                if self.host is not None:
+                    self.host.finished(self)
                 self._finish_inspection()
                 if self.ctl is not None:
                     self.ctl.close()
@@ -264,6 +270,8 @@ class Job:
             env[CHAOS_ENV] = str(self.chaos)
         if self.record_dir:
             env[record.RECORD_DIR_ENV] = self.record_dir
+        if self.host is not None:
+            env.update(self.host.hosts.env())
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -280,7 +288,7 @@ class Job:
     def _fork_ranks(self) -> None:
         ctx = multiprocess.get_context("fork")
         parent_fds: list[int] = []
-        for rank in range(self.n):
+        for rank in self.pes:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             proc = ctx.Process(target=_rank_main, name=f"shmemx-pe{rank}", daemon=False,
@@ -319,6 +327,8 @@ class Job:
                 self._stop_all(grace=0.0)
             if self.stopping_since is not None and now - self.stopping_since > _KILL_GRACE:
                 self._kill_alive(signal.SIGKILL)
+            if self.host is not None and self.failure is None and not timed_out:
+                self._host_failure(self.host.failure())
         if timed_out:
             return EXIT_TIMEOUT
         if self.failure is not None:
@@ -384,7 +394,20 @@ class Job:
         self._message(f"pe {r.rank} {why}" + (f"; stopping the other {others} PEs" if others else ""))
         self._post_mortem(f"pe {r.rank} {why}", "what each PE was doing:")
         self.ctl.header["failed_pe"] = r.rank
+        if self.host is not None:
+            self.host.abort(f"pe {r.rank} {why}")
         self._stop_all(grace=_KILL_GRACE)
+
+    def _host_failure(self, why: str | None) -> None:
+        """Another host ended the job (it died, or one of its PEs failed): stop this host's PEs, saying why."""
+        if why is None:
+            return
+        self.failure = (-1, 1)
+        others = len(self._alive())
+        self._message(why + (f"; stopping the {others} PEs of this host" if others else ""))
+        if others:
+            self._post_mortem(why, "what each PE of this host was doing:")
+        self._stop_all(grace=0.5)
 
     def _report_timeout(self) -> None:
         self._post_mortem(f"timed out after {self.timeout:g} s",

@@ -109,12 +109,13 @@ class Heap:
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
-    def attach_peers(self) -> None:
-        """Map every peer's heap (they exist once every PE passed init's barrier)."""
-        for pe in range(self.n_pes):
+    def attach_peers(self, local=None) -> None:
+        """Map every peer's heap (they exist once every PE passed init's barrier); with ``local`` (the PEs of this
+        host, a job of several hosts), only those: another host's heap is reached through its NIC only."""
+        for pe in range(self.n_pes) if local is None else local:
             if self.segments[pe] is None:
                 self.segments[pe] = Segment(segment_name(self.job_id, f"heap{pe}"))
-        pairs = sorted((seg.addr, pe) for pe, seg in enumerate(self.segments))
+        pairs = sorted((seg.addr, pe) for pe, seg in enumerate(self.segments) if seg is not None)
         self._starts = [a for a, _ in pairs]
         self._pes = [p for _, p in pairs]
 

@@ -1,0 +1,192 @@
+"""A job over several hosts: one launcher per host, started by MPI, joined by the hosts' NICs.
+
+``shmemx run -n N --hosts H`` runs H emulated hosts on this machine; ``--hosts host1:8,host2:8`` (or
+``--hostfile FILE``, one ``host[:pes]`` a line) runs on those hosts. Either way the front command starts
+``mpiexec`` (MPICH's hydra, from the ``mpich`` wheel of ``shmemx[mpi]``) with one process per host, each running
+``python -m shmemx.launcher.hosts`` (``host_main``): the host's launcher. It is the single-host launcher
+(``job.Job``) over the host's PEs (``job.pes``) with its own segments (job id ``<job>.h<k>``, ``shm.hosts``), plus
+this host's part (``HostPart``): once the ranks are forked it initialises MPI (never in a rank: the ranks are
+plain shmemx processes) and starts the host's NIC (``udma.nic``), which carries every WQE to another host's PE
+and the barriers between hosts. On emulated hosts MPI is told to use its network path (``MPIR_CVAR_NOLOCAL``):
+no memory is shared between hosts, MPICH's own included.
+
+Ending: a host whose PE fails tells the others (``Nic.abort``); a host that goes silent (its launcher was killed)
+is declared dead by every other NIC after ``nic.DEAD_AFTER`` seconds, and mpiexec ends the processes of a job
+one of which was killed; either way every host's launcher stops its PEs, saying which host ended the job, and
+removes its segments (its reaper does when the launcher itself was killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+from shmemx.shm.hosts import HostMap, host_job_id
+
+__all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
+
+_NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+
+
+def parse_hosts(spec: str | None, hostfile: str | None, n: int) -> tuple[HostMap, list[str] | None]:
+    """(host map, host names or None for emulated hosts) of ``--hosts`` / ``--hostfile``."""
+    entries = []
+    if hostfile:
+        with open(hostfile) as f:
+            entries = [line.split("#")[0].strip() for line in f]
+        entries = [e for e in entries if e]
+    elif spec and not spec.isdigit():
+        entries = [e.strip() for e in spec.split(",") if e.strip()]
+    if not entries:
+        return HostMap.even(n, int(spec or 1)), None
+    names, counts = [], []
+    for e in entries:
+        name, _, pes = e.partition(":")
+        names.append(name)
+        counts.append(int(pes) if pes else None)
+    if any(c is None for c in counts):
+        if len(set(counts)) != 1:
+            raise ValueError(f"hosts {entries}: give PEs for every host or for none")
+        return HostMap.even(n, len(names)), names
+    hosts = HostMap(counts)
+    if hosts.n_pes != n:
+        raise ValueError(f"hosts {entries} hold {hosts.n_pes} PEs, -n asks for {n}")
+    return hosts, names
+
+
+def _mpiexec() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.path.exists(here) else shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("shmemx run --hosts needs MPI: pip install 'shmemx[mpi]' (mpi4py and the mpich wheel)")
+    return found
+
+
+def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args, *, module: bool = False,
+              heap_size=None, timeout: float | None = None, tag_output: bool = True, env: dict | None = None,
+              dump_dir: str | None = None, check: bool = False, chaos=None, trace: str | None = None,
+              record: str | None = None, stats: bool = False, job_id: str | None = None) -> int:
+    """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's)."""
+    import secrets
+
+    job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
+    cmd = [_mpiexec(), "-n", str(hosts.n_hosts)]
+    if names:
+        cmd += ["-hosts", ",".join(names), "-ppn", "1"]
+    cmd += [sys.executable, "-m", "shmemx.launcher.hosts", "--job", job, "--counts",
+            ",".join(map(str, hosts.counts))]
+    if heap_size:
+        cmd += ["--heap-size", str(heap_size)]
+    if timeout:
+        cmd += ["--timeout", str(timeout)]
+    if not tag_output:
+        cmd += ["--no-tag-output"]
+    if dump_dir:
+        cmd += ["--dump-dir", dump_dir]
+    if check:
+        cmd += ["--check"]
+    if chaos is not None:
+        cmd += ["--chaos", str(chaos)]
+    if module:
+        cmd += ["-m"]
+    cmd += ["--", target, *map(str, args)]
+    full_env = dict(os.environ)
+    if names is None:
+        full_env.update(_NOLOCAL)
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    proc = subprocess.run(cmd, env=full_env)
+    code = proc.returncode
+    return 128 - code if code < 0 else code
+
+
+class HostPart:
+    """This host's part of a job of several hosts, as its launcher (``job.Job.host``) sees it."""
+
+    def __init__(self, hosts: HostMap):
+        self.hosts = hosts
+        self.nic = None
+
+    def started(self, job) -> None:
+        """The ranks are forked: initialise MPI, start the NIC."""
+        import mpi4py
+        mpi4py.rc.thread_level = "serialized"
+        from mpi4py import MPI
+
+        from shmemx.udma.nic import Nic
+
+        comm = MPI.COMM_WORLD
+        if comm.Get_size() != self.hosts.n_hosts:
+            raise RuntimeError(f"mpiexec started {comm.Get_size()} host launchers for {self.hosts.n_hosts} hosts")
+        heap = job.heap_size or 0
+        if not heap:
+            from shmemx.runtime import DEFAULT_HEAP_SIZE
+            heap = DEFAULT_HEAP_SIZE
+        self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap)
+        self.nic.start()
+
+    def failure(self) -> str | None:
+        return None if self.nic is None else self.nic.failure
+
+    def abort(self, why: str) -> None:
+        if self.nic is not None:
+            self.nic.abort(f"host {self.hosts.index}: {why}")
+
+    def finished(self, job) -> None:
+        """Every rank of this host ended: stop the NIC once every host's did (unless the job is failing)."""
+        if self.nic is None:
+            return
+        if job.failure is not None or job.interrupted is not None:
+            return  # the other hosts are told (abort) or find out (heartbeat); no need to meet them
+        self.nic.stop()
+
+
+def mpi_versions() -> str:
+    """The MPI library and mpi4py versions in use (for reports and docs)."""
+    import mpi4py
+    from mpi4py import MPI
+
+    lib = MPI.Get_library_version().splitlines()[0].strip()
+    return f"mpi4py {mpi4py.__version__}, {lib}, MPI {'.'.join(map(str, MPI.Get_version()))}"
+
+
+def host_main(argv=None) -> int:
+    """One host's launcher (started by mpiexec: the host index is the MPI rank from the environment)."""
+    p = argparse.ArgumentParser(prog="python -m shmemx.launcher.hosts")
+    p.add_argument("--job", required=True)
+    p.add_argument("--counts", required=True)
+    p.add_argument("--heap-size", default=None)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--no-tag-output", action="store_true")
+    p.add_argument("--dump-dir", default=None)
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--chaos", default=None)
+    p.add_argument("-m", dest="module", action="store_true")
+    p.add_argument("target")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    index = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    hosts = HostMap([int(c) for c in a.counts.split(",")], index)
+    from .job import Job
+
+    job = Job(hosts.n_pes, a.target, a.args, module=a.module, heap_size=a.heap_size, timeout=a.timeout,
+              tag_output=not a.no_tag_output, env={}, stdout=None, stderr=None)
+    job.job_id = host_job_id(a.job, index)
+    job.pes = hosts.pes()
+    job.host = HostPart(hosts)
+    job.dump_dir = a.dump_dir
+    job.check = a.check
+    job.chaos = a.chaos
+    code = job.run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0 and job.host.nic is not None and job.host.nic.failure is None:
+        from mpi4py import MPI
+        MPI.Finalize()  # every host met in the NICs' last barrier: the finalize cannot wait on a dead one
+    os._exit(code)  # a failing host skips MPI_Finalize: mpiexec then ends the other hosts' launchers too
+
+
+if __name__ == "__main__":
+    host_main()

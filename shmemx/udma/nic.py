@@ -1,0 +1,631 @@
+"""The NIC of a host: executes the WQEs its PEs post to PEs of other hosts, over MPI.
+
+A job of several hosts (``shmemx run --hosts``) has one NIC per host, a thread of that host's launcher (the one
+process per host that MPI started). Within a host nothing changes: each PE's engine executes the queues to the
+host's PEs. The queues to another host's PEs are the NIC's (the engine skips them, ``_engine.c`` ``remote``): the
+NIC polls their doorbells, reads the rung WQEs from the SQ rings in shared memory, resolves the local side (the
+source of a write, the destination of a read: this host's heap or amo scratch) and sends each WQE with its
+payload to the target host's NIC, which executes it there with the engine's checks (EID, tokenId, token value,
+bounds, signal alignment, atomic size) and answers with a status, the fetched value or the read data. The
+initiator's NIC then writes the CQE into the poster's CQ, advances the queue's consumer index and wakes the PE:
+a CQE only after the remote effect, as within a host.
+
+Ordering (DESIGN section 5). A queue's WQEs travel in SQ order in one MPI stream (one communicator, one tag,
+one pair of ranks: MPI keeps their order) and the target's NIC executes them in that order, so every queue is
+executed in order, which is stronger than RO/SO/fence need; a WRITE_WITH_NOTIFY's payload is stored before its
+signal (an atomic exchange); completions are written in SQ order. A failure puts the queue into error at both
+ends: the initiator stops sending the queue's WQEs, the target flushes those of it already on the way
+(FLUSHED), the initiator completes every later WQE as FLUSHED, and the record (``HW_DTYPE``'s err_*) names the
+status and check exactly as the engine's does, so ``CompletionError`` reads the same.
+
+Barriers. The job barrier's counter lives in each host's control segment. Each NIC watches its PEs' barrier
+counts (``pes[p]['barriers']``) and, for each arrival, sends the PE's row of the control segment (identity,
+allocations, waits, barrier count) to every other host; a NIC that receives an arrival copies the row in and
+adds the arrival to its host's counter once the host has completed the barrier before it, waking the sleepers
+when it was the last. So every host's counter sees every PE once per barrier, init's barrier exchanges the
+identities, and ``shmemx dump`` on any host names every PE.
+
+Failure: every NIC sends a heartbeat twice a second; a host silent for ``DEAD_AFTER`` seconds, or one that says
+it aborts, ends the job on every host (``failure`` names it; the launcher stops its ranks).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+
+from ..shm import atomics
+from ..shm.control import PE_STRIDE, HEADER_SIZE, PeStatus
+from ..shm.futex import futex_wake
+from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
+from ..shm.segment import Segment, segment_name
+from .engine import Where
+from .layout import (C_BYTE_CNT, C_DATA, C_EID, C_ENTRY_IDX, C_STATUS, C_TPN, C_USER_DATA, MAX_MSG_BYTES,
+                     NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, AMO_OPERAND_OFFSET, OWNER_SHIFT, REDUCE_FLAG,
+                     REMOTE_JETTY_TYPE, CqeStatus, Opcode)
+from .segment import (HW_BYTES, HW_CI, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_STATUS, HW_ERR_SUBSTATUS,
+                      HW_ERR_WHERE, HW_EXECUTED, HW_SQ_DB, HW_STATE, UdmaSegment)
+
+__all__ = ["Nic", "DEAD_AFTER"]
+
+TAG_REQ, TAG_REP, TAG_CTL = 11, 12, 13
+CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
+HEARTBEAT = 0.5
+DEAD_AFTER = 3.0
+MAX_INFLIGHT_BYTES = 64 << 20  # per queue: a queue's WQEs in flight carry at most this much payload
+
+_REQ = struct.Struct("<iiII")  # src pe, queue, BB position, payload bytes; then the WQE's 128 bytes, the payload
+_REP = struct.Struct("<iiIIIIQI")  # src pe, queue, position, status, where, byte count, data, payload bytes
+_HDR32 = struct.Struct("<16I")
+_KNOWN = frozenset(int(op) for op in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY, Opcode.READ, Opcode.CAS,
+                                      Opcode.FAA, Opcode.NOP))
+_TWO_BB = frozenset(int(op) for op in (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS))
+_CQE_FLAG = 0x20
+_FP32, _REDUCE_ADD = 0x7, 0xA
+_S = CqeStatus
+
+
+class _Entry:
+    """A WQE of a queue between its send and its completion."""
+
+    __slots__ = ("pos", "bbs", "opcode", "flag", "eid", "local", "length", "result")
+
+    def __init__(self, pos, bbs, opcode, flag, eid, local, length, result=None):
+        self.pos, self.bbs, self.opcode, self.flag, self.eid = pos, bbs, opcode, flag, eid
+        self.local, self.length, self.result = local, length, result
+
+
+class _LocalPe:
+    """A PE of this host as its NIC sees it: its UDMA segment and heap, mapped read-write."""
+
+    def __init__(self, job_id: str, pe: int, remote_slots: np.ndarray):
+        self.pe = pe
+        self.udma = UdmaSegment.attach(job_id, pe, readonly=False)
+        self.heap = Segment(segment_name(job_id, f"heap{pe}"))
+        self.hw32 = self.udma.hw32
+        self.tp_base = int(self.udma.header["tp_base"])
+        self.rings = {}
+        self.remote_slots = remote_slots
+        self.sent = np.zeros(len(remote_slots), np.uint32)  # next BB to send, per remote slot
+        self.flight = {int(q): collections.deque() for q in remote_slots}
+        self.flight_bytes = dict.fromkeys(self.flight, 0)
+        self.broken = dict.fromkeys(self.flight, False)  # a failure stopped sending this queue
+        self.amo_va = self.udma.va(pe, self.udma.amo_offset)
+        self.amo_len = 64 * self.udma.n_slots
+        self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
+
+    def ring(self, q: int) -> np.ndarray:
+        r = self.rings.get(q)
+        if r is None:
+            r = self.rings[q] = self.udma.sq_ring(q)
+        return r
+
+    def resolve(self, va: int, length: int):
+        """(segment bytes, offset) of a local range of this PE (its heap or amo scratch), or None."""
+        if self.heap_va <= va and va - self.heap_va + length <= self.heap.size:
+            return self.heap.bytes, va - self.heap_va
+        if self.amo_va <= va and va - self.amo_va + length <= self.amo_len:
+            return self.udma.segment.bytes, self.udma.amo_offset + va - self.amo_va
+        return None
+
+    def close(self) -> None:
+        self.rings.clear()
+        self.udma.close()
+        self.heap.close()
+
+
+class Nic:
+    """The NIC of this host (see the module docstring). ``comm``: an mpi4py communicator of one rank per host,
+    rank = host index."""
+
+    def __init__(self, job_id: str, hosts, ctl, comm, heap_size: int):
+        self.job_id = job_id
+        self.hosts = hosts
+        self.ctl = ctl
+        self.comm = comm
+        self.heap_size = heap_size
+        self.n_pes = hosts.n_pes
+        self.me = hosts.index
+        self.local_pes = list(hosts.pes())
+        self.pes: dict[int, _LocalPe] = {}
+        self.qp_num = 0
+        self.shipped = {p: 0 for p in self.local_pes}  # barrier arrivals of each local PE sent to the others
+        self.pending_arrivals: list[tuple[int, int]] = []  # (barrier number, pe) not yet counted here
+        self.target_broken: set[tuple[int, int]] = set()  # (src pe, queue) in error at this end
+        self.sends: list = []
+        self.outbox: dict[int, list] = collections.defaultdict(list)  # host -> request pieces
+        self.heard = {h: time.monotonic() for h in range(hosts.n_hosts) if h != self.me}
+        self.failure: str | None = None  # why the job must end (a host died or aborted)
+        self.stopping = False
+        self.stats = collections.Counter()
+        self._thread: threading.Thread | None = None
+        self._last_beat = 0.0
+        self._heaps: dict[int, Segment] = {}
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name=f"shmemx-nic-host{self.me}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop once every host stopped (a non-blocking barrier of the NICs, serving meanwhile)."""
+        self.stopping = True
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def abort(self, reason: str) -> None:
+        """Tell every other host that this one ends the job (best effort)."""
+        data = bytes([CTL_ABORT]) + reason.encode()[:400]
+        for h in self.heard:
+            try:
+                self.comm.Send([data, len(data), _byte()], dest=h, tag=TAG_CTL)
+            except Exception:  # the peer may be gone already; the abort is a courtesy
+                pass
+
+    def _main(self) -> None:
+        idle = 0
+        try:
+            while True:
+                busy = self._poll_network()
+                busy |= self._scan_barriers()
+                busy |= self._scan_queues()
+                self._flush_outbox()
+                self._reap_sends()
+                now = time.monotonic()
+                if now - self._last_beat > HEARTBEAT:
+                    self._beat(now)
+                if self.stopping and self._drained():
+                    break
+                if self.failure is not None and not self.stopping:
+                    time.sleep(0.01)
+                    continue
+                idle = 0 if busy else idle + 1
+                if idle > 200:
+                    time.sleep(min(0.001, 2e-6 * idle))
+                elif idle > 20:
+                    os.sched_yield()
+            self._finish()
+        except BaseException as exc:  # the NIC must never die silently: the job ends, saying why
+            self.failure = self.failure or f"host {self.me}: NIC failed: {type(exc).__name__}: {exc}"
+            import traceback
+            traceback.print_exc()
+
+    def _drained(self) -> bool:
+        return not self.sends and not any(self.outbox.values())
+
+    def _finish(self) -> None:
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            self._poll_network()
+            self._reap_sends()
+            now = time.monotonic()
+            if now - self._last_beat > HEARTBEAT:
+                self._beat(now)
+            if self.failure is not None:
+                return
+            time.sleep(0.0005)
+        for lp in self.pes.values():
+            lp.close()
+        for seg in self._heaps.values():
+            seg.close()
+
+    def _beat(self, now: float) -> None:
+        self._last_beat = now
+        for h, heard in self.heard.items():
+            self._send(h, TAG_CTL, bytes([CTL_BEAT]))
+            if now - heard > DEAD_AFTER and self.failure is None:
+                self.failure = (f"host {h} ({self._host_name(h)}) stopped answering for {now - heard:.1f} s: its "
+                                f"launcher died or hangs")
+
+    def _host_name(self, h: int) -> str:
+        pes = self.hosts.pes(h)
+        return f"pes {pes.start}..{pes.stop - 1}"
+
+    # --- MPI -----------------------------------------------------------------------------------------------
+
+    def _send(self, host: int, tag: int, data) -> None:
+        buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+        self.sends.append((self.comm.Isend([buf, len(buf), _byte()], dest=host, tag=tag), buf))
+
+    def _reap_sends(self) -> None:
+        if self.sends:
+            self.sends = [s for s in self.sends if not s[0].Test()]
+
+    def _poll_network(self) -> bool:
+        from mpi4py import MPI
+        busy = False
+        status = MPI.Status()
+        for _ in range(64):
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                break
+            src, tag, n = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+            buf = bytearray(n)
+            self.comm.Recv([buf, n, MPI.BYTE], source=src, tag=tag)
+            self.heard[src] = time.monotonic()
+            busy = True
+            if tag == TAG_REQ:
+                self._serve(src, memoryview(buf))
+            elif tag == TAG_REP:
+                self._complete(memoryview(buf))
+            else:
+                self._control(src, buf)
+        return busy
+
+    # --- barriers (the control plane) ----------------------------------------------------------------------
+
+    def _scan_barriers(self) -> bool:
+        busy = False
+        for p in self.local_pes:
+            row = self.ctl.pes[p]
+            n = int(row["barriers"])
+            while self.shipped[p] < n:
+                self.shipped[p] += 1
+                data = struct.pack("<BiQ", CTL_ARRIVE, p, self.shipped[p]) + self._row_bytes(p)
+                for h in self.heard:
+                    self._send(h, TAG_CTL, data)
+                busy = True
+        if self.pending_arrivals:
+            busy |= self._count_arrivals()
+        return busy
+
+    def _row_bytes(self, pe: int) -> bytes:
+        off = HEADER_SIZE + pe * PE_STRIDE
+        return bytes(self.ctl.segment.bytes[off:off + PE_STRIDE])
+
+    def _control(self, src: int, buf: bytearray) -> None:
+        kind = buf[0]
+        if kind == CTL_ARRIVE:
+            _, pe, number = struct.unpack_from("<BiQ", buf, 0)
+            off = HEADER_SIZE + pe * PE_STRIDE
+            row = np.frombuffer(buf, np.uint8, PE_STRIDE, struct.calcsize("<BiQ"))
+            self.ctl.segment.bytes[off:off + PE_STRIDE] = row
+            self.pending_arrivals.append((number, pe))
+            self._count_arrivals()
+        elif kind == CTL_ABORT:
+            if self.failure is None:
+                self.failure = f"host {src} ({self._host_name(src)}) ended the job: {bytes(buf[1:]).decode()}"
+
+    def _count_arrivals(self) -> bool:
+        """Add the arrivals whose barrier this host has reached (its previous barrier completed) to its counter."""
+        ctl = self.ctl
+        count_addr, gen_addr = ctl.header_addr("barrier_count"), ctl.header_addr("barrier_gen")
+        done = atomics.load_u32(gen_addr)
+        later, counted = [], False
+        for number, pe in self.pending_arrivals:
+            if number - 1 > done:
+                later.append((number, pe))
+                continue
+            counted = True
+            if atomics.fetch_add_u32(count_addr, 1) == self.n_pes - 1:
+                ctl.u32[(count_addr - ctl.segment.addr) // 4] = 0
+                atomics.fetch_add_u32(gen_addr, 1)
+                futex_wake(gen_addr)
+                done += 1
+        self.pending_arrivals = later
+        return counted
+
+    # --- the initiator's side ------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        for p in self.local_pes:
+            if p not in self.pes and int(self.ctl.pes[p]["status"]) == PeStatus.READY:
+                qp_num = int(self.ctl.pes[p]["qp_num"])
+                self.qp_num = qp_num
+                slots = np.array([peer * qp_num + k for peer in range(self.n_pes) if not self.hosts.local(peer)
+                                  for k in range(qp_num)], np.int64)
+                self.pes[p] = _LocalPe(self.job_id, p, slots)
+
+    def _scan_queues(self) -> bool:
+        if len(self.pes) < len(self.local_pes):
+            self._attach()
+        busy = False
+        for lp in self.pes.values():
+            db = lp.hw32[lp.remote_slots, HW_SQ_DB]
+            for i in np.flatnonzero(db != lp.sent).tolist():
+                busy |= self._send_queue(lp, i, int(db[i]))
+        return busy
+
+    def _send_queue(self, lp: _LocalPe, i: int, db: int) -> bool:
+        q = int(lp.remote_slots[i])
+        pos = int(lp.sent[i])
+        flight = lp.flight[q]
+        ring = lp.ring(q)
+        depth = ring.shape[0]
+        sent_any = False
+        while pos != db and lp.flight_bytes[q] < MAX_INFLIGHT_BYTES:
+            if (db - pos) & 0xFFFFFFFF > depth:  # a corrupted doorbell: the queue fails, its WQEs are dropped
+                wqe = bytes(ring[pos & (depth - 1)]) + bytes(64)
+                flight.append(_Entry(pos, 1, _opcode(wqe), _flag(wqe), _eid(wqe), None, 0,
+                                     (_S.ENGINE_FAULT, Where.DOORBELL, 0, 0, b"")))
+                lp.broken[q] = True
+                pos = db
+                break
+            first = ring[pos & (depth - 1)]
+            opcode = int(first[5])
+            bbs = 2 if opcode in _TWO_BB else 1
+            if (db - pos) & 0xFFFFFFFF < bbs:
+                break
+            wqe = bytes(first) + (bytes(ring[(pos + 1) & (depth - 1)]) if bbs == 2 else bytes(64))
+            self._send_wqe(lp, q, pos, bbs, wqe)
+            pos = (pos + bbs) & 0xFFFFFFFF
+            sent_any = True
+        lp.sent[i] = pos
+        self._retire(lp, q)
+        return sent_any
+
+    def _send_wqe(self, lp: _LocalPe, q: int, pos: int, bbs: int, wqe: bytes) -> None:
+        """Check the initiator's side of a WQE and send it (or complete it at once when it fails here)."""
+        opcode, flag = _opcode(wqe), _flag(wqe)
+        eid = _eid(wqe)
+        entry = _Entry(pos, bbs, opcode, flag, eid, None, 0)
+        lp.flight[q].append(entry)
+        if lp.broken[q]:
+            entry.result = (_S.FLUSHED, Where.NONE, 0, 0, b"")
+            return
+        fault, target, local, length = self._initiator_checks(lp, wqe, opcode, flag)
+        if fault is not None:
+            entry.result = (fault[0], fault[1], 0, 0, b"")
+            lp.broken[q] = True
+            return
+        entry.local, entry.length = local, length
+        payload = b""
+        if local is not None and opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY):
+            seg, off = local
+            payload = seg[off:off + length].tobytes()
+        lp.flight_bytes[q] += len(payload) + length
+        if target is None:  # NOP: nothing to carry; it completes in order with the rest
+            entry.result = (0, 0, 0, 0, b"")
+            return
+        self.outbox[target].append(_REQ.pack(lp.pe, q, pos, len(payload)) + wqe + payload)
+
+    def _initiator_checks(self, lp: _LocalPe, wqe: bytes, opcode: int, flag: int):
+        """(fault or None, target host or None, local (bytes, offset) or None, length): the engine's checks of
+        the initiator's side (opcode, shape, EID's PE, TP, length, local range)."""
+        if opcode not in _KNOWN:
+            return (_S.BAD_OPCODE, Where.OPCODE), None, None, 0
+        if opcode == Opcode.NOP:
+            return None, None, None, 0
+        w = _HDR32.unpack_from(wqe, 0)
+        if (w[2] >> 24) != 1 or ((w[0] >> 29) & 3) != REMOTE_JETTY_TYPE:
+            return (_S.BAD_OPCODE, Where.MALFORMED), None, None, 0
+        eid_lo = struct.unpack_from("<Q", wqe, 16)[0]
+        pe = eid_lo & 0xFFFFFFFF
+        if pe >= self.n_pes:
+            return (_S.BAD_EID, Where.EID), None, None, 0
+        tp = (w[2] & 0xFFFFFF) - lp.tp_base
+        if tp < 0 or tp >= self.n_pes * self.qp_num or tp // self.qp_num != pe:
+            return (_S.BAD_TP, Where.TP), None, None, 0
+        notify = opcode == Opcode.WRITE_WITH_NOTIFY
+        if notify:
+            length, _, lva = struct.unpack_from("<IIQ", wqe, NOTIFY_SGE_OFFSET)
+        else:
+            length, _, lva = struct.unpack_from("<IIQ", wqe, 48)
+        if length > MAX_MSG_BYTES:
+            return (_S.LENGTH_TOO_LARGE, Where.LENGTH), None, None, 0
+        local = lp.resolve(lva, length)
+        if local is None:
+            return (_S.LOCAL_ACCESS, Where.LOCAL), None, None, 0
+        return None, self.hosts.host_of(pe), local, length
+
+    def _flush_outbox(self) -> None:
+        for host, pieces in self.outbox.items():
+            if pieces:
+                data = b"".join(pieces)
+                pieces.clear()
+                if host == self.me:
+                    self._serve(host, memoryview(data))
+                else:
+                    self._send(host, TAG_REQ, data)
+                    self.stats["req_msgs"] += 1
+
+    def _complete(self, buf: memoryview) -> None:
+        """Replies of a target host: record each WQE's result, retire what completes in order."""
+        off, touched = 0, set()
+        while off < len(buf):
+            pe, q, pos, status, where, byte_cnt, data, n = _REP.unpack_from(buf, off)
+            off += _REP.size
+            payload = buf[off:off + n]
+            off += n
+            lp = self.pes[pe]
+            for entry in lp.flight[q]:
+                if entry.pos == pos and entry.result is None:
+                    entry.result = (status, where, byte_cnt, data, payload)
+                    break
+            touched.add((pe, q))
+        for pe, q in touched:
+            self._retire(self.pes[pe], q)
+
+    def _retire(self, lp: _LocalPe, q: int) -> None:
+        """Complete the queue's WQEs whose results are in, in SQ order: local effects, CQE, consumer index."""
+        flight = lp.flight[q]
+        if not flight or flight[0].result is None:
+            return
+        hw = lp.hw32[q]
+        hw64 = lp.hw32.view(np.uint64)[q]
+        ci = int(hw[HW_CI])
+        while flight and flight[0].result is not None:
+            e = flight.popleft()
+            status, where, byte_cnt, data, payload = e.result
+            lp.flight_bytes[q] -= (e.length if e.opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY) else 0) + \
+                e.length
+            if status == 0 and e.local is not None:
+                seg, off = e.local
+                if e.opcode == Opcode.READ and len(payload):
+                    seg[off:off + len(payload)] = np.frombuffer(payload, np.uint8)
+                elif e.opcode in (Opcode.FAA, Opcode.CAS):
+                    seg[off:off + e.length] = np.frombuffer(struct.pack("<Q", data)[:e.length], np.uint8)
+            if status and status != _S.FLUSHED:
+                self._fail_record(lp, q, e, status, where)
+            elif status == 0:
+                hw64[HW_EXECUTED] += 1
+                hw64[HW_BYTES] += byte_cnt
+            if e.flag & _CQE_FLAG:
+                self._write_cqe(lp, q, e, status, byte_cnt, data)
+            ci = (e.pos + e.bbs) & 0xFFFFFFFF
+            if status and status != _S.FLUSHED:
+                hw[HW_STATE] = 1  # after the CQE: a barrier that sees the failure also finds its CQE
+                lp.broken[q] = True
+        hw[HW_CI] = ci
+        self.ctl.wake(lp.pe)
+
+    def _fail_record(self, lp: _LocalPe, q: int, e: _Entry, status: int, where: int) -> None:
+        hw = lp.hw32[q]
+        if int(hw[HW_STATE]) == 0:
+            hw[HW_ERR_STATUS], hw[HW_ERR_SUBSTATUS], hw[HW_ERR_POS] = status, 0, e.pos
+            hw[HW_ERR_WHERE], hw[HW_ERR_ARG] = where, 0
+
+    def _write_cqe(self, lp: _LocalPe, q: int, e: _Entry, status: int, byte_cnt: int, data: int) -> None:
+        udma = lp.udma
+        hw = lp.hw32[q]
+        pi = int(hw[HW_CQ_PI])
+        depth = udma.cq_depth
+        row = udma.segment.view("<u4", udma.cq_offset + q * udma.cq_bytes + 64 * (pi % depth), (16,))
+        words = [0] * 16
+        words[C_ENTRY_IDX] = (e.pos + e.bbs) & 0xFFFF
+        words[C_TPN] = (lp.tp_base + q) & 0xFFFFFF
+        words[C_BYTE_CNT] = byte_cnt & 0xFFFFFFFF
+        words[C_USER_DATA] = e.pos & 0xFFFFFFFF
+        lo, hi = e.eid
+        words[C_EID:C_EID + 4] = [lo & 0xFFFFFFFF, lo >> 32, hi & 0xFFFFFFFF, hi >> 32]
+        words[C_DATA], words[C_DATA + 1] = data & 0xFFFFFFFF, (data >> 32) & 0xFFFFFFFF
+        for k in range(16):
+            if k != C_STATUS:
+                row[k] = words[k]
+        owner = ((pi // depth) & 1) ^ 1
+        row[C_STATUS] = owner << OWNER_SHIFT | (e.opcode & 7) << 4 | (status & 0xFF) << 24
+        hw[HW_CQ_PI] = (pi + 1) & 0xFFFFFFFF
+
+    # --- the target's side ---------------------------------------------------------------------------------
+
+    def _heap(self, pe: int) -> Segment:
+        seg = self._heaps.get(pe)
+        if seg is None:
+            lp = self.pes.get(pe)
+            seg = self._heaps[pe] = lp.heap if lp is not None else Segment(segment_name(self.job_id, f"heap{pe}"))
+        return seg
+
+    def _serve(self, src: int, buf: memoryview) -> None:
+        """Execute a batch of WQEs of host ``src``'s PEs on this host's PEs, in order; answer in one message."""
+        off, out, touched = 0, [], set()
+        while off < len(buf):
+            pe, q, pos, n = _REQ.unpack_from(buf, off)
+            off += _REQ.size
+            wqe = bytes(buf[off:off + 128])
+            off += 128
+            payload = buf[off:off + n]
+            off += n
+            if (pe, q) in self.target_broken:
+                out.append(_REP.pack(pe, q, pos, _S.FLUSHED, 0, 0, 0, 0))
+                continue
+            status, where, byte_cnt, data, reply, target = self._execute(wqe, payload)
+            if status:
+                self.target_broken.add((pe, q))
+            elif target is not None:
+                touched.add(target)
+            out.append(_REP.pack(pe, q, pos, status, where, byte_cnt, data, len(reply)) + reply)
+        for t in touched:
+            self.ctl.wake(t)
+        data = b"".join(out)
+        if src == self.me:
+            self._complete(memoryview(data))
+        else:
+            self._send(src, TAG_REP, data)
+
+    def _segment_check(self, pe: int, tid: int, token: int, va: int, length: int, where: Where):
+        row = self.ctl.pes[pe]
+        if tid != int(row["heap_tid"]):
+            return _S.BAD_TOKEN_ID, where
+        if token != int(row["heap_token"]):
+            return _S.TOKEN_MISMATCH, where
+        base = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
+        if not (va >= base and length <= self.heap_size and va - base <= self.heap_size - length):
+            return _S.REMOTE_OUT_OF_BOUNDS, where
+        return None
+
+    def _execute(self, wqe: bytes, payload: memoryview):
+        """(status, where, byte count, data, read bytes, target pe) of one WQE executed on this host."""
+        opcode, flag = _opcode(wqe), _flag(wqe)
+        eid_lo, eid_hi = struct.unpack_from("<QQ", wqe, 16)
+        pe = eid_lo & 0xFFFFFFFF
+        if pe >= self.n_pes or not self.hosts.local(pe) or \
+                tuple(int(x) for x in self.ctl.pes[pe]["eid"]) != (eid_lo, eid_hi):
+            return _S.BAD_EID, Where.EID, 0, 0, b"", None
+        w = _HDR32.unpack_from(wqe, 0)
+        rva = struct.unpack_from("<Q", wqe, 40)[0]
+        notify = opcode == Opcode.WRITE_WITH_NOTIFY
+        length = struct.unpack_from("<I", wqe, NOTIFY_SGE_OFFSET if notify else 48)[0]
+        fault = self._segment_check(pe, w[3] & 0xFFFFF, w[8], rva, length, Where.REMOTE)
+        if fault:
+            return fault[0], fault[1], 0, 0, b"", None
+        heap = self._heap(pe)
+        off = rva - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
+        if notify:
+            q0, sva, value = struct.unpack_from("<QQQ", wqe, NOTIFY_CTX_OFFSET)
+            fault = self._segment_check(pe, q0 & 0xFFFFF, q0 >> 32, sva, 8, Where.SIGNAL)
+            if fault:
+                return fault[0], fault[1], 0, 0, b"", None
+            if sva % 8:
+                return _S.BAD_ATOMIC, Where.SIGNAL_ALIGN, 0, 0, b"", None
+            heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
+            soff = sva - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
+            atomics.exchange(heap.addr + soff, value, 8)
+            return 0, 0, length, 0, b"", pe
+        if opcode == Opcode.READ:
+            return 0, 0, length, 0, heap.bytes[off:off + length].tobytes(), pe
+        atomic = opcode in (Opcode.FAA, Opcode.CAS) or (flag & REDUCE_FLAG)
+        if atomic:
+            if length not in (4, 8) or rva % length:
+                return _S.BAD_ATOMIC, Where.ATOMIC_SIZE, 0, 0, b"", None
+        if opcode == Opcode.WRITE and flag & REDUCE_FLAG:
+            ra = w[9]
+            if ((ra >> 8) & 0xF) != _FP32 or ((ra >> 12) & 0xF) != _REDUCE_ADD or length != 4:
+                return _S.BAD_ATOMIC, Where.REDUCE, 0, 0, b"", None
+            operand = struct.unpack("<f", bytes(payload[:4]))[0]
+            return 0, 0, 4, _fp32_add(heap.addr + off, operand), b"", pe
+        if opcode == Opcode.WRITE:
+            heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
+            return 0, 0, length, 0, b"", pe
+        fmt = "<Q" if length == 8 else "<I"
+        operand = struct.unpack_from(fmt, wqe, AMO_OPERAND_OFFSET)[0]
+        if opcode == Opcode.FAA:
+            old = atomics.fetch_op("add", heap.addr + off, operand, length)
+        else:
+            compare = struct.unpack_from(fmt, wqe, AMO_OPERAND_OFFSET + length)[0]
+            old = atomics.compare_exchange(heap.addr + off, compare, operand, length)
+        return 0, 0, length, old & ((1 << 8 * length) - 1), b"", pe
+
+
+def _fp32_add(addr: int, operand: float) -> int:
+    """Atomically add ``operand`` to the float32 at ``addr``; the old bits."""
+    old = atomics.load_u32(addr)
+    while True:
+        f = struct.unpack("<f", struct.pack("<I", old))[0]
+        new = struct.unpack("<I", struct.pack("<f", np.float32(np.float64(f) + operand)))[0]
+        seen = atomics.compare_exchange(addr, old, new, 4)
+        if seen == old:
+            return old
+        old = seen
+
+
+def _opcode(wqe: bytes) -> int:
+    return wqe[5]
+
+
+def _flag(wqe: bytes) -> int:
+    return wqe[2]
+
+
+def _eid(wqe: bytes) -> tuple[int, int]:
+    return struct.unpack_from("<QQ", wqe, 16)
+
+
+def _byte():
+    from mpi4py import MPI
+    return MPI.BYTE
