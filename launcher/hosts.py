@@ -21,13 +21,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import re
+import signal
+import socket
 import subprocess
 import sys
+import threading
 
 from shmemx.shm.hosts import HostMap, host_job_id
 
 __all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
+HELLO = "\x1eshmemx-host"  # a host launcher's first line to the front: host, pid, node (not shown)
 _NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 
@@ -73,7 +78,9 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
     import secrets
 
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
-    cmd = [_mpiexec(), "-n", str(hosts.n_hosts)]
+    # hydra would SIGKILL every host's launcher once one dies, leaving no word of which; the NICs find a dead host
+    # themselves (heartbeats) and every launcher then stops its PEs, names the host and removes its segments
+    cmd = [_mpiexec(), "-disable-auto-cleanup", "-n", str(hosts.n_hosts)]
     if names:
         cmd += ["-hosts", ",".join(names), "-ppn", "1"]
     cmd += [sys.executable, "-m", "shmemx.launcher.hosts", "--job", job, "--counts",
@@ -97,9 +104,94 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
     if names is None:
         full_env.update(_NOLOCAL)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
-    proc = subprocess.run(cmd, env=full_env)
-    code = proc.returncode
+    front = _Front(hosts, sys.stdout, sys.stderr)
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    code = front.follow(proc)
     return 128 - code if code < 0 else code
+
+
+class _Front:
+    """The front command's view of the host launchers: forwards their output, keeps their announcements (a
+    line ``HELLO host pid node`` each, not shown), and names the host when mpiexec reports a launcher's death."""
+
+    _DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)")
+    _CODE = re.compile(r"(EXIT CODE|KILLED BY SIGNAL): (\d+)")
+
+    def __init__(self, hosts: HostMap, out, err):
+        self.hosts, self.out, self.err = hosts, out, err
+        self.launchers: dict[int, tuple[int, str]] = {}  # pid -> (host, node)
+        self.dead: list[tuple[int, str]] = []  # (pid, node) of launchers mpiexec saw die
+        self.code: int | None = None
+
+    def follow(self, proc) -> int:
+        threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out), daemon=True),
+                   threading.Thread(target=self._pump, args=(proc.stderr, self.err), daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            code = self._watch(proc)
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait()
+        for t in threads:
+            t.join()
+        if code and not self.dead and self.first_gone is not None:
+            self.dead.append((self.first_gone, socket.gethostname()))
+        for pid, node in self.dead[:1]:
+            host, _ = self.launchers.get(pid, (None, node))
+            pes = self.hosts.pes(host) if host is not None else None
+            who = f"host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid})" if pes \
+                else f"the launcher pid {pid} on node {node}"
+            how = f" ({self.code_text})" if self.code_text else ""
+            self.err.write(f"shmemx: {who} died{how}; mpiexec ended the launchers of every other host, their PEs "
+                           f"ended with them and their segments were removed\n")
+            self.err.flush()
+        return code
+
+    code_text = ""
+    first_gone: int | None = None  # the launcher on this node that ended first while the others ran
+
+    def _watch(self, proc) -> int:
+        """Wait for mpiexec; meanwhile note which launcher of this node ends first (mpiexec's report of a dead
+        launcher need not say which one it was)."""
+        here = socket.gethostname()
+        while True:
+            try:
+                return proc.wait(timeout=0.02)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.first_gone is None:
+                mine = [pid for pid, (_, node) in self.launchers.items() if node == here]
+                gone = [pid for pid in mine if not _running(pid)]
+                if gone and len(gone) < len(self.launchers):
+                    self.first_gone = gone[0]
+
+    def _pump(self, stream, dest) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            if line.startswith(HELLO):
+                _, host, pid, node = line.split()
+                self.launchers[int(pid)] = (int(host), node)
+                continue
+            m = self._DEATH.search(line)
+            if m:
+                self.dead.append((int(m.group(1)), m.group(2)))
+            m = self._CODE.search(line)
+            if m:
+                self.code_text = f"{m.group(1).lower()} {m.group(2)}"
+            try:
+                dest.write(line)
+                dest.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 class HostPart:
@@ -118,6 +210,7 @@ class HostPart:
         from shmemx.udma.nic import Nic
 
         comm = MPI.COMM_WORLD
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # a dead host is an exception of the NIC, not an abort of this one
         if comm.Get_size() != self.hosts.n_hosts:
             raise RuntimeError(f"mpiexec started {comm.Get_size()} host launchers for {self.hosts.n_hosts} hosts")
         heap = job.heap_size or 0
@@ -138,9 +231,9 @@ class HostPart:
         """Every rank of this host ended: stop the NIC once every host's did (unless the job is failing)."""
         if self.nic is None:
             return
-        if job.failure is not None or job.interrupted is not None:
-            return  # the other hosts are told (abort) or find out (heartbeat); no need to meet them
-        self.nic.stop()
+        failing = job.failure is not None or job.interrupted is not None
+        # a failing host does not meet the others: they are told (abort) or find out (heartbeat)
+        self.nic.stop(meet=not failing)
 
 
 def mpi_versions() -> str:
@@ -171,6 +264,7 @@ def host_main(argv=None) -> int:
     hosts = HostMap([int(c) for c in a.counts.split(",")], index)
     from .job import Job
 
+    print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)
     job = Job(hosts.n_pes, a.target, a.args, module=a.module, heap_size=a.heap_size, timeout=a.timeout,
               tag_output=not a.no_tag_output, env={}, stdout=None, stderr=None)
     job.job_id = host_job_id(a.job, index)

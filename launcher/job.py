@@ -623,6 +623,8 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
     os.close(err_w)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if job.host is not None:  # mpiexec tells its processes' groups of a failure by SIGUSR1: the launcher's to handle
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):

@@ -40,6 +40,10 @@ _pointer_at = ctypes.c_void_p.from_address
 _DATA_FIELD = object.__basicsize__
 
 
+class OtherHostError(ValueError):
+    """A direct access (MTE copy, ``aclshmem_ptr`` view, load or store) to a PE of another host."""
+
+
 def _data_pointer(arr: np.ndarray) -> int:
     return _pointer_at(id(arr) + _DATA_FIELD).value or 0
 
@@ -199,6 +203,10 @@ class Heap:
     def view(self, pe: int, offset: int, shape, dtype, strides=None) -> np.ndarray:
         """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
         seg = self.segments[pe]
+        if seg is None:
+            raise OtherHostError(f"pe {self.my_pe}: pe {pe} is on another host: its heap is not mapped here, so "
+                                 f"direct loads and stores and MTE copies cannot reach it (as on the hardware); "
+                                 f"use the UDMA calls (aclshmemx_udma_*), which go through the host's NIC")
         return np.ndarray(shape, dtype=dtype, buffer=seg.mm, offset=offset, strides=strides)
 
     def peer_view(self, arr: np.ndarray, pe: int, what: str = "array") -> np.ndarray:

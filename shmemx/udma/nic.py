@@ -25,13 +25,14 @@ adds the arrival to its host's counter once the host has completed the barrier b
 when it was the last. So every host's counter sees every PE once per barrier, init's barrier exchanges the
 identities, and ``shmemx dump`` on any host names every PE.
 
-Failure: every NIC sends a heartbeat twice a second; a host silent for ``DEAD_AFTER`` seconds, or one that says
+Failure: every NIC sends a heartbeat four times a second; a host silent for ``DEAD_AFTER`` seconds, or one that says
 it aborts, ends the job on every host (``failure`` names it; the launcher stops its ranks).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import struct
 import threading
@@ -48,6 +49,7 @@ from .engine import Where
 from .layout import (C_BYTE_CNT, C_DATA, C_EID, C_ENTRY_IDX, C_STATUS, C_TPN, C_USER_DATA, MAX_MSG_BYTES,
                      NOTIFY_CTX_OFFSET, NOTIFY_SGE_OFFSET, AMO_OPERAND_OFFSET, OWNER_SHIFT, REDUCE_FLAG,
                      REMOTE_JETTY_TYPE, CqeStatus, Opcode)
+from .registry import SharedLocals
 from .segment import (HW_BYTES, HW_CI, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_STATUS, HW_ERR_SUBSTATUS,
                       HW_ERR_WHERE, HW_EXECUTED, HW_SQ_DB, HW_STATE, UdmaSegment)
 
@@ -55,11 +57,11 @@ __all__ = ["Nic", "DEAD_AFTER"]
 
 TAG_REQ, TAG_REP, TAG_CTL = 11, 12, 13
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
-HEARTBEAT = 0.5
+HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
 MAX_INFLIGHT_BYTES = 64 << 20  # per queue: a queue's WQEs in flight carry at most this much payload
 
-_REQ = struct.Struct("<iiII")  # src pe, queue, BB position, payload bytes; then the WQE's 128 bytes, the payload
+_REQ = struct.Struct("<iiIII")  # src pe, queue, BB position, payload bytes, queue epoch; the WQE's 128 bytes, payload
 _REP = struct.Struct("<iiIIIIQI")  # src pe, queue, position, status, where, byte count, data, payload bytes
 _HDR32 = struct.Struct("<16I")
 _KNOWN = frozenset(int(op) for op in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY, Opcode.READ, Opcode.CAS,
@@ -83,7 +85,7 @@ class _Entry:
 class _LocalPe:
     """A PE of this host as its NIC sees it: its UDMA segment and heap, mapped read-write."""
 
-    def __init__(self, job_id: str, pe: int, remote_slots: np.ndarray):
+    def __init__(self, job_id: str, pe: int, pid: int, remote_slots: np.ndarray):
         self.pe = pe
         self.udma = UdmaSegment.attach(job_id, pe, readonly=False)
         self.heap = Segment(segment_name(job_id, f"heap{pe}"))
@@ -95,9 +97,15 @@ class _LocalPe:
         self.flight = {int(q): collections.deque() for q in remote_slots}
         self.flight_bytes = dict.fromkeys(self.flight, 0)
         self.broken = dict.fromkeys(self.flight, False)  # a failure stopped sending this queue
+        self.reported = dict.fromkeys(self.flight, False)  # its failure is in the record (state 1) ...
+        self.epoch = dict.fromkeys(self.flight, 0)  # ... and once a quiet reported it (state 0 again), a new epoch
         self.amo_va = self.udma.va(pe, self.udma.amo_offset)
         self.amo_len = 64 * self.udma.n_slots
         self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
+        self.job_id = job_id
+        self.pid = pid
+        self.locals = None  # the PE's registrations of local arrays (registry.SharedLocals), once it has any
+        self.local_words = None
 
     def ring(self, q: int) -> np.ndarray:
         r = self.rings.get(q)
@@ -106,15 +114,39 @@ class _LocalPe:
         return r
 
     def resolve(self, va: int, length: int):
-        """(segment bytes, offset) of a local range of this PE (its heap or amo scratch), or None."""
+        """(segment bytes, offset) of a local range of this PE (its heap or amo scratch), (None, process
+        address) of a registered local array of its process, or None when the range is not registered."""
         if self.heap_va <= va and va - self.heap_va + length <= self.heap.size:
             return self.heap.bytes, va - self.heap_va
         if self.amo_va <= va and va - self.amo_va + length <= self.amo_len:
             return self.udma.segment.bytes, self.udma.amo_offset + va - self.amo_va
-        return None
+        if self.locals is None:
+            try:
+                self.locals = Segment(segment_name(self.job_id, f"locals{self.pe}"))
+            except FileNotFoundError:
+                return None
+            self.local_words = self.locals.view("<u8", 0, (2 + 3 * SharedLocals.MAX,))
+        addr = SharedLocals.lookup(self.local_words, va, length)
+        return None if addr is None else (None, addr)
+
+    def read_local(self, local, length: int) -> bytes:
+        seg, off = local
+        if seg is not None:
+            return seg[off:off + length].tobytes()
+        return _process_vm(self.pid, off, length, None)
+
+    def write_local(self, local, data) -> None:
+        seg, off = local
+        if seg is not None:
+            seg[off:off + len(data)] = np.frombuffer(data, np.uint8)
+        else:
+            _process_vm(self.pid, off, len(data), bytes(data))
 
     def close(self) -> None:
         self.rings.clear()
+        if self.locals is not None:
+            self.local_words = None
+            self.locals.close()
         self.udma.close()
         self.heap.close()
 
@@ -136,12 +168,13 @@ class Nic:
         self.qp_num = 0
         self.shipped = {p: 0 for p in self.local_pes}  # barrier arrivals of each local PE sent to the others
         self.pending_arrivals: list[tuple[int, int]] = []  # (barrier number, pe) not yet counted here
-        self.target_broken: set[tuple[int, int]] = set()  # (src pe, queue) in error at this end
+        self.target_broken: dict[tuple[int, int], int] = {}  # (src pe, queue) -> the epoch it failed in here
         self.sends: list = []
         self.outbox: dict[int, list] = collections.defaultdict(list)  # host -> request pieces
         self.heard = {h: time.monotonic() for h in range(hosts.n_hosts) if h != self.me}
         self.failure: str | None = None  # why the job must end (a host died or aborted)
         self.stopping = False
+        self.meet = True
         self.stats = collections.Counter()
         self._thread: threading.Thread | None = None
         self._last_beat = 0.0
@@ -153,8 +186,10 @@ class Nic:
         self._thread = threading.Thread(target=self._main, name=f"shmemx-nic-host{self.me}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop once every host stopped (a non-blocking barrier of the NICs, serving meanwhile)."""
+    def stop(self, meet: bool = True) -> None:
+        """Stop once every host stopped (a non-blocking barrier of the NICs, serving meanwhile); ``meet=False``:
+        at once (this host is failing)."""
+        self.meet = meet
         self.stopping = True
         if self._thread is not None:
             self._thread.join()
@@ -181,7 +216,7 @@ class Nic:
                 now = time.monotonic()
                 if now - self._last_beat > HEARTBEAT:
                     self._beat(now)
-                if self.stopping and self._drained():
+                if self.stopping and (self._drained() or not self.meet):
                     break
                 if self.failure is not None and not self.stopping:
                     time.sleep(0.01)
@@ -201,8 +236,8 @@ class Nic:
         return not self.sends and not any(self.outbox.values())
 
     def _finish(self) -> None:
-        req = self.comm.Ibarrier()
-        while not req.Test():
+        req = self.comm.Ibarrier() if self.meet else None
+        while req is not None and not req.Test():
             self._poll_network()
             self._reap_sends()
             now = time.monotonic()
@@ -320,7 +355,7 @@ class Nic:
                 self.qp_num = qp_num
                 slots = np.array([peer * qp_num + k for peer in range(self.n_pes) if not self.hosts.local(peer)
                                   for k in range(qp_num)], np.int64)
-                self.pes[p] = _LocalPe(self.job_id, p, slots)
+                self.pes[p] = _LocalPe(self.job_id, p, int(self.ctl.pes[p]["pid"]), slots)
 
     def _scan_queues(self) -> bool:
         if len(self.pes) < len(self.local_pes):
@@ -362,6 +397,9 @@ class Nic:
 
     def _send_wqe(self, lp: _LocalPe, q: int, pos: int, bbs: int, wqe: bytes) -> None:
         """Check the initiator's side of a WQE and send it (or complete it at once when it fails here)."""
+        if lp.reported[q] and not lp.hw32[q, HW_STATE]:  # a quiet reported the failure: the queue runs again
+            lp.broken[q] = lp.reported[q] = False
+            lp.epoch[q] += 1
         opcode, flag = _opcode(wqe), _flag(wqe)
         eid = _eid(wqe)
         entry = _Entry(pos, bbs, opcode, flag, eid, None, 0)
@@ -377,13 +415,12 @@ class Nic:
         entry.local, entry.length = local, length
         payload = b""
         if local is not None and opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY):
-            seg, off = local
-            payload = seg[off:off + length].tobytes()
+            payload = lp.read_local(local, length)
         lp.flight_bytes[q] += len(payload) + length
         if target is None:  # NOP: nothing to carry; it completes in order with the rest
             entry.result = (0, 0, 0, 0, b"")
             return
-        self.outbox[target].append(_REQ.pack(lp.pe, q, pos, len(payload)) + wqe + payload)
+        self.outbox[target].append(_REQ.pack(lp.pe, q, pos, len(payload), lp.epoch[q]) + wqe + payload)
 
     def _initiator_checks(self, lp: _LocalPe, wqe: bytes, opcode: int, flag: int):
         """(fault or None, target host or None, local (bytes, offset) or None, length): the engine's checks of
@@ -456,11 +493,10 @@ class Nic:
             lp.flight_bytes[q] -= (e.length if e.opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY) else 0) + \
                 e.length
             if status == 0 and e.local is not None:
-                seg, off = e.local
                 if e.opcode == Opcode.READ and len(payload):
-                    seg[off:off + len(payload)] = np.frombuffer(payload, np.uint8)
+                    lp.write_local(e.local, payload)
                 elif e.opcode in (Opcode.FAA, Opcode.CAS):
-                    seg[off:off + e.length] = np.frombuffer(struct.pack("<Q", data)[:e.length], np.uint8)
+                    lp.write_local(e.local, struct.pack("<Q", data)[:e.length])
             if status and status != _S.FLUSHED:
                 self._fail_record(lp, q, e, status, where)
             elif status == 0:
@@ -471,7 +507,7 @@ class Nic:
             ci = (e.pos + e.bbs) & 0xFFFFFFFF
             if status and status != _S.FLUSHED:
                 hw[HW_STATE] = 1  # after the CQE: a barrier that sees the failure also finds its CQE
-                lp.broken[q] = True
+                lp.broken[q] = lp.reported[q] = True
         hw[HW_CI] = ci
         self.ctl.wake(lp.pe)
 
@@ -515,18 +551,18 @@ class Nic:
         """Execute a batch of WQEs of host ``src``'s PEs on this host's PEs, in order; answer in one message."""
         off, out, touched = 0, [], set()
         while off < len(buf):
-            pe, q, pos, n = _REQ.unpack_from(buf, off)
+            pe, q, pos, n, epoch = _REQ.unpack_from(buf, off)
             off += _REQ.size
             wqe = bytes(buf[off:off + 128])
             off += 128
             payload = buf[off:off + n]
             off += n
-            if (pe, q) in self.target_broken:
+            if self.target_broken.get((pe, q), -1) == epoch:  # the queue failed in this epoch: flush
                 out.append(_REP.pack(pe, q, pos, _S.FLUSHED, 0, 0, 0, 0))
                 continue
             status, where, byte_cnt, data, reply, target = self._execute(wqe, payload)
             if status:
-                self.target_broken.add((pe, q))
+                self.target_broken[(pe, q)] = epoch
             elif target is not None:
                 touched.add(target)
             out.append(_REP.pack(pe, q, pos, status, where, byte_cnt, data, len(reply)) + reply)
@@ -590,7 +626,10 @@ class Nic:
             operand = struct.unpack("<f", bytes(payload[:4]))[0]
             return 0, 0, 4, _fp32_add(heap.addr + off, operand), b"", pe
         if opcode == Opcode.WRITE:
-            heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
+            if length in (4, 8) and off % length == 0:  # an aligned word (signal_op's SET): one atomic store
+                atomics.exchange(heap.addr + off, int.from_bytes(payload, "little"), length)
+            else:
+                heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
             return 0, 0, length, 0, b"", pe
         fmt = "<Q" if length == 8 else "<I"
         operand = struct.unpack_from(fmt, wqe, AMO_OPERAND_OFFSET)[0]
@@ -612,6 +651,27 @@ def _fp32_add(addr: int, operand: float) -> int:
         if seen == old:
             return old
         old = seen
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _process_vm(pid: int, addr: int, length: int, data: bytes | None) -> bytes:
+    """Read ``length`` bytes at ``addr`` of process ``pid`` (``data`` None), or write ``data`` there: the NIC's
+    DMA into the memory a rank registered (process_vm_readv / writev; the launcher is the ranks' parent)."""
+    buf = ctypes.create_string_buffer(data if data is not None else length, length)
+    local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), length)
+    remote = _Iovec(addr, length)
+    call = _libc.process_vm_readv if data is None else _libc.process_vm_writev
+    done = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if done != length:
+        err = ctypes.get_errno()
+        raise OSError(err, f"process_vm of pid {pid} at {addr:#x} ({length} B): {os.strerror(err)}")
+    return buf.raw
 
 
 def _opcode(wqe: bytes) -> int:
