@@ -115,7 +115,7 @@ class _Front:
     line ``HELLO host pid node`` each, not shown), and names the host when mpiexec reports a launcher's death."""
 
     _DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)")
-    _CODE = re.compile(r"(EXIT CODE|KILLED BY SIGNAL): (\d+)")
+    _CODE = re.compile(r"EXIT STRING: (.+ \(signal \d+\))|KILLED BY SIGNAL: (\d+)")
 
     def __init__(self, hosts: HostMap, out, err):
         self.hosts, self.out, self.err = hosts, out, err
@@ -135,7 +135,7 @@ class _Front:
             code = proc.wait()
         for t in threads:
             t.join()
-        if code and not self.dead and self.first_gone is not None:
+        if code and self.code_text and not self.dead and self.first_gone is not None:
             self.dead.append((self.first_gone, socket.gethostname()))
         for pid, node in self.dead[:1]:
             host, _ = self.launchers.get(pid, (None, node))
@@ -178,7 +178,7 @@ class _Front:
                 self.dead.append((int(m.group(1)), m.group(2)))
             m = self._CODE.search(line)
             if m:
-                self.code_text = f"{m.group(1).lower()} {m.group(2)}"
+                self.code_text = m.group(1).lower() if m.group(1) else f"killed by signal {m.group(2)}"
             try:
                 dest.write(line)
                 dest.flush()

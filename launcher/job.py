@@ -52,6 +52,7 @@ from shmemx.observe import dump as dumps
 from shmemx.observe.reader import JobReader
 from shmemx.observe import record
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
+from shmemx.api.engines import RANKS_PER_SERVER_ENV
 from shmemx.shm.control import Control, JobState, PeStatus
 from shmemx.shm.segment import describe_shm_space, remove_job_segments
 from shmemx.udma.chaos import CHAOS_ENV
@@ -272,6 +273,8 @@ class Job:
             env[record.RECORD_DIR_ENV] = self.record_dir
         if self.host is not None:
             env.update(self.host.hosts.env())
+            if len(set(self.host.hosts.counts)) == 1:  # a host is a server of the topology model
+                env.setdefault(RANKS_PER_SERVER_ENV, str(self.host.hosts.counts[0]))
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 

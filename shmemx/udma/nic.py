@@ -41,7 +41,8 @@ import time
 import numpy as np
 
 from ..shm import atomics
-from ..shm.control import PE_STRIDE, HEADER_SIZE, PeStatus
+from ..shm.control import HEADER_SIZE, MAX_TEAMS, PE_STRIDE, PeStatus
+from ..shm.teams import slot_host
 from ..shm.futex import futex_wake
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from ..shm.segment import Segment, segment_name
@@ -168,6 +169,9 @@ class Nic:
         self.qp_num = 0
         self.shipped = {p: 0 for p in self.local_pes}  # barrier arrivals of each local PE sent to the others
         self.pending_arrivals: list[tuple[int, int]] = []  # (barrier number, pe) not yet counted here
+        self.pending_team: list[tuple[int, int, int, int]] = []  # (slot, uid, number, pe) of team barriers
+        self.team_shipped = {p: np.zeros((MAX_TEAMS, 2), np.int64) for p in self.local_pes}  # (uid, count)
+        self.team_base: dict[tuple[int, int], int] = {}  # (slot, uid) -> the slot's generation when first seen
         self.target_broken: dict[tuple[int, int], int] = {}  # (src pe, queue) -> the epoch it failed in here
         self.sends: list = []
         self.outbox: dict[int, list] = collections.defaultdict(list)  # host -> request pieces
@@ -302,13 +306,93 @@ class Nic:
             n = int(row["barriers"])
             while self.shipped[p] < n:
                 self.shipped[p] += 1
-                data = struct.pack("<BiQ", CTL_ARRIVE, p, self.shipped[p]) + self._row_bytes(p)
+                data = struct.pack("<BiQ", CTL_ARRIVE, p, self.shipped[p]) + self._row_bytes(p) + self._table_bytes()
                 for h in self.heard:
                     self._send(h, TAG_CTL, data)
                 busy = True
+            busy |= self._scan_team_barriers(p, row)
         if self.pending_arrivals:
             busy |= self._count_arrivals()
+        if self.pending_team:
+            busy |= self._count_team_arrivals()
         return busy
+
+    def _scan_team_barriers(self, p: int, row) -> bool:
+        """Ship PE ``p``'s arrivals at barriers of teams with members on other hosts (to those hosts)."""
+        counts = row["team_barriers"]
+        seen = self.team_shipped[p]
+        changed = np.flatnonzero(counts != seen[:, 1])
+        if not len(changed):
+            return False
+        teams = self.ctl.teams
+        for slot in changed.tolist():
+            uid, now = int(teams[slot]["uid"]), int(counts[slot])
+            first = int(seen[slot, 1]) + 1 if int(seen[slot, 0]) == uid and now > int(seen[slot, 1]) else 1
+            seen[slot] = (uid, now)
+            hosts = self._team_hosts(slot)
+            if not hosts:
+                continue
+            for number in range(first, now + 1):
+                data = (struct.pack("<BiIIQ", CTL_TEAM, p, slot, uid, number) + self._row_bytes(p)
+                        + self._table_bytes())
+                for h in hosts:
+                    self._send(h, TAG_CTL, data)
+        return True
+
+    def _team_hosts(self, slot: int) -> list[int]:
+        """The other hosts with members of the team in ``slot``."""
+        e = self.ctl.teams[slot]
+        start, stride, size = int(e["start"]), int(e["stride"]), int(e["size"])
+        found = {self.hosts.host_of(start + i * stride) for i in range(size)} if size > 0 else set()
+        return sorted(found - {self.me})
+
+    def _table_bytes(self) -> bytes:
+        """The team table rows this host writes (``_merge_table``), nonzero ones only: (slot u16, 56 bytes)."""
+        t = self.ctl.segment.bytes[self.ctl.teams_offset:self.ctl.teams_offset + 64 * MAX_TEAMS].reshape(-1, 64)
+        live = np.flatnonzero(t[:, 8:].any(axis=1))
+        out = [struct.pack("<H", len(live))]
+        for slot in live.tolist():
+            out.append(struct.pack("<H", slot) + t[slot, 8:].tobytes())
+        return b"".join(out)
+
+    def _merge_table(self, src: int, buf, off: int) -> None:
+        """Take host ``src``'s writes of the team table: the identity (id, shape) of the slots it claims
+        (``slot_host``) and the collective mailbox of the teams its PEs lead (team pe 0 on ``src``)."""
+        (n,) = struct.unpack_from("<H", buf, off)
+        off += 2
+        teams = self.ctl.segment.bytes[self.ctl.teams_offset:self.ctl.teams_offset + 64 * MAX_TEAMS].reshape(-1, 64)
+        for _ in range(n):
+            (slot,) = struct.unpack_from("<H", buf, off)
+            row = np.frombuffer(buf, np.uint8, 56, off + 2)
+            off += 58
+            if slot_host(slot, self.hosts.n_hosts) == src:
+                teams[slot, 8:24] = row[0:16]  # uid, size, start, stride
+            start = int(np.frombuffer(row[8:12].tobytes(), "<i4")[0])
+            if 0 <= start < self.n_pes and self.hosts.host_of(start) == src:
+                teams[slot, 24:64] = row[16:56]  # coll_seq, coll_op, coll_args, coll_result, coll_bad, pad
+
+    def _count_team_arrivals(self) -> bool:
+        """Add the team arrivals whose slot holds their team here and whose previous barrier completed here."""
+        ctl = self.ctl
+        later, counted = [], False
+        for slot, uid, number, pe in self.pending_team:
+            e = ctl.teams[slot]
+            if int(e["uid"]) != uid:
+                later.append((slot, uid, number, pe))
+                continue
+            gen_addr, count_addr = ctl.team_addr(slot, "gen"), ctl.team_addr(slot, "count")
+            base = self.team_base.setdefault((slot, uid), atomics.load_u32(gen_addr))
+            done = (atomics.load_u32(gen_addr) - base) & 0xFFFFFFFF
+            if number - 1 > done:
+                later.append((slot, uid, number, pe))
+                continue
+            counted = True
+            if atomics.fetch_add_u32(count_addr, 1) == int(e["size"]) - 1:
+                ctl.u32[(count_addr - ctl.segment.addr) // 4] = 0
+                atomics.fetch_add_u32(gen_addr, 1)
+                futex_wake(gen_addr)
+        self.pending_team = later
+        return counted
 
     def _row_bytes(self, pe: int) -> bytes:
         off = HEADER_SIZE + pe * PE_STRIDE
@@ -318,14 +402,23 @@ class Nic:
         kind = buf[0]
         if kind == CTL_ARRIVE:
             _, pe, number = struct.unpack_from("<BiQ", buf, 0)
-            off = HEADER_SIZE + pe * PE_STRIDE
-            row = np.frombuffer(buf, np.uint8, PE_STRIDE, struct.calcsize("<BiQ"))
-            self.ctl.segment.bytes[off:off + PE_STRIDE] = row
+            self._take_row(src, pe, buf, struct.calcsize("<BiQ"))
             self.pending_arrivals.append((number, pe))
             self._count_arrivals()
+        elif kind == CTL_TEAM:
+            _, pe, slot, uid, number = struct.unpack_from("<BiIIQ", buf, 0)
+            self._take_row(src, pe, buf, struct.calcsize("<BiIIQ"))
+            self.pending_team.append((slot, uid, number, pe))
+            self._count_team_arrivals()
         elif kind == CTL_ABORT:
             if self.failure is None:
                 self.failure = f"host {src} ({self._host_name(src)}) ended the job: {bytes(buf[1:]).decode()}"
+
+    def _take_row(self, src: int, pe: int, buf, off: int) -> None:
+        """An arrival's PE row (its identity, allocations, waits, barrier counts) and its host's team table."""
+        at = HEADER_SIZE + pe * PE_STRIDE
+        self.ctl.segment.bytes[at:at + PE_STRIDE] = np.frombuffer(buf, np.uint8, PE_STRIDE, off)
+        self._merge_table(src, buf, off + PE_STRIDE)
 
     def _count_arrivals(self) -> bool:
         """Add the arrivals whose barrier this host has reached (its previous barrier completed) to its counter."""
