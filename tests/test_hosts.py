@@ -104,3 +104,19 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_moe_oracle_8_pes_over_2_hosts():
+    """The MoE Buffer (default schedule, and the hierarchy with server_size = PEs per host) against the hold-out
+    model at 8 PEs over 2 hosts."""
+    oracle = Path(__file__).parent.parent / "scripts" / "holdout" / "moe_oracle.py"
+    configs = '[{}, {"server_size": 4, "schedule": "hierarchy"}]'
+    cmd = SHMEMX + ["run", "-n", "8", "--hosts", "2", "--timeout", "100", str(oracle), "--tokens", "48",
+                    "--hidden", "128", "--topk", "4", "--experts", "16", "--configs", configs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+    lines = [json.loads(line.split("HOLDOUT ", 1)[1]) for line in proc.stdout.splitlines() if "HOLDOUT " in line]
+    assert sorted(d["pe"] for d in lines) == list(range(8))
+    for d in lines:
+        assert len(d["results"]) == 2 and all(r["checks"] > 0 and not r["failed"] for r in d["results"]), d
