@@ -56,10 +56,14 @@ from .segment import (HW_BYTES, HW_CI, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_
 
 __all__ = ["Nic", "DEAD_AFTER"]
 
-TAG_REQ, TAG_REP, TAG_CTL = 11, 12, 13
+TAG_REQ, TAG_REP, TAG_CTL, TAG_DATA = 11, 12, 13, 14
+LARGE = 64 << 10  # payloads of at least this many bytes travel as messages of their own, from and into the heap
+APART = 0xFFFFFFFF  # a request's / reply's payload size field: the payload follows as a TAG_DATA message
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
 HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
+SPIN_AFTER = 0.005  # seconds the NIC keeps polling after its last work
+NAP_MAX = 0.001  # its longest nap when idle (the latency a quiet host adds to the first WQE that arrives)
 MAX_INFLIGHT_BYTES = 64 << 20  # per queue: a queue's WQEs in flight carry at most this much payload
 
 _REQ = struct.Struct("<iiIII")  # src pe, queue, BB position, payload bytes, queue epoch; the WQE's 128 bytes, payload
@@ -100,6 +104,10 @@ class _LocalPe:
         self.broken = dict.fromkeys(self.flight, False)  # a failure stopped sending this queue
         self.reported = dict.fromkeys(self.flight, False)  # its failure is in the record (state 1) ...
         self.epoch = dict.fromkeys(self.flight, 0)  # ... and once a quiet reported it (state 0 again), a new epoch
+        self.seg_mv = memoryview(self.udma.segment.mm)  # the UDMA segment and heap as bytes (fast slices)
+        self.heap_mv = memoryview(self.heap.mm)
+        self.sq_offset, self.sq_bytes, self.depth = self.udma.sq_offset, self.udma.sq_bytes, self.udma.sq_depth
+        self.by_pos = {int(q): {} for q in remote_slots}  # queue -> BB position -> its entry in flight
         self.amo_va = self.udma.va(pe, self.udma.amo_offset)
         self.amo_len = 64 * self.udma.n_slots
         self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
@@ -118,9 +126,9 @@ class _LocalPe:
         """(segment bytes, offset) of a local range of this PE (its heap or amo scratch), (None, process
         address) of a registered local array of its process, or None when the range is not registered."""
         if self.heap_va <= va and va - self.heap_va + length <= self.heap.size:
-            return self.heap.bytes, va - self.heap_va
+            return self.heap_mv, va - self.heap_va
         if self.amo_va <= va and va - self.amo_va + length <= self.amo_len:
-            return self.udma.segment.bytes, self.udma.amo_offset + va - self.amo_va
+            return self.seg_mv, self.udma.amo_offset + va - self.amo_va
         if self.locals is None:
             try:
                 self.locals = Segment(segment_name(self.job_id, f"locals{self.pe}"))
@@ -136,15 +144,30 @@ class _LocalPe:
             return seg[off:off + length].tobytes()
         return _process_vm(self.pid, off, length, None)
 
+    def wqe(self, q: int, pos: int, bbs: int) -> bytes:
+        """The WQE at BB ``pos`` of SQ ``q``, unwrapped into 128 bytes."""
+        ring = self.sq_offset + q * self.sq_bytes
+        mask = self.depth - 1
+        first = ring + 64 * (pos & mask)
+        if bbs == 1:
+            return self.seg_mv[first:first + 64].tobytes() + bytes(64)
+        second = ring + 64 * ((pos + 1) & mask)
+        return self.seg_mv[first:first + 64].tobytes() + self.seg_mv[second:second + 64].tobytes()
+
+    def opcode_at(self, q: int, pos: int) -> int:
+        return self.seg_mv[self.sq_offset + q * self.sq_bytes + 64 * (pos & (self.depth - 1)) + 5]
+
     def write_local(self, local, data) -> None:
         seg, off = local
         if seg is not None:
-            seg[off:off + len(data)] = np.frombuffer(data, np.uint8)
+            seg[off:off + len(data)] = data
         else:
             _process_vm(self.pid, off, len(data), bytes(data))
 
     def close(self) -> None:
         self.rings.clear()
+        self.seg_mv.release()
+        self.heap_mv.release()
         if self.locals is not None:
             self.local_words = None
             self.locals.close()
@@ -175,14 +198,19 @@ class Nic:
         self.target_broken: dict[tuple[int, int], int] = {}  # (src pe, queue) -> the epoch it failed in here
         self.sends: list = []
         self.outbox: dict[int, list] = collections.defaultdict(list)  # host -> request pieces
+        self.outdata: dict[int, list] = collections.defaultdict(list)  # host -> payloads sent apart, in order
         self.heard = {h: time.monotonic() for h in range(hosts.n_hosts) if h != self.me}
         self.failure: str | None = None  # why the job must end (a host died or aborted)
         self.stopping = False
         self.meet = True
+        self.abort_reason: str | None = None  # to tell the other hosts (abort)
+        self._aborted = False
         self.stats = collections.Counter()
         self._thread: threading.Thread | None = None
         self._last_beat = 0.0
         self._heaps: dict[int, Segment] = {}
+        self._heap_mvs: dict[int, memoryview] = {}
+        self._idents: dict[int, tuple] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -200,18 +228,19 @@ class Nic:
             self._thread = None
 
     def abort(self, reason: str) -> None:
-        """Tell every other host that this one ends the job (best effort)."""
-        data = bytes([CTL_ABORT]) + reason.encode()[:400]
-        for h in self.heard:
-            try:
-                self.comm.Send([data, len(data), _byte()], dest=h, tag=TAG_CTL)
-            except Exception:  # the peer may be gone already; the abort is a courtesy
-                pass
+        """Tell every other host that this one ends the job (sent by the NIC thread: it alone calls MPI)."""
+        self.abort_reason = reason
 
     def _main(self) -> None:
-        idle = 0
+        last_work = time.monotonic()
+        nap = 0.0
         try:
             while True:
+                if self.abort_reason is not None and not self._aborted:
+                    self._aborted = True
+                    data = bytes([CTL_ABORT]) + self.abort_reason.encode()[:400]
+                    for h in self.heard:
+                        self._send(h, TAG_CTL, data)
                 busy = self._poll_network()
                 busy |= self._scan_barriers()
                 busy |= self._scan_queues()
@@ -225,21 +254,33 @@ class Nic:
                 if self.failure is not None and not self.stopping:
                     time.sleep(0.01)
                     continue
-                idle = 0 if busy else idle + 1
-                if idle > 200:
-                    time.sleep(min(0.001, 2e-6 * idle))
-                elif idle > 20:
+                # spin (yielding the core) while work is under way and for SPIN_AFTER after it, then nap longer
+                # and longer up to NAP_MAX: MPI offers no wake-up that a doorbell in shared memory could join
+                if busy or self.sends or self._in_flight():
+                    last_work, nap = now, 0.0
+                    continue
+                if now - last_work < SPIN_AFTER:
                     os.sched_yield()
+                else:
+                    nap = min(NAP_MAX, nap * 2 or 20e-6)
+                    time.sleep(nap)
             self._finish()
         except BaseException as exc:  # the NIC must never die silently: the job ends, saying why
             self.failure = self.failure or f"host {self.me}: NIC failed: {type(exc).__name__}: {exc}"
             import traceback
             traceback.print_exc()
 
+    def _in_flight(self) -> bool:
+        return any(lp.by_pos[q] for lp in self.pes.values() for q in lp.by_pos)
+
     def _drained(self) -> bool:
         return not self.sends and not any(self.outbox.values())
 
     def _finish(self) -> None:
+        end = time.monotonic() + 0.5  # a failing host's last words (abort) get half a second to leave
+        while not self.meet and self.sends and time.monotonic() < end:
+            self._reap_sends()
+            time.sleep(0.001)
         req = self.comm.Ibarrier() if self.meet else None
         while req is not None and not req.Test():
             self._poll_network()
@@ -250,10 +291,13 @@ class Nic:
             if self.failure is not None:
                 return
             time.sleep(0.0005)
+        for mv in self._heap_mvs.values():
+            mv.release()
         for lp in self.pes.values():
             lp.close()
-        for seg in self._heaps.values():
-            seg.close()
+        for pe, seg in self._heaps.items():
+            if pe not in self.pes:
+                seg.close()
 
     def _beat(self, now: float) -> None:
         self._last_beat = now
@@ -292,7 +336,7 @@ class Nic:
             if tag == TAG_REQ:
                 self._serve(src, memoryview(buf))
             elif tag == TAG_REP:
-                self._complete(memoryview(buf))
+                self._complete(memoryview(buf), src)
             else:
                 self._control(src, buf)
         return busy
@@ -464,23 +508,20 @@ class Nic:
         q = int(lp.remote_slots[i])
         pos = int(lp.sent[i])
         flight = lp.flight[q]
-        ring = lp.ring(q)
-        depth = ring.shape[0]
+        depth = lp.depth
         sent_any = False
         while pos != db and lp.flight_bytes[q] < MAX_INFLIGHT_BYTES:
             if (db - pos) & 0xFFFFFFFF > depth:  # a corrupted doorbell: the queue fails, its WQEs are dropped
-                wqe = bytes(ring[pos & (depth - 1)]) + bytes(64)
+                wqe = lp.wqe(q, pos, 1)
                 flight.append(_Entry(pos, 1, _opcode(wqe), _flag(wqe), _eid(wqe), None, 0,
                                      (_S.ENGINE_FAULT, Where.DOORBELL, 0, 0, b"")))
                 lp.broken[q] = True
                 pos = db
                 break
-            first = ring[pos & (depth - 1)]
-            opcode = int(first[5])
-            bbs = 2 if opcode in _TWO_BB else 1
+            bbs = 2 if lp.opcode_at(q, pos) in _TWO_BB else 1
             if (db - pos) & 0xFFFFFFFF < bbs:
                 break
-            wqe = bytes(first) + (bytes(ring[(pos + 1) & (depth - 1)]) if bbs == 2 else bytes(64))
+            wqe = lp.wqe(q, pos, bbs)
             self._send_wqe(lp, q, pos, bbs, wqe)
             pos = (pos + bbs) & 0xFFFFFFFF
             sent_any = True
@@ -497,6 +538,7 @@ class Nic:
         eid = _eid(wqe)
         entry = _Entry(pos, bbs, opcode, flag, eid, None, 0)
         lp.flight[q].append(entry)
+        lp.by_pos[q][pos] = entry
         if lp.broken[q]:
             entry.result = (_S.FLUSHED, Where.NONE, 0, 0, b"")
             return
@@ -506,13 +548,19 @@ class Nic:
             lp.broken[q] = True
             return
         entry.local, entry.length = local, length
-        payload = b""
-        if local is not None and opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY):
-            payload = lp.read_local(local, length)
-        lp.flight_bytes[q] += len(payload) + length
         if target is None:  # NOP: nothing to carry; it completes in order with the rest
             entry.result = (0, 0, 0, 0, b"")
             return
+        payload = b""
+        writes = opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY)
+        lp.flight_bytes[q] += (length if writes else 0) + length
+        if writes and length >= LARGE and target != self.me:  # sent from where it lies (no copy when shared)
+            seg, off = local
+            self.outdata[target].append(seg[off:off + length] if seg is not None else lp.read_local(local, length))
+            self.outbox[target].append(_REQ.pack(lp.pe, q, pos, APART, lp.epoch[q]) + wqe)
+            return
+        if writes:
+            payload = lp.read_local(local, length)
         self.outbox[target].append(_REQ.pack(lp.pe, q, pos, len(payload), lp.epoch[q]) + wqe + payload)
 
     def _initiator_checks(self, lp: _LocalPe, wqe: bytes, opcode: int, flag: int):
@@ -553,21 +601,39 @@ class Nic:
                     self._serve(host, memoryview(data))
                 else:
                     self._send(host, TAG_REQ, data)
+                    self._send_data(host)
                     self.stats["req_msgs"] += 1
 
-    def _complete(self, buf: memoryview) -> None:
+    def _send_data(self, host: int) -> None:
+        """The payloads sent apart (``APART``), after the batch that announced them, in its order."""
+        for part in self.outdata.pop(host, ()):
+            self.sends.append((self.comm.Isend([part, len(part), _byte()], dest=host, tag=TAG_DATA), part))
+
+    def _receive_into(self, src: int, target) -> None:
+        """Receive the next payload sent apart by host ``src`` into ``target`` (a writable buffer)."""
+        from mpi4py import MPI
+        self.comm.Recv([target, len(target), MPI.BYTE], source=src, tag=TAG_DATA)
+
+    def _complete(self, buf: memoryview, src: int | None = None) -> None:
         """Replies of a target host: record each WQE's result, retire what completes in order."""
         off, touched = 0, set()
         while off < len(buf):
             pe, q, pos, status, where, byte_cnt, data, n = _REP.unpack_from(buf, off)
             off += _REP.size
-            payload = buf[off:off + n]
-            off += n
-            lp = self.pes[pe]
-            for entry in lp.flight[q]:
-                if entry.pos == pos and entry.result is None:
-                    entry.result = (status, where, byte_cnt, data, payload)
-                    break
+            entry = self.pes[pe].by_pos[q].get(pos)
+            if n == APART:  # a large READ's data: straight into its destination when that is shared memory
+                seg, loff = entry.local
+                if seg is not None:
+                    self._receive_into(src, seg[loff:loff + byte_cnt])
+                    payload = b""
+                else:
+                    payload = bytearray(byte_cnt)
+                    self._receive_into(src, payload)
+            else:
+                payload = buf[off:off + n]
+                off += n
+            if entry is not None and entry.result is None:
+                entry.result = (status, where, byte_cnt, data, payload)
             touched.add((pe, q))
         for pe, q in touched:
             self._retire(self.pes[pe], q)
@@ -580,8 +646,10 @@ class Nic:
         hw = lp.hw32[q]
         hw64 = lp.hw32.view(np.uint64)[q]
         ci = int(hw[HW_CI])
+        by_pos = lp.by_pos[q]
         while flight and flight[0].result is not None:
             e = flight.popleft()
+            by_pos.pop(e.pos, None)
             status, where, byte_cnt, data, payload = e.result
             lp.flight_bytes[q] -= (e.length if e.opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY) else 0) + \
                 e.length
@@ -642,36 +710,58 @@ class Nic:
 
     def _serve(self, src: int, buf: memoryview) -> None:
         """Execute a batch of WQEs of host ``src``'s PEs on this host's PEs, in order; answer in one message."""
-        off, out, touched = 0, [], set()
+        off, out, touched, apart = 0, [], set(), []
         while off < len(buf):
             pe, q, pos, n, epoch = _REQ.unpack_from(buf, off)
             off += _REQ.size
             wqe = bytes(buf[off:off + 128])
             off += 128
-            payload = buf[off:off + n]
-            off += n
+            if n == APART:
+                payload = _Incoming(self, src)
+            else:
+                payload = buf[off:off + n]
+                off += n
             if self.target_broken.get((pe, q), -1) == epoch:  # the queue failed in this epoch: flush
-                out.append(_REP.pack(pe, q, pos, _S.FLUSHED, 0, 0, 0, 0))
-                continue
-            status, where, byte_cnt, data, reply, target = self._execute(wqe, payload)
+                status, where, byte_cnt, data, reply, target = _S.FLUSHED, 0, 0, 0, b"", None
+            else:
+                status, where, byte_cnt, data, reply, target = self._execute(wqe, payload)
+            if n == APART:
+                payload.drain()  # a payload nothing took (a failed check): received and dropped
             if status:
                 self.target_broken[(pe, q)] = epoch
             elif target is not None:
                 touched.add(target)
-            out.append(_REP.pack(pe, q, pos, status, where, byte_cnt, data, len(reply)) + reply)
+            if len(reply) >= LARGE and src != self.me:
+                out.append(_REP.pack(pe, q, pos, status, where, byte_cnt, data, APART))
+                apart.append(reply)
+            else:
+                out.append(_REP.pack(pe, q, pos, status, where, byte_cnt, data, len(reply)) + reply)
         for t in touched:
             self.ctl.wake(t)
         data = b"".join(out)
         if src == self.me:
-            self._complete(memoryview(data))
+            self._complete(memoryview(data), src)
         else:
             self._send(src, TAG_REP, data)
+            self.outdata[src] = apart
+            self._send_data(src)
+
+    def _identity(self, pe: int) -> tuple[int, int, int, int]:
+        """(EID low, EID high, heap tokenId, token value) of a PE of this host (published at its init)."""
+        ident = self._idents.get(pe)
+        if ident is None:
+            row = self.ctl.pes[pe]
+            lo, hi = (int(x) for x in row["eid"])
+            ident = (lo, hi, int(row["heap_tid"]), int(row["heap_token"]))
+            if lo or hi:
+                self._idents[pe] = ident
+        return ident
 
     def _segment_check(self, pe: int, tid: int, token: int, va: int, length: int, where: Where):
-        row = self.ctl.pes[pe]
-        if tid != int(row["heap_tid"]):
+        _, _, heap_tid, heap_token = self._identity(pe)
+        if tid != heap_tid:
             return _S.BAD_TOKEN_ID, where
-        if token != int(row["heap_token"]):
+        if token != heap_token:
             return _S.TOKEN_MISMATCH, where
         base = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
         if not (va >= base and length <= self.heap_size and va - base <= self.heap_size - length):
@@ -683,8 +773,7 @@ class Nic:
         opcode, flag = _opcode(wqe), _flag(wqe)
         eid_lo, eid_hi = struct.unpack_from("<QQ", wqe, 16)
         pe = eid_lo & 0xFFFFFFFF
-        if pe >= self.n_pes or not self.hosts.local(pe) or \
-                tuple(int(x) for x in self.ctl.pes[pe]["eid"]) != (eid_lo, eid_hi):
+        if pe >= self.n_pes or not self.hosts.local(pe) or self._identity(pe)[:2] != (eid_lo, eid_hi):
             return _S.BAD_EID, Where.EID, 0, 0, b"", None
         w = _HDR32.unpack_from(wqe, 0)
         rva = struct.unpack_from("<Q", wqe, 40)[0]
@@ -694,6 +783,9 @@ class Nic:
         if fault:
             return fault[0], fault[1], 0, 0, b"", None
         heap = self._heap(pe)
+        mv = self._heap_mvs.get(pe)
+        if mv is None:
+            mv = self._heap_mvs[pe] = memoryview(heap.mm)
         off = rva - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
         if notify:
             q0, sva, value = struct.unpack_from("<QQQ", wqe, NOTIFY_CTX_OFFSET)
@@ -702,12 +794,12 @@ class Nic:
                 return fault[0], fault[1], 0, 0, b"", None
             if sva % 8:
                 return _S.BAD_ATOMIC, Where.SIGNAL_ALIGN, 0, 0, b"", None
-            heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
+            _store(mv, off, length, payload)
             soff = sva - (HEAP_VA_BASE + pe * HEAP_VA_STRIDE)
             atomics.exchange(heap.addr + soff, value, 8)
             return 0, 0, length, 0, b"", pe
         if opcode == Opcode.READ:
-            return 0, 0, length, 0, heap.bytes[off:off + length].tobytes(), pe
+            return 0, 0, length, 0, mv[off:off + length] if length >= LARGE else mv[off:off + length].tobytes(), pe
         atomic = opcode in (Opcode.FAA, Opcode.CAS) or (flag & REDUCE_FLAG)
         if atomic:
             if length not in (4, 8) or rva % length:
@@ -722,7 +814,7 @@ class Nic:
             if length in (4, 8) and off % length == 0:  # an aligned word (signal_op's SET): one atomic store
                 atomics.exchange(heap.addr + off, int.from_bytes(payload, "little"), length)
             else:
-                heap.bytes[off:off + length] = np.frombuffer(payload, np.uint8)
+                _store(mv, off, length, payload)
             return 0, 0, length, 0, b"", pe
         fmt = "<Q" if length == 8 else "<I"
         operand = struct.unpack_from(fmt, wqe, AMO_OPERAND_OFFSET)[0]
@@ -732,6 +824,31 @@ class Nic:
             compare = struct.unpack_from(fmt, wqe, AMO_OPERAND_OFFSET + length)[0]
             old = atomics.compare_exchange(heap.addr + off, compare, operand, length)
         return 0, 0, length, old & ((1 << 8 * length) - 1), b"", pe
+
+
+class _Incoming:
+    """A payload sent apart (``APART``): received where the WQE stores it, or dropped when it fails."""
+
+    def __init__(self, nic: Nic, src: int):
+        self.nic, self.src, self.taken = nic, src, False
+
+    def into(self, target) -> None:
+        self.taken = True
+        self.nic._receive_into(self.src, target)
+
+    def drain(self) -> None:
+        if not self.taken:
+            from mpi4py import MPI
+            status = MPI.Status()
+            self.nic.comm.Probe(source=self.src, tag=TAG_DATA, status=status)
+            self.into(bytearray(status.Get_count(MPI.BYTE)))
+
+
+def _store(mv: memoryview, off: int, length: int, payload) -> None:
+    if isinstance(payload, _Incoming):
+        payload.into(mv[off:off + length])
+    else:
+        mv[off:off + length] = payload
 
 
 def _fp32_add(addr: int, operand: float) -> int:

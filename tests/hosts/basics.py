@@ -78,6 +78,22 @@ aclshmem_wait_until(sig[2:3], ACLSHMEM_CMP_GE, 3)
 aclshmem_sync_all()
 
 # an error CQE from another host: a bad token
+# large payloads (sent apart by the NIC, from and into the heap): put, put_signal, get, and a private array
+BIG = 1 << 18  # int64 elements: 2 MiB
+bsrc = shmemx.zeros(BIG, np.int64)
+bdst = shmemx.zeros(BIG, np.int64)
+bsrc[:] = pattern(me, BIG)
+aclshmem_barrier_all()
+aclshmemx_udma_put_signal_nbi(bdst, bsrc, BIG, sig[3:4], 1, far)
+aclshmemx_udma_quiet(far)
+aclshmem_signal_wait_until(sig[3:4], ACLSHMEM_CMP_EQ, 1)
+assert (bdst == pattern(far, BIG)).all(), f"pe {me}: large put_signal wrong"
+bpriv = np.zeros(BIG, np.int64)
+aclshmemx_udma_get_nbi(bpriv, bsrc, BIG, far)
+aclshmemx_udma_quiet(far)
+assert (bpriv == pattern(far, BIG)).all(), f"pe {me}: large get into a private array wrong"
+aclshmem_barrier_all()
+
 # an error CQE from another host's check (a wrong token value): nothing written, the detail names the segment;
 # the queue runs again once the quiet reported it
 from shmemx.layout import Opcode, pack_wqe
