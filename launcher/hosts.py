@@ -22,6 +22,8 @@ import argparse
 import os
 import shutil
 import re
+import tempfile
+import time
 import signal
 import socket
 import subprocess
@@ -29,6 +31,7 @@ import sys
 import threading
 
 from shmemx.shm.hosts import HostMap, host_job_id
+from shmemx.shm.segment import SHM_DIR, segment_name
 
 __all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
@@ -78,6 +81,7 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
     import secrets
 
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
+    trace, record = (os.path.abspath(p) if p else None for p in (trace, record))
     # hydra would SIGKILL every host's launcher once one dies, leaving no word of which; the NICs find a dead host
     # themselves (heartbeats) and every launcher then stops its PEs, names the host and removes its segments
     cmd = [_mpiexec(), "-disable-auto-cleanup", "-n", str(hosts.n_hosts)]
@@ -93,6 +97,12 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         cmd += ["--no-tag-output"]
     if dump_dir:
         cmd += ["--dump-dir", dump_dir]
+    parts = None
+    if trace or record or check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
+        parts = tempfile.mkdtemp(prefix=f"shmemx_{job}_parts_", dir=os.environ.get("SHMEMX_PARTS_DIR"))
+        cmd += ["--parts", parts, "--t0", str(time.perf_counter_ns())]
+        cmd += ["--trace"] if trace else []
+        cmd += ["--record"] if record else []
     if check:
         cmd += ["--check"]
     if chaos is not None:
@@ -105,9 +115,65 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         full_env.update(_NOLOCAL)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     front = _Front(hosts, sys.stdout, sys.stderr)
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    code = front.follow(proc)
-    return 128 - code if code < 0 else code
+    try:
+        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        code = front.follow(proc)
+        code = 128 - code if code < 0 else code
+        if parts is not None:
+            code = _gather(parts, n, job, target, trace, record, check, heap_size, code)
+    finally:
+        if parts is not None:
+            shutil.rmtree(parts, ignore_errors=True)
+    return code
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"shmemx: {text}\n")
+    sys.stderr.flush()
+
+
+def _gather(parts: str, n: int, job: str, target: str, trace, record, check, heap_size, code: int) -> int:
+    """After every host ended: one trace, one recording, one --check analysis of every host's event logs."""
+    from shmemx.observe import record as recording
+    from shmemx.observe.trace import merge_parts
+
+    meta = {"job": job, "n_pes": n, "script": target, "hosts": True}
+    if trace:
+        missing = merge_parts(trace, os.path.join(parts, "trace"), n, meta)
+        note = f" (no events from pe {', '.join(map(str, missing))})" if missing else ""
+        _say(f"trace of every host written to {trace}{note}; open it in Perfetto (ui.perfetto.dev)")
+    if record:
+        missing = recording.merge_parts(record, os.path.join(parts, "record"), n, meta)
+        note = f" (no events from pe {', '.join(map(str, missing))}; a replay needs every PE)" if missing else ""
+        _say(f"recording of every host written to {record}{note}; replay it with shmemx replay "
+             f"{os.path.relpath(record)} --topology ascend950")
+        if missing and code == 0:
+            code = 1
+    if check:
+        code = _check(os.path.join(parts, "events"), n, heap_size, code)
+    return code
+
+
+def _check(directory: str, n: int, heap_size, code: int) -> int:
+    """--check over hosts: the happens-before analysis of every host's event logs, brought to the front."""
+    from shmemx.runtime import DEFAULT_HEAP_SIZE, parse_size
+    from shmemx.udma.check.analyze import analyze
+    from shmemx.udma.check.report import EXIT_FINDINGS
+    from shmemx.udma.events import read_segment
+
+    logs = [read_segment(os.path.join(directory, f"events{pe}")) for pe in range(n)
+            if os.path.exists(os.path.join(directory, f"events{pe}"))]
+    findings = analyze(logs, parse_size(heap_size) if heap_size else DEFAULT_HEAP_SIZE)
+    for line in findings.lines():
+        sys.stderr.write(line + "\n")
+    missing = sorted(set(range(n)) - {log.pe for log in logs})
+    note = f"; no log from pe {', '.join(map(str, missing))}" if missing else ""
+    if not findings.errors and not findings.warnings:
+        _say(f"--check: no findings across the hosts ({sum(len(log.records) for log in logs)} events of "
+             f"{len(logs)} PEs){note}")
+        return code
+    _say(f"--check: {len(findings.errors)} findings, {len(findings.warnings)} warnings across the hosts{note}")
+    return EXIT_FINDINGS if code == 0 and findings.errors else code
 
 
 class _Front:
@@ -197,8 +263,9 @@ def _running(pid: int) -> bool:
 class HostPart:
     """This host's part of a job of several hosts, as its launcher (``job.Job.host``) sees it."""
 
-    def __init__(self, hosts: HostMap):
+    def __init__(self, hosts: HostMap, parts: str | None = None):
         self.hosts = hosts
+        self.parts = parts  # the front's directory of trace / recording parts and event logs, if any
         self.nic = None
 
     def started(self, job) -> None:
@@ -219,6 +286,17 @@ class HostPart:
             heap = DEFAULT_HEAP_SIZE
         self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap)
         self.nic.start()
+
+    def export(self, job) -> None:
+        """This host's inspection goes to the front: the trace and recording parts are in its directories; the
+        event logs (--check) are copied there from this host's segments."""
+        if job.check and self.parts:
+            out = os.path.join(self.parts, "events")
+            os.makedirs(out, exist_ok=True)
+            for pe in self.hosts.pes():
+                path = os.path.join(SHM_DIR, segment_name(job.job_id, f"events{pe}"))
+                if os.path.exists(path):
+                    shutil.copyfile(path, os.path.join(out, f"events{pe}"))
 
     def failure(self) -> str | None:
         return None if self.nic is None else self.nic.failure
@@ -256,6 +334,10 @@ def host_main(argv=None) -> int:
     p.add_argument("--dump-dir", default=None)
     p.add_argument("--check", action="store_true")
     p.add_argument("--chaos", default=None)
+    p.add_argument("--parts", default=None)
+    p.add_argument("--t0", type=int, default=None)
+    p.add_argument("--trace", action="store_true")
+    p.add_argument("--record", action="store_true")
     p.add_argument("-m", dest="module", action="store_true")
     p.add_argument("target")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -269,7 +351,13 @@ def host_main(argv=None) -> int:
               tag_output=not a.no_tag_output, env={}, stdout=None, stderr=None)
     job.job_id = host_job_id(a.job, index)
     job.pes = hosts.pes()
-    job.host = HostPart(hosts)
+    job.host = HostPart(hosts, a.parts)
+    if a.t0 is not None:
+        job.t0 = a.t0  # one clock for every host's trace part (emulated hosts share this machine's clock)
+    for kind, on in (("trace", a.trace), ("record", a.record)):
+        if on:
+            os.makedirs(os.path.join(a.parts, kind), exist_ok=True)
+            setattr(job, f"{kind}_dir", os.path.join(a.parts, kind))
     job.dump_dir = a.dump_dir
     job.check = a.check
     job.chaos = a.chaos

@@ -449,8 +449,13 @@ class Job:
 
     def _finish_inspection(self) -> None:
         """After the ranks ended: print the counters (--stats), merge the trace parts (--trace) and the recording
-        parts (--record), analyse the event logs (--check)."""
+        parts (--record), analyse the event logs (--check). A host of a job of several hosts leaves that to the
+        front command: its trace and recording parts are in the front's directories already, and it copies its
+        PEs' event logs there (``launcher.hosts``)."""
         if self.ctl is None:
+            return
+        if self.host is not None:
+            self.host.export(self)
             return
         if self.check:
             self._analyse()
