@@ -105,6 +105,9 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         cmd += ["--record"] if record else []
     if check:
         cmd += ["--check"]
+    if chaos == "random":  # one seed for every host (each host's launcher would draw its own)
+        chaos = secrets.randbelow(1 << 32)
+        _say(f"chaos seed {chaos} (rerun it with --chaos {chaos})")
     if chaos is not None:
         cmd += ["--chaos", str(chaos)]
     if module:
@@ -284,7 +287,7 @@ class HostPart:
         if not heap:
             from shmemx.runtime import DEFAULT_HEAP_SIZE
             heap = DEFAULT_HEAP_SIZE
-        self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap)
+        self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap, chaos=job.chaos)
         self.nic.start()
 
     def export(self, job) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import random
 import struct
 import threading
 import time
@@ -62,6 +63,7 @@ APART = 0xFFFFFFFF  # a request's / reply's payload size field: the payload foll
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
 HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
+CHAOS_HOLD = 0.002  # --chaos: the longest a queue or a batch is held back
 SPIN_AFTER = 0.005  # seconds the NIC keeps polling after its last work
 NAP_MAX = 0.001  # its longest nap when idle (the latency a quiet host adds to the first WQE that arrives)
 MAX_INFLIGHT_BYTES = 64 << 20  # per queue: a queue's WQEs in flight carry at most this much payload
@@ -179,7 +181,7 @@ class Nic:
     """The NIC of this host (see the module docstring). ``comm``: an mpi4py communicator of one rank per host,
     rank = host index."""
 
-    def __init__(self, job_id: str, hosts, ctl, comm, heap_size: int):
+    def __init__(self, job_id: str, hosts, ctl, comm, heap_size: int, chaos: int | None = None):
         self.job_id = job_id
         self.hosts = hosts
         self.ctl = ctl
@@ -209,6 +211,12 @@ class Nic:
         self._thread: threading.Thread | None = None
         self._last_beat = 0.0
         self._heaps: dict[int, Segment] = {}
+        # --chaos SEED: the network's share of the seeded chaos (what the rules allow between hosts): queues
+        # held back for a while, queues served in a drawn order (different QPs are unordered), and batches
+        # that a target host takes late (a source's batches stay in order: each queue stays in order)
+        self.chaos = random.Random((chaos << 8) ^ hosts.index) if chaos is not None else None
+        self.held: dict[tuple[int, int], float] = {}  # (pe, queue) -> held until
+        self.late: dict[int, collections.deque] = collections.defaultdict(collections.deque)  # src -> batches
         self._heap_mvs: dict[int, memoryview] = {}
         self._idents: dict[int, tuple] = {}
 
@@ -271,6 +279,8 @@ class Nic:
             traceback.print_exc()
 
     def _in_flight(self) -> bool:
+        if self.held or any(self.late.values()):
+            return True
         return any(lp.by_pos[q] for lp in self.pes.values() for q in lp.by_pos)
 
     def _drained(self) -> bool:
@@ -324,6 +334,14 @@ class Nic:
     def _poll_network(self) -> bool:
         from mpi4py import MPI
         busy = False
+        for src, batches in self.late.items():  # --chaos: batches taken late, in their order
+            while batches and batches[0][0] <= time.monotonic():
+                _, tag, buf = batches.popleft()
+                if tag == TAG_REQ:
+                    self._serve(src, memoryview(buf))
+                else:
+                    self._complete(memoryview(buf), src)
+                busy = True
         status = MPI.Status()
         for _ in range(64):
             if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
@@ -333,6 +351,11 @@ class Nic:
             self.comm.Recv([buf, n, MPI.BYTE], source=src, tag=tag)
             self.heard[src] = time.monotonic()
             busy = True
+            if tag in (TAG_REQ, TAG_REP) and self.chaos is not None and (
+                    self.late[src] or (tag == TAG_REQ and self.chaos.random() < 0.3)):
+                # (a reply waits behind a late batch of its host too: their payloads sent apart keep one order)
+                self.late[src].append((time.monotonic() + self.chaos.uniform(0, CHAOS_HOLD), tag, buf))
+                continue
             if tag == TAG_REQ:
                 self._serve(src, memoryview(buf))
             elif tag == TAG_REP:
@@ -500,9 +523,27 @@ class Nic:
         busy = False
         for lp in self.pes.values():
             db = lp.hw32[lp.remote_slots, HW_SQ_DB]
-            for i in np.flatnonzero(db != lp.sent).tolist():
+            ready = np.flatnonzero(db != lp.sent).tolist()
+            if self.chaos is not None:
+                ready = self._chaos_pick(lp, ready)
+            for i in ready:
                 busy |= self._send_queue(lp, i, int(db[i]))
         return busy
+
+    def _chaos_pick(self, lp: _LocalPe, ready: list[int]) -> list[int]:
+        """--chaos: the rung queues in a drawn order, some of them held back up to CHAOS_HOLD seconds."""
+        rng, now, picked = self.chaos, time.monotonic(), []
+        for i in ready:
+            key = (lp.pe, i)
+            until = self.held.get(key)
+            if until is None and rng.random() < 0.3:
+                until = self.held[key] = now + rng.uniform(0, CHAOS_HOLD)
+            if until is not None and now < until:
+                continue
+            self.held.pop(key, None)
+            picked.append(i)
+        rng.shuffle(picked)
+        return picked
 
     def _send_queue(self, lp: _LocalPe, i: int, db: int) -> bool:
         q = int(lp.remote_slots[i])
