@@ -38,8 +38,6 @@ def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 90) -> s
 def test_basics_across_two_hosts(n):
     """put / get (heap and private arrays) / put_signal / atomics / signal_op / waits / barrier / sync_all, an
     error CQE from the other host's check, MTE refused."""
-    if n == 8:
-        pytest.importorskip("mpi4py")
     proc = _run(n, "basics.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for pe in range(n):
@@ -120,3 +118,20 @@ def test_moe_oracle_8_pes_over_2_hosts():
     assert sorted(d["pe"] for d in lines) == list(range(8))
     for d in lines:
         assert len(d["results"]) == 2 and all(r["checks"] > 0 and not r["failed"] for r in d["results"]), d
+
+
+def test_chaos_trace_record_and_check_across_hosts(tmp_path):
+    """--chaos over hosts keeps the results; --trace / --record give one file each with every PE; --check runs
+    one analysis of both hosts' logs; the recording replays."""
+    trace, rec = tmp_path / "t.json", tmp_path / "r.zip"
+    cmd = SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "60", "--chaos", "11", "--trace", str(trace),
+                    "--record", str(rec), "--check", str(HERE / "basics.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert all(f"pe {pe}: hosts basics ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
+    assert "across the hosts" in proc.stderr, proc.stderr  # one --check analysis of every host's logs
+    import json
+    doc = json.loads(trace.read_text())
+    assert doc["otherData"]["missing_pes"] == [] and len(doc["traceEvents"]) > 0
+    replay = subprocess.run(SHMEMX + ["replay", str(rec), "--topology", "ascend950"], capture_output=True,
+                            text=True, timeout=60)
+    assert replay.returncode == 0, replay.stderr

@@ -57,7 +57,10 @@ from .segment import (HW_BYTES, HW_CI, HW_CQ_PI, HW_ERR_ARG, HW_ERR_POS, HW_ERR_
 
 __all__ = ["Nic", "DEAD_AFTER"]
 
-TAG_REQ, TAG_REP, TAG_CTL, TAG_DATA = 11, 12, 13, 14
+# Requests and replies share one tag (a leading kind byte tells them apart), so that a host takes them in the
+# order they were sent, and with them the payloads sent apart (TAG_DATA), which follow in that same order
+TAG_BATCH, TAG_CTL, TAG_DATA = 11, 13, 14
+TAG_REQ, TAG_REP = b"Q", b"P"
 LARGE = 64 << 10  # payloads of at least this many bytes travel as messages of their own, from and into the heap
 APART = 0xFFFFFFFF  # a request's / reply's payload size field: the payload follows as a TAG_DATA message
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
@@ -336,33 +339,38 @@ class Nic:
         busy = False
         for src, batches in self.late.items():  # --chaos: batches taken late, in their order
             while batches and batches[0][0] <= time.monotonic():
-                _, tag, buf = batches.popleft()
-                if tag == TAG_REQ:
-                    self._serve(src, memoryview(buf))
-                else:
-                    self._complete(memoryview(buf), src)
+                _, kind, buf = batches.popleft()
+                self._take_batch(src, kind, buf)
                 busy = True
         status = MPI.Status()
         for _ in range(64):
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            got = False
+            for tag in (TAG_BATCH, TAG_CTL):  # never TAG_DATA: a payload sent apart is taken by its batch
+                if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
+                    continue
+                got = busy = True
+                src, n = status.Get_source(), status.Get_count(MPI.BYTE)
+                buf = bytearray(n)
+                self.comm.Recv([buf, n, MPI.BYTE], source=src, tag=tag)
+                self.heard[src] = time.monotonic()
+                if tag == TAG_CTL:
+                    self._control(src, buf)
+                    continue
+                kind, body = bytes(buf[:1]), memoryview(buf)[1:]
+                if self.chaos is not None and (self.late[src] or (kind == TAG_REQ and self.chaos.random() < 0.3)):
+                    # (a reply waits behind a late batch of its host too: the payloads sent apart keep one order)
+                    self.late[src].append((time.monotonic() + self.chaos.uniform(0, CHAOS_HOLD), kind, body))
+                    continue
+                self._take_batch(src, kind, body)
+            if not got:
                 break
-            src, tag, n = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
-            buf = bytearray(n)
-            self.comm.Recv([buf, n, MPI.BYTE], source=src, tag=tag)
-            self.heard[src] = time.monotonic()
-            busy = True
-            if tag in (TAG_REQ, TAG_REP) and self.chaos is not None and (
-                    self.late[src] or (tag == TAG_REQ and self.chaos.random() < 0.3)):
-                # (a reply waits behind a late batch of its host too: their payloads sent apart keep one order)
-                self.late[src].append((time.monotonic() + self.chaos.uniform(0, CHAOS_HOLD), tag, buf))
-                continue
-            if tag == TAG_REQ:
-                self._serve(src, memoryview(buf))
-            elif tag == TAG_REP:
-                self._complete(memoryview(buf), src)
-            else:
-                self._control(src, buf)
         return busy
+
+    def _take_batch(self, src: int, kind: bytes, body: memoryview) -> None:
+        if kind == TAG_REQ:
+            self._serve(src, body)
+        else:
+            self._complete(body, src)
 
     # --- barriers (the control plane) ----------------------------------------------------------------------
 
@@ -641,7 +649,7 @@ class Nic:
                 if host == self.me:
                     self._serve(host, memoryview(data))
                 else:
-                    self._send(host, TAG_REQ, data)
+                    self._send(host, TAG_BATCH, TAG_REQ + data)
                     self._send_data(host)
                     self.stats["req_msgs"] += 1
 
@@ -783,7 +791,7 @@ class Nic:
         if src == self.me:
             self._complete(memoryview(data), src)
         else:
-            self._send(src, TAG_REP, data)
+            self._send(src, TAG_BATCH, TAG_REP + data)
             self.outdata[src] = apart
             self._send_data(src)
 
