@@ -119,7 +119,8 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     front = _Front(hosts, sys.stdout, sys.stderr)
     try:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_die_with_parent)
         code = front.follow(proc)
         code = 128 - code if code < 0 else code
         if parts is not None:
@@ -128,6 +129,12 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         if parts is not None:
             shutil.rmtree(parts, ignore_errors=True)
     return code
+
+
+def _die_with_parent() -> None:
+    """mpiexec gets SIGTERM when the front command dies (it then ends every host's launcher)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _say(text: str) -> None:
@@ -312,7 +319,7 @@ class HostPart:
         """Every rank of this host ended: stop the NIC once every host's did (unless the job is failing)."""
         if self.nic is None:
             return
-        failing = job.failure is not None or job.interrupted is not None
+        failing = job.failure is not None or job.interrupted is not None or job.timed_out
         # a failing host does not meet the others: they are told (abort) or find out (heartbeat)
         self.nic.stop(meet=not failing)
 

@@ -195,6 +195,7 @@ class Job:
         self.chaos: int | str | None = None  # --chaos SEED
         self.check_findings = None  # the analysis' Findings once the ranks ended
         self._gone: set[int] = set()  # ids of output streams whose reader went away
+        self._timed_out = False
 
     # --- the whole run -------------------------------------------------------------------------------------
 
@@ -412,7 +413,14 @@ class Job:
             self._post_mortem(why, "what each PE of this host was doing:")
         self._stop_all(grace=0.5)
 
+    @property
+    def timed_out(self) -> bool:
+        return self._timed_out
+
     def _report_timeout(self) -> None:
+        self._timed_out = True
+        if self.host is not None:
+            self.host.abort(f"timed out after {self.timeout:g} s")
         self._post_mortem(f"timed out after {self.timeout:g} s",
                           f"job {self.job_id} timed out after {self.timeout:g} s; what each PE waits on:")
 

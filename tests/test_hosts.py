@@ -104,6 +104,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_moe_oracle_8_pes_over_2_hosts():
     """The MoE Buffer (default schedule, and the hierarchy with server_size = PEs per host) against the hold-out
     model at 8 PEs over 2 hosts."""
@@ -120,6 +121,7 @@ def test_moe_oracle_8_pes_over_2_hosts():
         assert len(d["results"]) == 2 and all(r["checks"] > 0 and not r["failed"] for r in d["results"]), d
 
 
+@pytest.mark.slow
 def test_chaos_trace_record_and_check_across_hosts(tmp_path):
     """--chaos over hosts keeps the results; --trace / --record give one file each with every PE; --check runs
     one analysis of both hosts' logs; the recording replays."""

@@ -66,6 +66,7 @@ APART = 0xFFFFFFFF  # a request's / reply's payload size field: the payload foll
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
 HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
+MEET_TIMEOUT = 30.0  # seconds a finished host waits for the others in the NICs' last meeting
 CHAOS_HOLD = 0.002  # --chaos: the longest a queue or a batch is held back
 SPIN_AFTER = 0.005  # seconds the NIC keeps polling after its last work
 NAP_MAX = 0.001  # its longest nap when idle (the latency a quiet host adds to the first WQE that arrives)
@@ -295,7 +296,11 @@ class Nic:
             self._reap_sends()
             time.sleep(0.001)
         req = self.comm.Ibarrier() if self.meet else None
+        give_up = time.monotonic() + MEET_TIMEOUT
         while req is not None and not req.Test():
+            if time.monotonic() > give_up:  # a host that never comes: its launcher reports it, if it lives
+                self.failure = self.failure or f"host {self.me}: the other hosts did not finish within {MEET_TIMEOUT:g} s"
+                return
             self._poll_network()
             self._reap_sends()
             now = time.monotonic()
