@@ -24,9 +24,9 @@ def shmemx_body(sizes, samples: int, rate_n: int, pings: int) -> dict:
     from shmemx import (ACLSHMEM_CMP_EQ, aclshmem_barrier_all, aclshmem_signal_wait_until, aclshmemx_udma_put_nbi,
                         aclshmemx_udma_put_signal_nbi, aclshmemx_udma_quiet)
 
-    shmemx.init(heap_size=str(3 * max(sizes) + 64 * MIB))
+    top = max(max(sizes), 64 * rate_n)
+    shmemx.init(heap_size=str(3 * top + 64 * MIB))
     me = shmemx.aclshmem_my_pe()
-    top = max(sizes)
     src = shmemx.zeros(top, np.uint8)
     dst = shmemx.zeros(top, np.uint8)
     src[:] = 7
@@ -82,7 +82,7 @@ def mpi_body(sizes, samples: int, rate_n: int, pings: int) -> dict:
 
     comm = MPI.COMM_WORLD
     me = comm.Get_rank()
-    top = max(sizes)
+    top = max(max(sizes), 64 * rate_n)
     mem = np.zeros(top, np.uint8)
     src = np.full(top, 7, np.uint8)
     win = MPI.Win.Create(mem, comm=comm)

@@ -79,6 +79,8 @@ _KNOWN = frozenset(int(op) for op in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY, Op
                                       Opcode.FAA, Opcode.NOP))
 _TWO_BB = frozenset(int(op) for op in (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS))
 _CQE_FLAG = 0x20
+_CQE_ZERO = sorted(set(range(16)) - {C_STATUS, C_ENTRY_IDX, C_TPN, C_BYTE_CNT, C_USER_DATA, C_EID, C_EID + 1,
+                                     C_EID + 2, C_EID + 3, C_DATA, C_DATA + 1})
 _FP32, _REDUCE_ADD = 0x7, 0xA
 _S = CqeStatus
 
@@ -113,6 +115,10 @@ class _LocalPe:
         self.seg_mv = memoryview(self.udma.segment.mm)  # the UDMA segment and heap as bytes (fast slices)
         self.heap_mv = memoryview(self.heap.mm)
         self.sq_offset, self.sq_bytes, self.depth = self.udma.sq_offset, self.udma.sq_bytes, self.udma.sq_depth
+        self.u32, self.u64 = self.seg_mv.cast("I"), self.seg_mv.cast("Q")  # the segment as words (ints, fast)
+        self.hw_word = self.udma.hw_offset // 4
+        self.cq_word, self.cq_words, self.cq_depth = self.udma.cq_offset // 4, self.udma.cq_bytes // 4, \
+            self.udma.cq_depth
         self.by_pos = {int(q): {} for q in remote_slots}  # queue -> BB position -> its entry in flight
         self.amo_va = self.udma.va(pe, self.udma.amo_offset)
         self.amo_len = 64 * self.udma.n_slots
@@ -172,6 +178,8 @@ class _LocalPe:
 
     def close(self) -> None:
         self.rings.clear()
+        self.u32.release()
+        self.u64.release()
         self.seg_mv.release()
         self.heap_mv.release()
         if self.locals is not None:
@@ -585,7 +593,7 @@ class Nic:
 
     def _send_wqe(self, lp: _LocalPe, q: int, pos: int, bbs: int, wqe: bytes) -> None:
         """Check the initiator's side of a WQE and send it (or complete it at once when it fails here)."""
-        if lp.reported[q] and not lp.hw32[q, HW_STATE]:  # a quiet reported the failure: the queue runs again
+        if lp.reported[q] and not lp.u32[lp.hw_word + 16 * q + HW_STATE]:  # a quiet reported the failure: the queue runs again
             lp.broken[q] = lp.reported[q] = False
             lp.epoch[q] += 1
         opcode, flag = _opcode(wqe), _flag(wqe)
@@ -697,61 +705,65 @@ class Nic:
         flight = lp.flight[q]
         if not flight or flight[0].result is None:
             return
-        hw = lp.hw32[q]
-        hw64 = lp.hw32.view(np.uint64)[q]
-        ci = int(hw[HW_CI])
+        u32, u64 = lp.u32, lp.u64
+        hw = lp.hw_word + 16 * q  # this queue's engine record, as u32 word indices into the segment
+        ci = u32[hw + HW_CI]
         by_pos = lp.by_pos[q]
+        executed = nbytes = 0
         while flight and flight[0].result is not None:
             e = flight.popleft()
             by_pos.pop(e.pos, None)
             status, where, byte_cnt, data, payload = e.result
-            lp.flight_bytes[q] -= (e.length if e.opcode in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY) else 0) + \
-                e.length
-            if status == 0 and e.local is not None:
+            writes = e.opcode == Opcode.WRITE or e.opcode == Opcode.WRITE_WITH_NOTIFY
+            lp.flight_bytes[q] -= (e.length if writes else 0) + e.length
+            if status == 0 and e.local is not None and not writes:
                 if e.opcode == Opcode.READ and len(payload):
                     lp.write_local(e.local, payload)
                 elif e.opcode in (Opcode.FAA, Opcode.CAS):
                     lp.write_local(e.local, struct.pack("<Q", data)[:e.length])
-            if status and status != _S.FLUSHED:
+            failed = status != 0 and status != _S.FLUSHED
+            if failed:
                 self._fail_record(lp, q, e, status, where)
             elif status == 0:
-                hw64[HW_EXECUTED] += 1
-                hw64[HW_BYTES] += byte_cnt
+                executed += 1
+                nbytes += byte_cnt
             if e.flag & _CQE_FLAG:
                 self._write_cqe(lp, q, e, status, byte_cnt, data)
             ci = (e.pos + e.bbs) & 0xFFFFFFFF
-            if status and status != _S.FLUSHED:
-                hw[HW_STATE] = 1  # after the CQE: a barrier that sees the failure also finds its CQE
+            if failed:
+                u32[hw + HW_STATE] = 1  # after the CQE: a barrier that sees the failure also finds its CQE
                 lp.broken[q] = lp.reported[q] = True
-        hw[HW_CI] = ci
+        if executed:
+            u64[hw // 2 + HW_EXECUTED] += executed
+            u64[hw // 2 + HW_BYTES] += nbytes
+        u32[hw + HW_CI] = ci
         self.ctl.wake(lp.pe)
 
     def _fail_record(self, lp: _LocalPe, q: int, e: _Entry, status: int, where: int) -> None:
-        hw = lp.hw32[q]
-        if int(hw[HW_STATE]) == 0:
-            hw[HW_ERR_STATUS], hw[HW_ERR_SUBSTATUS], hw[HW_ERR_POS] = status, 0, e.pos
-            hw[HW_ERR_WHERE], hw[HW_ERR_ARG] = where, 0
+        u32, hw = lp.u32, lp.hw_word + 16 * q
+        if u32[hw + HW_STATE] == 0:
+            u32[hw + HW_ERR_STATUS], u32[hw + HW_ERR_SUBSTATUS], u32[hw + HW_ERR_POS] = status, 0, e.pos
+            u32[hw + HW_ERR_WHERE], u32[hw + HW_ERR_ARG] = where, 0
 
     def _write_cqe(self, lp: _LocalPe, q: int, e: _Entry, status: int, byte_cnt: int, data: int) -> None:
-        udma = lp.udma
-        hw = lp.hw32[q]
-        pi = int(hw[HW_CQ_PI])
-        depth = udma.cq_depth
-        row = udma.segment.view("<u4", udma.cq_offset + q * udma.cq_bytes + 64 * (pi % depth), (16,))
-        words = [0] * 16
-        words[C_ENTRY_IDX] = (e.pos + e.bbs) & 0xFFFF
-        words[C_TPN] = (lp.tp_base + q) & 0xFFFFFF
-        words[C_BYTE_CNT] = byte_cnt & 0xFFFFFFFF
-        words[C_USER_DATA] = e.pos & 0xFFFFFFFF
+        """The engine's CQE (write_cqe in _engine.c): words 1-15, then word 0 (owner bit, status) last."""
+        u32, hw = lp.u32, lp.hw_word + 16 * q
+        pi = u32[hw + HW_CQ_PI]
+        depth = lp.cq_depth
+        row = lp.cq_word + q * lp.cq_words + 16 * (pi % depth)
         lo, hi = e.eid
-        words[C_EID:C_EID + 4] = [lo & 0xFFFFFFFF, lo >> 32, hi & 0xFFFFFFFF, hi >> 32]
-        words[C_DATA], words[C_DATA + 1] = data & 0xFFFFFFFF, (data >> 32) & 0xFFFFFFFF
-        for k in range(16):
-            if k != C_STATUS:
-                row[k] = words[k]
+        u32[row + C_ENTRY_IDX] = (e.pos + e.bbs) & 0xFFFF
+        u32[row + C_TPN] = (lp.tp_base + q) & 0xFFFFFF
+        u32[row + C_BYTE_CNT] = byte_cnt & 0xFFFFFFFF
+        u32[row + C_USER_DATA] = e.pos & 0xFFFFFFFF
+        u32[row + C_EID], u32[row + C_EID + 1] = lo & 0xFFFFFFFF, lo >> 32
+        u32[row + C_EID + 2], u32[row + C_EID + 3] = hi & 0xFFFFFFFF, hi >> 32
+        u32[row + C_DATA], u32[row + C_DATA + 1] = data & 0xFFFFFFFF, (data >> 32) & 0xFFFFFFFF
+        for k in _CQE_ZERO:
+            u32[row + k] = 0
         owner = ((pi // depth) & 1) ^ 1
-        row[C_STATUS] = owner << OWNER_SHIFT | (e.opcode & 7) << 4 | (status & 0xFF) << 24
-        hw[HW_CQ_PI] = (pi + 1) & 0xFFFFFFFF
+        u32[row + C_STATUS] = owner << OWNER_SHIFT | (e.opcode & 7) << 4 | (status & 0xFF) << 24
+        u32[hw + HW_CQ_PI] = (pi + 1) & 0xFFFFFFFF
 
     # --- the target's side ---------------------------------------------------------------------------------
 
