@@ -63,6 +63,9 @@ TAG_BATCH, TAG_CTL, TAG_DATA = 11, 13, 14
 TAG_REQ, TAG_REP = b"Q", b"P"
 LARGE = 64 << 10  # payloads of at least this many bytes travel as messages of their own, from and into the heap
 APART = 0xFFFFFFFF  # a request's / reply's payload size field: the payload follows as a TAG_DATA message
+RUN = 0xFFFFFFFE  # ... a run of plain small WRITEs of one queue follows (_RUN, the WQEs' first BBs, payloads)
+RUN_MIN = 4  # consecutive plain WRITEs that go as one run
+RUN_MAX = 4096
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
 HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
@@ -72,6 +75,7 @@ SPIN_AFTER = 0.005  # seconds the NIC keeps polling after its last work
 NAP_MAX = 0.001  # its longest nap when idle (the latency a quiet host adds to the first WQE that arrives)
 MAX_INFLIGHT_BYTES = 64 << 20  # per queue: a queue's WQEs in flight carry at most this much payload
 
+_RUN = struct.Struct("<II")  # WQEs, payload bytes
 _REQ = struct.Struct("<iiIII")  # src pe, queue, BB position, payload bytes, queue epoch; the WQE's 128 bytes, payload
 _REP = struct.Struct("<iiIIIIQI")  # src pe, queue, position, status, where, byte count, data, payload bytes
 _HDR32 = struct.Struct("<16I")
@@ -93,6 +97,34 @@ class _Entry:
     def __init__(self, pos, bbs, opcode, flag, eid, local, length, result=None):
         self.pos, self.bbs, self.opcode, self.flag, self.eid = pos, bbs, opcode, flag, eid
         self.local, self.length, self.result = local, length, result
+
+
+class _Run:
+    """A run of plain WRITEs of one queue between its send and its completion (``RUN``): one batch record each
+    way when every WQE passes; per-WQE replies when one fails."""
+
+    __slots__ = ("pos", "entries", "index", "left", "result")
+
+    def __init__(self, entries: list):
+        self.pos = entries[0].pos
+        self.entries = entries
+        self.index = {e.pos: e for e in entries}
+        self.left = len(entries)
+        self.result = None  # set (True) once every entry has its result
+
+    def set(self, pos: int, result) -> None:
+        e = self.index[pos]
+        if e.result is None:
+            e.result = result
+            self.left -= 1
+            if not self.left:
+                self.result = True
+
+    def set_all_ok(self) -> None:
+        for e in self.entries:
+            if e.result is None:
+                e.result = (0, 0, e.length, 0, b"")
+        self.left, self.result = 0, True
 
 
 class _LocalPe:
@@ -580,6 +612,11 @@ class Nic:
                 lp.broken[q] = True
                 pos = db
                 break
+            ran = self._send_run(lp, q, pos, db)
+            if ran:
+                pos = (pos + ran) & 0xFFFFFFFF
+                sent_any = True
+                continue
             bbs = 2 if lp.opcode_at(q, pos) in _TWO_BB else 1
             if (db - pos) & 0xFFFFFFFF < bbs:
                 break
@@ -624,6 +661,53 @@ class Nic:
         if writes:
             payload = lp.read_local(local, length)
         self.outbox[target].append(_REQ.pack(lp.pe, q, pos, len(payload), lp.epoch[q]) + wqe + payload)
+
+    def _send_run(self, lp: _LocalPe, q: int, pos: int, db: int) -> int:
+        """Send the plain small WRITEs from this PE's heap at ``pos`` (at least RUN_MIN of them, every initiator
+        check passing, one target host) as one run; the number sent (0: none, the WQE-by-WQE path goes on)."""
+        m = min((db - pos) & 0xFFFFFFFF, RUN_MAX)
+        if m < RUN_MIN or lp.broken[q] or (lp.reported[q] and not lp.u32[lp.hw_word + 16 * q + HW_STATE]):
+            return 0
+        if lp.opcode_at(q, pos) != Opcode.WRITE:
+            return 0
+        slots = (pos + np.arange(m, dtype=np.int64)) & (lp.depth - 1)
+        rows = lp.ring(q)[slots].view("<u4")  # [m, 16] first BBs
+        q64 = rows.view("<u8")
+        dw0, dw1, tpw = rows[:, 0], rows[:, 1], rows[:, 2]
+        eid_lo = q64[:, 2]
+        pe = eid_lo & 0xFFFFFFFF
+        length = rows[:, 12].astype(np.int64)
+        lva = q64[:, 7].astype(np.int64) - lp.heap_va
+        tp = (tpw & 0xFFFFFF).astype(np.int64) - lp.tp_base
+        target = int(pe[0]) if int(pe[0]) < self.n_pes else -1
+        ok = (((dw1 >> 8) & 0xFF) == Opcode.WRITE) & (((dw0 >> 16) & REDUCE_FLAG) == 0) & ((tpw >> 24) == 1) \
+            & (((dw0 >> 29) & 3) == REMOTE_JETTY_TYPE) & (pe == target) & (length < LARGE) & (lva >= 0) \
+            & (lva + length <= lp.heap.size) & (tp >= 0) & (tp // max(self.qp_num, 1) == target)
+        k = m if ok.all() else int(np.argmin(ok))
+        if k < RUN_MIN or target < 0:
+            return 0
+        host = self.hosts.host_of(target)
+        if host == self.me:
+            return 0
+        flags = ((dw0[:k] >> 16) & 0xFF).tolist()
+        lens, offs = length[:k].tolist(), lva[:k].tolist()
+        eids = (int(eid_lo[0]), int(q64[0, 3]))
+        mv = lp.heap_mv
+        entries = []
+        for j in range(k):
+            e = _Entry((pos + j) & 0xFFFFFFFF, 1, Opcode.WRITE, flags[j], eids, (mv, offs[j]), lens[j])
+            entries.append(e)
+        run = _Run(entries)
+        by_pos = lp.by_pos[q]
+        for e in entries:
+            by_pos[e.pos] = run
+        lp.flight[q].append(run)
+        payload = b"".join([mv[o:o + n] for o, n in zip(offs, lens)])
+        lp.flight_bytes[q] += 2 * len(payload)
+        self.outbox[host].append(_REQ.pack(lp.pe, q, pos, RUN, lp.epoch[q]) + _RUN.pack(k, len(payload))
+                                 + rows[:k].tobytes() + payload)
+        self.stats["runs"] += 1
+        return k
 
     def _initiator_checks(self, lp: _LocalPe, wqe: bytes, opcode: int, flag: int):
         """(fault or None, target host or None, local (bytes, offset) or None, length): the engine's checks of
@@ -683,6 +767,15 @@ class Nic:
             pe, q, pos, status, where, byte_cnt, data, n = _REP.unpack_from(buf, off)
             off += _REP.size
             entry = self.pes[pe].by_pos[q].get(pos)
+            if n == RUN:  # every WQE of the run at pos passed
+                entry.set_all_ok()
+                touched.add((pe, q))
+                continue
+            if isinstance(entry, _Run):
+                entry.set(pos, (status, where, byte_cnt, data, buf[off:off + n]))
+                off += n
+                touched.add((pe, q))
+                continue
             if n == APART:  # a large READ's data: straight into its destination when that is shared memory
                 seg, loff = entry.local
                 if seg is not None:
@@ -712,6 +805,9 @@ class Nic:
         executed = nbytes = 0
         while flight and flight[0].result is not None:
             e = flight.popleft()
+            if isinstance(e, _Run):  # its WQEs, each with its result, complete in order like any
+                flight.extendleft(reversed(e.entries))
+                continue
             by_pos.pop(e.pos, None)
             status, where, byte_cnt, data, payload = e.result
             writes = e.opcode == Opcode.WRITE or e.opcode == Opcode.WRITE_WITH_NOTIFY
@@ -780,6 +876,9 @@ class Nic:
         while off < len(buf):
             pe, q, pos, n, epoch = _REQ.unpack_from(buf, off)
             off += _REQ.size
+            if n == RUN:
+                off = self._serve_run(buf, off, pe, q, pos, epoch, out, touched)
+                continue
             wqe = bytes(buf[off:off + 128])
             off += 128
             if n == APART:
@@ -811,6 +910,55 @@ class Nic:
             self._send(src, TAG_BATCH, TAG_REP + data)
             self.outdata[src] = apart
             self._send_data(src)
+
+    def _serve_run(self, buf: memoryview, off: int, pe: int, q: int, pos: int, epoch: int, out: list,
+                   touched: set) -> int:
+        """Execute a run of plain WRITEs: checked at once (EID, tokenId, token value, bounds) and stored, one
+        reply record for the run; WQE by WQE (the engine's path, per-WQE replies) when one fails a check."""
+        k, total = _RUN.unpack_from(buf, off)
+        off += _RUN.size
+        rows = np.frombuffer(buf, "<u4", 16 * k, off).reshape(k, 16)
+        off += 64 * k
+        payload = buf[off:off + total]
+        off += total
+        q64 = rows.view("<u8")
+        dst = int(q64[0, 2]) & 0xFFFFFFFF
+        lens = rows[:, 12].astype(np.int64)
+        broken = self.target_broken.get((pe, q), -1) == epoch
+        ok = not broken and dst < self.n_pes and self.hosts.local(dst)
+        if ok:
+            lo, hi, tid, token = self._identity(dst)
+            base = HEAP_VA_BASE + dst * HEAP_VA_STRIDE
+            rva = q64[:, 5].astype(np.int64) - base
+            ok = bool(((q64[:, 2] == lo) & (q64[:, 3] == hi) & ((rows[:, 3] & 0xFFFFF) == tid) & (rows[:, 8] == token)
+                       & (rva >= 0) & (rva + lens <= self.heap_size)).all())
+        if ok:
+            heap = self._heap(dst)
+            mv = self._heap_mvs.get(dst)
+            if mv is None:
+                mv = self._heap_mvs[dst] = memoryview(heap.mm)
+            at = 0
+            for o, n in zip(rva.tolist(), lens.tolist()):
+                mv[o:o + n] = payload[at:at + n]
+                at += n
+            touched.add(dst)
+            out.append(_REP.pack(pe, q, pos, 0, 0, k, 0, RUN))
+            return off
+        at = 0
+        for j, n in enumerate(lens.tolist()):  # the engine's path, WQE by WQE, for the exact failure
+            p = (pos + j) & 0xFFFFFFFF
+            if self.target_broken.get((pe, q), -1) == epoch:
+                out.append(_REP.pack(pe, q, p, _S.FLUSHED, 0, 0, 0, 0))
+            else:
+                status, where, byte_cnt, data, reply, target = self._execute(rows[j].tobytes() + bytes(64),
+                                                                             payload[at:at + n])
+                if status:
+                    self.target_broken[(pe, q)] = epoch
+                elif target is not None:
+                    touched.add(target)
+                out.append(_REP.pack(pe, q, p, status, where, byte_cnt, data, 0))
+            at += n
+        return off
 
     def _identity(self, pe: int) -> tuple[int, int, int, int]:
         """(EID low, EID high, heap tokenId, token value) of a PE of this host (published at its init)."""
