@@ -83,6 +83,7 @@ _KNOWN = frozenset(int(op) for op in (Opcode.WRITE, Opcode.WRITE_WITH_NOTIFY, Op
                                       Opcode.FAA, Opcode.NOP))
 _TWO_BB = frozenset(int(op) for op in (Opcode.WRITE_WITH_NOTIFY, Opcode.FAA, Opcode.CAS))
 _CQE_FLAG = 0x20
+assert C_STATUS == 0  # a run's CQEs are written as words 1-15, then word 0
 _CQE_ZERO = sorted(set(range(16)) - {C_STATUS, C_ENTRY_IDX, C_TPN, C_BYTE_CNT, C_USER_DATA, C_EID, C_EID + 1,
                                      C_EID + 2, C_EID + 3, C_DATA, C_DATA + 1})
 _FP32, _REDUCE_ADD = 0x7, 0xA
@@ -101,30 +102,41 @@ class _Entry:
 
 class _Run:
     """A run of plain WRITEs of one queue between its send and its completion (``RUN``): one batch record each
-    way when every WQE passes; per-WQE replies when one fails."""
+    way when every WQE passes (completed at once: ``all_ok``); per-WQE replies when one fails (its WQEs then
+    complete one by one, ``entries``)."""
 
-    __slots__ = ("pos", "entries", "index", "left", "result")
+    __slots__ = ("pos", "k", "flags", "lens", "offs", "eid", "mv", "results", "left", "result", "all_ok")
 
-    def __init__(self, entries: list):
-        self.pos = entries[0].pos
-        self.entries = entries
-        self.index = {e.pos: e for e in entries}
-        self.left = len(entries)
-        self.result = None  # set (True) once every entry has its result
+    def __init__(self, pos: int, flags: list, lens: list, offs: list, eid: tuple, mv):
+        self.pos, self.k, self.flags, self.lens, self.offs, self.eid, self.mv = pos, len(lens), flags, lens, offs, \
+            eid, mv
+        self.results: dict[int, tuple] = {}
+        self.left = self.k
+        self.result = None  # True once every WQE has its result
+        self.all_ok = False
+
+    def covers(self, pos: int) -> bool:
+        return ((pos - self.pos) & 0xFFFFFFFF) < self.k
 
     def set(self, pos: int, result) -> None:
-        e = self.index[pos]
-        if e.result is None:
-            e.result = result
+        j = (pos - self.pos) & 0xFFFFFFFF
+        if j not in self.results:
+            self.results[j] = result
             self.left -= 1
             if not self.left:
                 self.result = True
 
     def set_all_ok(self) -> None:
-        for e in self.entries:
-            if e.result is None:
-                e.result = (0, 0, e.length, 0, b"")
-        self.left, self.result = 0, True
+        self.all_ok = self.result = True
+        self.left = 0
+
+    def entries(self) -> list:
+        out = []
+        for j in range(self.k):
+            result = (0, 0, self.lens[j], 0, b"") if self.all_ok else self.results[j]
+            out.append(_Entry((self.pos + j) & 0xFFFFFFFF, 1, Opcode.WRITE, self.flags[j], self.eid,
+                              (self.mv, self.offs[j]), self.lens[j], result))
+        return out
 
 
 class _LocalPe:
@@ -151,7 +163,8 @@ class _LocalPe:
         self.hw_word = self.udma.hw_offset // 4
         self.cq_word, self.cq_words, self.cq_depth = self.udma.cq_offset // 4, self.udma.cq_bytes // 4, \
             self.udma.cq_depth
-        self.by_pos = {int(q): {} for q in remote_slots}  # queue -> BB position -> its entry in flight
+        self.by_pos = {int(q): {} for q in remote_slots}
+        self.cq_rings: dict[int, np.ndarray] = {}  # queue -> BB position -> its entry in flight
         self.amo_va = self.udma.va(pe, self.udma.amo_offset)
         self.amo_len = 64 * self.udma.n_slots
         self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
@@ -210,6 +223,7 @@ class _LocalPe:
 
     def close(self) -> None:
         self.rings.clear()
+        self.cq_rings.clear()
         self.u32.release()
         self.u64.release()
         self.seg_mv.release()
@@ -693,14 +707,8 @@ class Nic:
         lens, offs = length[:k].tolist(), lva[:k].tolist()
         eids = (int(eid_lo[0]), int(q64[0, 3]))
         mv = lp.heap_mv
-        entries = []
-        for j in range(k):
-            e = _Entry((pos + j) & 0xFFFFFFFF, 1, Opcode.WRITE, flags[j], eids, (mv, offs[j]), lens[j])
-            entries.append(e)
-        run = _Run(entries)
-        by_pos = lp.by_pos[q]
-        for e in entries:
-            by_pos[e.pos] = run
+        run = _Run(pos, flags, lens, offs, eids, mv)
+        lp.by_pos[q][pos] = run
         lp.flight[q].append(run)
         payload = b"".join([mv[o:o + n] for o, n in zip(offs, lens)])
         lp.flight_bytes[q] += 2 * len(payload)
@@ -766,7 +774,10 @@ class Nic:
         while off < len(buf):
             pe, q, pos, status, where, byte_cnt, data, n = _REP.unpack_from(buf, off)
             off += _REP.size
-            entry = self.pes[pe].by_pos[q].get(pos)
+            lp = self.pes[pe]
+            entry = lp.by_pos[q].get(pos)
+            if entry is None:  # a WQE inside a run that failed at the target: its reply, WQE by WQE
+                entry = next((r for r in lp.flight[q] if isinstance(r, _Run) and r.covers(pos)), None)
             if n == RUN:  # every WQE of the run at pos passed
                 entry.set_all_ok()
                 touched.add((pe, q))
@@ -805,8 +816,16 @@ class Nic:
         executed = nbytes = 0
         while flight and flight[0].result is not None:
             e = flight.popleft()
-            if isinstance(e, _Run):  # its WQEs, each with its result, complete in order like any
-                flight.extendleft(reversed(e.entries))
+            if isinstance(e, _Run):
+                by_pos.pop(e.pos, None)
+                if e.all_ok:  # every WQE executed: their completions at once
+                    ci = (e.pos + e.k) & 0xFFFFFFFF
+                    executed += e.k
+                    nbytes += sum(e.lens)
+                    lp.flight_bytes[q] -= 2 * sum(e.lens)
+                    self._write_run_cqes(lp, q, e)
+                    continue
+                flight.extendleft(reversed(e.entries()))  # WQE by WQE, with the failure where it happened
                 continue
             by_pos.pop(e.pos, None)
             status, where, byte_cnt, data, payload = e.result
@@ -834,6 +853,32 @@ class Nic:
             u64[hw // 2 + HW_BYTES] += nbytes
         u32[hw + HW_CI] = ci
         self.ctl.wake(lp.pe)
+
+    def _write_run_cqes(self, lp: _LocalPe, q: int, run: _Run) -> None:
+        """The CQEs of a run whose every WQE succeeded (those that asked for one), as _write_cqe writes them."""
+        want = np.flatnonzero(np.asarray(run.flags, np.uint32) & _CQE_FLAG)
+        c = len(want)
+        if not c:
+            return
+        u32, hw = lp.u32, lp.hw_word + 16 * q
+        pi, depth = u32[hw + HW_CQ_PI], lp.cq_depth
+        ring = lp.cq_rings.get(q)
+        if ring is None:
+            ring = lp.cq_rings[q] = lp.udma.cq_ring(q).view("<u4")
+        pos = (run.pos + want) & 0xFFFFFFFF
+        rows = np.zeros((c, 16), np.uint32)
+        rows[:, C_ENTRY_IDX] = (pos + 1) & 0xFFFF
+        rows[:, C_TPN] = (lp.tp_base + q) & 0xFFFFFF
+        rows[:, C_BYTE_CNT] = np.asarray(run.lens, np.uint32)[want]
+        rows[:, C_USER_DATA] = pos
+        lo, hi = run.eid
+        rows[:, C_EID:C_EID + 4] = [lo & 0xFFFFFFFF, lo >> 32, hi & 0xFFFFFFFF, hi >> 32]
+        cq_pos = pi + np.arange(c, dtype=np.int64)
+        slots = cq_pos % depth
+        ring[slots, 1:] = rows[:, 1:]  # words 1-15 (word 0, C_STATUS, still the old lap's) ...
+        owner = ((cq_pos // depth) & 1) ^ 1
+        ring[slots, C_STATUS] = (owner << OWNER_SHIFT) | ((Opcode.WRITE & 7) << 4)  # ... then the status words
+        u32[hw + HW_CQ_PI] = (pi + c) & 0xFFFFFFFF
 
     def _fail_record(self, lp: _LocalPe, q: int, e: _Entry, status: int, where: int) -> None:
         u32, hw = lp.u32, lp.hw_word + 16 * q

@@ -97,6 +97,7 @@ aclshmem_barrier_all()
 # an error CQE from another host's check (a wrong token value): nothing written, the detail names the segment;
 # the queue runs again once the quiet reported it
 from shmemx.layout import Opcode, pack_wqe
+from shmemx.udma.layout import C_STATUS, C_USER_DATA
 q = aclshmemx_udma_raw_queue(far, 0)
 rmi = q.remote_mem_info
 eid_lo, eid_hi = (int(x) for x in rmi["eid"])
@@ -117,6 +118,33 @@ aclshmemx_udma_put_nbi(dst[8:16], src[8:16], 8, far)
 aclshmemx_udma_quiet(far)
 aclshmem_barrier_all()
 assert (dst[:8] == -1).all() and (dst[8:16] == pattern(far)[8:16]).all(), f"pe {me}: {dst[:16]}"
+
+# a bad WQE inside a run of small WRITEs rung at once: the ones before it land, it fails, the rest are flushed
+count, bad_at = 16, 5
+rows_dst = shmemx.full((count, 8), -1, np.int64)
+rows_src = shmemx.zeros((count, 8), np.int64)
+rows_src[:] = pattern(me, count * 8).reshape(count, 8)
+aclshmem_barrier_all()
+built = q.build_writes(rmt_va=q.remote_va(rows_dst) + 64 * np.arange(count, dtype=np.uint64), sge_len=64,
+                       sge_va=q.local_va(rows_src) + 64 * np.arange(count, dtype=np.uint64))
+built[bad_at, 4] ^= 0x1  # the token value word
+head = q.reserve(count)
+q.ring_doorbell(q.write(head, built), cqes=count)
+try:
+    aclshmemx_udma_quiet(far)
+except CompletionError as exc:
+    assert exc.cqe.status == 0x05 and exc.cqe.user_data == head + bad_at, exc
+else:
+    raise AssertionError("a bad WQE inside a run completed")
+cqes = q.cq.view(np.uint32).reshape(-1, 16)  # each CQE's user_data is its WQE's BB position
+statuses = [int(cqes[np.flatnonzero(cqes[:, C_USER_DATA] == head + j)[-1], C_STATUS]) >> 24 for j in range(count)]
+assert statuses == [0] * bad_at + [0x05] + [0x0A] * (count - bad_at - 1), statuses
+aclshmem_barrier_all()
+assert (rows_dst[:bad_at] == pattern(far, count * 8).reshape(count, 8)[:bad_at]).all() and \
+    (rows_dst[bad_at:] == -1).all(), f"pe {me}: run rows {rows_dst[:, 0]}"
+aclshmemx_udma_put_nbi(rows_dst[-1], rows_src[-1], 8, far)  # the queue runs again
+aclshmemx_udma_quiet(far)
+aclshmem_barrier_all()
 
 # MTE to another host is refused with a clear error
 try:
