@@ -44,6 +44,12 @@ def test_basics_across_two_hosts(n):
         assert f"pe {pe}: hosts basics ok" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_multi_qp_blocks_and_batches_across_hosts():
+    proc = _run(4, "multi_qp.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(f"pe {pe}: multi ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
+
+
 def test_uneven_hosts_and_host_list_parse():
     from shmemx.launcher.hosts import parse_hosts
 

@@ -159,4 +159,4 @@ def aclshmemx_cmo_nbi(src, nelems, cmo_type, *, buf=None, ub_size=None, sync_id=
     pe, offset = rt.heap.locate(src, f"{what} src")
     rt.heap.check_allocated(offset, max(nbytes, 1), f"{what} src", pe)
     if kind == ACLSHMEMCMOTYPE.CMO_TYPE_PREFETCH and nbytes:
-        rt.heap.segments[pe].prefault(offset, nbytes)
+        rt.heap.segment(pe).prefault(offset, nbytes)

@@ -238,7 +238,8 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         rt.chaos.jitter()
     if rt.events is not None:  # a release: recorded before the store
         rt.events.signal(pe, w.offset, w.dtype, sig_op, value)
-    if not rt.hosts.local(pe):  # another host: through its NIC, complete when the call returns
+    remote = rt.hosts.multi and not rt.hosts.local(pe)
+    if remote:  # another host: through its NIC, complete when the call returns
         _remote_signal_op(rt, w, value, sig_op, pe)
     elif sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
@@ -247,7 +248,7 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     else:
         addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
-    if rt.hosts.local(pe):
+    if not remote:
         rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.after_release()

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import HeapExhaustedError
 from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
 
-__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address", "extent"]
+__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "OtherHostError", "data_address", "extent"]
 
 HEAP_VA_BASE = 0x1000_0000_0000
 HEAP_VA_STRIDE = 1 << 36  # 64 GiB of VA per PE
@@ -200,13 +200,20 @@ class Heap:
         raise ValueError(f"pe {self.my_pe}: {what} (pe {pe} heap {offset:#x}..{offset + nbytes:#x}) is not "
                          f"inside a live heap allocation (freed, or never allocated)")
 
-    def view(self, pe: int, offset: int, shape, dtype, strides=None) -> np.ndarray:
-        """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
+    def segment(self, pe: int) -> Segment:
+        """PE ``pe``'s heap segment as mapped here; OtherHostError for a PE of another host (not mapped)."""
         seg = self.segments[pe]
         if seg is None:
             raise OtherHostError(f"pe {self.my_pe}: pe {pe} is on another host: its heap is not mapped here, so "
                                  f"direct loads and stores and MTE copies cannot reach it (as on the hardware); "
                                  f"use the UDMA calls (aclshmemx_udma_*), which go through the host's NIC")
+        return seg
+
+    def view(self, pe: int, offset: int, shape, dtype, strides=None) -> np.ndarray:
+        """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
+        seg = self.segments[pe]
+        if seg is None:
+            seg = self.segment(pe)  # raises
         return np.ndarray(shape, dtype=dtype, buffer=seg.mm, offset=offset, strides=strides)
 
     def peer_view(self, arr: np.ndarray, pe: int, what: str = "array") -> np.ndarray:

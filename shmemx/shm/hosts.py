@@ -35,7 +35,7 @@ def base_job_id(job_id: str) -> str:
 class HostMap:
     """The hosts of a job: ``counts[h]`` PEs on host ``h`` (consecutive PEs), this process on host ``index``."""
 
-    __slots__ = ("counts", "index", "starts", "n_pes")
+    __slots__ = ("counts", "index", "starts", "n_pes", "multi")
 
     def __init__(self, counts, index: int = 0):
         self.counts = [int(c) for c in counts]
@@ -46,6 +46,7 @@ class HostMap:
         self.index = index
         self.starts = [sum(self.counts[:h]) for h in range(len(self.counts))]
         self.n_pes = sum(self.counts)
+        self.multi = len(self.counts) > 1  # a job of several hosts (a plain attribute: hot paths test it)
 
     @classmethod
     def from_env(cls, n_pes: int) -> "HostMap":
@@ -68,10 +69,6 @@ class HostMap:
     @property
     def n_hosts(self) -> int:
         return len(self.counts)
-
-    @property
-    def multi(self) -> bool:
-        return len(self.counts) > 1
 
     def host_of(self, pe: int) -> int:
         return bisect.bisect_right(self.starts, pe) - 1
