@@ -39,8 +39,13 @@ def main() -> None:
 @click.option("--chaos", default=None, metavar="SEED",
               help="Jitter kernel threads at waits, quiets and signal_op, every choice drawn from SEED "
                    "('random': pick one and print it).")
+@click.option("--hosts", "hosts", default=None, metavar="H|HOST[:PES],...",
+              help="Span hosts joined by MPI (shmemx[mpi]): a number H runs H emulated hosts on this machine; "
+                   "host1:8,host2:8 starts the job on those hosts through mpiexec.")
+@click.option("--hostfile", default=None, metavar="FILE", help="Hosts one a line (host[:pes]), as --hosts.")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, hosts, hostfile,
+        target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -57,6 +62,16 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
             chaos = int(chaos, 0)
         except ValueError:
             raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
+    if hosts or hostfile:
+        from shmemx.launcher.hosts import parse_hosts, run_hosts
+
+        try:
+            host_map, names = parse_hosts(hosts, hostfile, n)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--hosts") from None
+        sys.exit(run_hosts(n, host_map, names, target, args, module=module is not None, heap_size=heap_size,
+                           timeout=timeout, tag_output=tag_output, dump_dir=dump_dir, check=check, chaos=chaos,
+                           trace=trace, record=record, stats=stats))
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
                   tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
                   chaos=chaos)

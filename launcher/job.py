@@ -52,6 +52,7 @@ from shmemx.observe import dump as dumps
 from shmemx.observe.reader import JobReader
 from shmemx.observe import record
 from shmemx.observe.trace import TRACE_DIR_ENV, TRACE_T0_ENV, merge_parts
+from shmemx.api.engines import RANKS_PER_SERVER_ENV
 from shmemx.shm.control import Control, JobState, PeStatus
 from shmemx.shm.segment import describe_shm_space, remove_job_segments
 from shmemx.udma.chaos import CHAOS_ENV
@@ -172,6 +173,8 @@ class Job:
         self.launcher_pid = os.getpid()
         self.job_id = f"{self.launcher_pid:x}{secrets.token_hex(3)}"
         self.ranks: list[_Rank] = []
+        self.pes = range(n)  # the PEs this launcher starts: all of them, or its host's (launcher.hosts)
+        self.host = None  # a job of several hosts: this host's part (launcher.hosts.HostPart), else None
         self.ctl: Control | None = None
         self.failure: tuple[int, int] | None = None  # (rank, exit status) of the first failure
         self.stopping_since: float | None = None
@@ -193,6 +196,7 @@ class Job:
         self.check_findings = None  # the analysis' Findings once the ranks ended
         self.check_failed = False  # the analysis itself raised: a clean job must not pass unchecked
         self._gone: set[int] = set()  # ids of output streams whose reader went away
+        self._timed_out = False
 
     # --- the whole run -------------------------------------------------------------------------------------
 
@@ -224,6 +228,8 @@ class Job:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
             self._start_ranks()
+            if self.host is not None:
+                self.host.started(self)  # the NIC, once the ranks are forked (no MPI state in a rank)
             self.ctl.header["state"] = JobState.RUNNING
             return self._supervise()
         except _Interrupted as exc:
@@ -235,6 +241,8 @@ class Job:
             try:
                 self._reap_all()
                 self._drain_all()
+                if self.host is not None:
+                    self.host.finished(self)
                 self._finish_inspection()
                 if self.ctl is not None:
                     self.ctl.close()
@@ -265,6 +273,10 @@ class Job:
             env[CHAOS_ENV] = str(self.chaos)
         if self.record_dir:
             env[record.RECORD_DIR_ENV] = self.record_dir
+        if self.host is not None:
+            env.update(self.host.hosts.env())
+            if len(set(self.host.hosts.counts)) == 1:  # a host is a server of the topology model
+                env.setdefault(RANKS_PER_SERVER_ENV, str(self.host.hosts.counts[0]))
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -281,7 +293,7 @@ class Job:
     def _fork_ranks(self) -> None:
         ctx = multiprocess.get_context("fork")
         parent_fds: list[int] = []
-        for rank in range(self.n):
+        for rank in self.pes:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             proc = ctx.Process(target=_rank_main, name=f"shmemx-pe{rank}", daemon=False,
@@ -320,6 +332,8 @@ class Job:
                 self._stop_all(grace=0.0)
             if self.stopping_since is not None and now - self.stopping_since > _KILL_GRACE:
                 self._kill_alive(signal.SIGKILL)
+            if self.host is not None and self.failure is None and not timed_out:
+                self._host_failure(self.host.failure())
         if timed_out:
             return EXIT_TIMEOUT
         if self.failure is not None:
@@ -385,9 +399,29 @@ class Job:
         self._message(f"pe {r.rank} {why}" + (f"; stopping the other {others} PEs" if others else ""))
         self._post_mortem(f"pe {r.rank} {why}", "what each PE was doing:")
         self.ctl.header["failed_pe"] = r.rank
+        if self.host is not None:
+            self.host.abort(f"pe {r.rank} {why}")
         self._stop_all(grace=_KILL_GRACE)
 
+    def _host_failure(self, why: str | None) -> None:
+        """Another host ended the job (it died, or one of its PEs failed): stop this host's PEs, saying why."""
+        if why is None:
+            return
+        self.failure = (-1, 1)
+        others = len(self._alive())
+        self._message(why + (f"; stopping the {others} PEs of this host" if others else ""))
+        if others:
+            self._post_mortem(why, "what each PE of this host was doing:")
+        self._stop_all(grace=0.5)
+
+    @property
+    def timed_out(self) -> bool:
+        return self._timed_out
+
     def _report_timeout(self) -> None:
+        self._timed_out = True
+        if self.host is not None:
+            self.host.abort(f"timed out after {self.timeout:g} s")
         self._post_mortem(f"timed out after {self.timeout:g} s",
                           f"job {self.job_id} timed out after {self.timeout:g} s; what each PE waits on:")
 
@@ -424,8 +458,13 @@ class Job:
 
     def _finish_inspection(self) -> None:
         """After the ranks ended: print the counters (--stats), merge the trace parts (--trace) and the recording
-        parts (--record), analyse the event logs (--check)."""
+        parts (--record), analyse the event logs (--check). A host of a job of several hosts leaves that to the
+        front command: its trace and recording parts are in the front's directories already, and it copies its
+        PEs' event logs there (``launcher.hosts``)."""
         if self.ctl is None:
+            return
+        if self.host is not None:
+            self.host.export(self)
             return
         if self.check:
             self._analyse()
@@ -602,6 +641,8 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
     os.close(err_w)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if job.host is not None:  # mpiexec tells its processes' groups of a failure by SIGUSR1: the launcher's to handle
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):

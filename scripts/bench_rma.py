@@ -346,6 +346,87 @@ def _measure(cfg: Config, heap: str, peer_names: list, rounds: int, ab: bool = F
     return pool
 
 
+HOST_SIZES = [KIB << (2 * i) for i in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
+
+
+def _hosts_job(engine: str, sizes, samples: int, rate_n: int, pings: int, hosts: int) -> dict:
+    """One shmemx job over ``hosts`` hosts, or one MPI job of as many processes with the same network settings
+    (``launcher.hosts``: MPI's network path, no shared memory), running scripts/bench_hosts_body.py."""
+    import subprocess
+
+    from shmemx.launcher.hosts import _NOLOCAL, _mpiexec
+
+    body = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_hosts_body.py")
+    args = ["--engine", engine, "--sizes", ",".join(map(str, sizes)), "--samples", str(samples), "--rate-n",
+            str(rate_n), "--pings", str(pings)]
+    if engine == "shmemx":
+        cmd = [sys.executable, "-m", "shmemx", "run", "-n", "2", "--hosts", str(hosts), "--timeout", "600", body]
+    else:
+        cmd = [_mpiexec(), "-n", "2", sys.executable, body]
+    proc = subprocess.run(cmd + args, capture_output=True, text=True, env=dict(os.environ, **_NOLOCAL), timeout=900)
+    for line in proc.stdout.splitlines():
+        if "BENCH " in line:
+            return json.loads(line.split("BENCH ", 1)[1])
+    raise RuntimeError(f"{engine} job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def _hfmt(values, unit: str) -> str:
+    """The --hosts rows' values (GB/s, msg/s and us as measured): median [min..max]."""
+    scale, fmt = {"GB/s": (1, "{:.2f}"), "msg/s": (1e-3, "{:,.1f}k"), "us": (1, "{:.1f}")}[unit]
+    med = fmt.format(_median(values) * scale)
+    lo, hi = (fmt.format(v * scale) for v in (min(values), max(values)))
+    return f"{med} [{lo}..{hi}]"
+
+
+def _hosts_main(args) -> int:
+    """bench_rma.py --hosts H: cross-host put bandwidth (1 KiB .. 64 MiB), 64 B message rate and ping-pong, shmemx
+    (PE 0 on host 0 -> PE 1 on host 1) beside MPI's own between two processes, the jobs alternating twice."""
+    from shmemx.launcher.hosts import mpi_versions
+
+    sizes = [KIB, 64 * KIB, MIB, 4 * MIB] if args.quick else HOST_SIZES
+    if args.sizes:
+        units = {"K": KIB, "M": MIB}
+        sizes = [int(t[:-1]) * units[t[-1].upper()] if t[-1].upper() in units else int(t)
+                 for t in args.sizes.split(",")]
+    samples, rate_n, pings = (2, 4096, 50) if args.quick else (5, 16384, 300)
+    rounds = args.rounds or (1 if args.quick else 2)
+    got = {"shmemx": [], "mpi": []}
+    load_before = os.getloadavg()[0]
+    for _ in range(rounds):
+        for engine in ("shmemx", "mpi"):
+            got[engine].append(_hosts_job(engine, sizes, samples, rate_n, pings, args.hosts))
+
+    def pooled(engine, key, size=None):
+        out = []
+        for r in got[engine]:
+            v = r[key] if size is None else r[key][str(size)]
+            out += v
+        return out
+
+    rows = []
+    for size in sizes:
+        ours, theirs = pooled("shmemx", "bw", size), pooled("mpi", "bw", size)
+        bar = ">= 0.8x MPI_Put+flush" if size == 4 * MIB else ""
+        rows.append((f"put {_size(size)} x{max(1, min(256, (16 * MIB) // size))} + quiet", "GB/s", ours, theirs,
+                     bar, (_median(ours) / _median(theirs) >= 0.8) if bar else None))
+    ours, theirs = pooled("shmemx", "rate"), pooled("mpi", "rate")
+    rows.append(("64 B put rate, quiet/1024", "msg/s", ours, theirs, ">= 0.5x MPI's",
+                 _median(ours) / _median(theirs) >= 0.5))
+    ours, theirs = pooled("shmemx", "pingpong_us"), pooled("mpi", "pingpong_us")
+    rows.append(("ping-pong half round trip", "us", ours, theirs, "", None))
+    print(f"bench_rma --hosts {args.hosts}: PE 0 (host 0) -> PE 1 (host 1); MPI: {mpi_versions()}, "
+          f"network path (MPIR_CVAR_NOLOCAL=1, ofi tcp); shmemx put_signal + wait vs MPI Send/Recv for the ping-pong")
+    print(f"{'measurement':36} {'unit':6} {'shmemx':>28} {'MPI':>28} {'ratio':>6}  bar")
+    missed = 0
+    for name, unit, ours, theirs, bar, ok in rows:
+        ratio = _median(ours) / _median(theirs)
+        mark = "" if ok is None else (" ok" if ok else " MISSED")
+        missed += ok is False
+        print(f"{name:36} {unit:6} {_hfmt(ours, unit):>28} {_hfmt(theirs, unit):>28} {ratio:6.2f}  {bar}{mark}")
+    print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}; {rounds} rounds, medians (min..max)")
+    return 1 if args.check and missed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds (rough numbers)")
@@ -360,7 +441,12 @@ def main(argv=None) -> int:
     parser.add_argument("--coop-ab", action="store_true",
                         help="also measure puts of 1 MiB and more with the engine's cooperative copy off, sample by "
                              "sample beside it on")
+    parser.add_argument("--hosts", type=int, default=None,
+                        help="across H emulated hosts joined by MPI (shmemx run --hosts): shmemx beside MPI's own "
+                             "MPI_Put + Win_flush and Send/Recv, measured in the same run")
     args = parser.parse_args(argv)
+    if args.hosts:
+        return _hosts_main(args)
     cfg = QUICK if args.quick else FULL
     if args.sizes:
         units = {"K": KIB, "M": MIB}

@@ -32,6 +32,7 @@ from .shm import atomics
 from .shm.barrier import barrier
 from .shm.control import Control, JobState, PeStatus, WaitCall
 from .shm.heap import Heap
+from .shm.hosts import HostMap
 from .shm.segment import SHM_DIR, remove_job_segments, segment_name
 from .shm.waits import WaitState
 from .udma import plane
@@ -132,6 +133,7 @@ class Runtime:
         self.my_pe = my_pe
         self.n_pes = ctl.n_pes
         self.heap = heap
+        self.hosts = HostMap.from_env(self.n_pes)  # which PEs share this host (shm.hosts); one host by default
         self.timeout = timeout
         self.owner = owner  # a launcher-less job of one PE: remove the segments at finalize
         self.engine_type = engine_type
@@ -328,7 +330,7 @@ def _start(rt: Runtime, init_timeout: float) -> None:
     # Before anyone maps a peer: when PEs disagree, every PE fails here and may remove its own segments
     # (_undo_failed_init) without pulling them from under a peer that is still attaching.
     _check_agreement(rt)
-    rt.heap.attach_peers()
+    rt.heap.attach_peers(rt.hosts.pes() if rt.hosts.multi else None)
     plane.start(rt)
     if rt.events is not None and rt.events.checker is not None:  # told of every local array the plane registers
         rt.events.checker.attach(rt.udma.registry, rt.udma.poster)

@@ -116,9 +116,8 @@ def all_gather(x: TensorLike) -> list:
     raw = a.view(np.uint8).reshape(-1)
     block = shmemx.aclshmem_malloc(max(raw.size, 1) * n, name="deep_ep.all_gather")
     slots = block.reshape(n, -1)
-    for pe in range(n):  # this PE's row of every PE's table, by direct copies (MTE), completed before the barrier
-        shmemx.aclshmemx_mte_put_nbi(slots[me, :raw.size], raw, raw.size, pe)
-    shmemx.aclshmemx_mte_quiet()
+    for pe in range(n):  # this PE's row of every PE's table (by the engine that reaches the PE: MTE within the
+        shmemx.aclshmem_putmem(slots[me, :raw.size], raw, raw.size, pe)  # server, UDMA across), complete on return
     shmemx.aclshmem_barrier_all()
     out = slots[:, :raw.size].copy().view(a.dtype).reshape(n, *a.shape)
     shmemx.aclshmem_free(block)

@@ -228,7 +228,10 @@ class Buffer:
         shmemx.aclshmem_barrier_all()  # nobody still reads the previous code
         config[0] = new.code
         shmemx.aclshmem_barrier_all()
-        codes = [int(shmemx.aclshmem_ptr(config, pe)[0]) for pe in range(self.n_pes)]
+        codes = np.zeros(self.n_pes, config.dtype)  # every PE's code, read by the engine that reaches it
+        for pe in range(self.n_pes):
+            shmemx.aclshmem_getmem(codes[pe:pe + 1], config[:1], config.itemsize, pe)
+        codes = codes.tolist()
         bad = [pe for pe, code in enumerate(codes) if code != new.code]
         if bad:
             raise ValueError(f"pe {self.me}: set_schedule: pe {bad[0]} chose [{Schedule.from_code(codes[bad[0]])}], "

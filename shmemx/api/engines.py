@@ -83,6 +83,8 @@ def _table(rt) -> list[Engine | None]:
         for pe in range(rt.n_pes):
             if pe == rt.my_pe:
                 table.append(Engine.MTE)
+            elif not rt.hosts.local(pe):  # another host: only its NIC reaches it
+                table.append(Engine.UDMA if mask & Engine.UDMA else None)
             elif pe // rps == rt.my_pe // rps:
                 table.append(near[0] if near else None)
             else:

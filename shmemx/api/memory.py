@@ -282,7 +282,7 @@ def prefault(arr: np.ndarray) -> None:
     pe, offset = rt.heap.locate(arr, "prefault argument")
     lo, hi = extent(arr)
     if hi > lo:
-        rt.heap.segments[pe].prefault(offset + lo, hi - lo)
+        rt.heap.segment(pe).prefault(offset + lo, hi - lo)
 
 
 def _shaped(shape, dtype, name, fill, prefault, zero: bool = False) -> np.ndarray:

@@ -63,7 +63,7 @@ class _Word:
         if off % size:
             raise ValueError(f"pe {rt.my_pe}: {where}: {role} at heap+{off:#x} is not {size}-byte aligned")
         self.rt, self.what, self.pe, self.offset, self.dtype, self.size = rt, where, pe, off, arr.dtype, size
-        self.addr = rt.heap.segments[pe].addr + off
+        self.addr = rt.heap.segment(pe).addr + off
 
     def bits(self, value) -> int:
         """``value`` as the word's unsigned bits; ValueError quoting it when it does not fit the dtype."""

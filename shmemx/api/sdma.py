@@ -163,4 +163,4 @@ def aclshmemx_cmo_nbi(src: np.ndarray, nelems: int, cmo_type: int, *, buf: np.nd
     pe, offset = rt.heap.locate(src, f"{what} src")
     rt.heap.check_allocated(offset, max(nbytes, 1), f"{what} src", pe)
     if kind == ACLSHMEMCMOTYPE.CMO_TYPE_PREFETCH and nbytes:
-        rt.heap.segments[pe].prefault(offset, nbytes)
+        rt.heap.segment(pe).prefault(offset, nbytes)

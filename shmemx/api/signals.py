@@ -28,6 +28,8 @@ from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
 from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_on_words, block_until
 from ..udma.events import Watched
+from ..udma.layout import Opcode
+from ..udma.rings import Api
 from .checks import check_pe
 
 __all__ = [
@@ -236,14 +238,18 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         rt.chaos.jitter()
     if rt.events is not None:  # a release: recorded before the store
         rt.events.signal(pe, w.offset, w.dtype, sig_op, value)
-    if sig_op == ACLSHMEM_SIGNAL_SET:
+    remote = rt.hosts.multi and not rt.hosts.local(pe)
+    if remote:  # another host: through its NIC, complete when the call returns
+        _remote_signal_op(rt, w, value, sig_op, pe)
+    elif sig_op == ACLSHMEM_SIGNAL_SET:
         # One aligned store (single-copy atomic on x86-64); the locked add on the wake word in ctl.wake orders
         # it before any waiter can see the wake.
         _words_of(rt.heap, pe, w.fmt)[w.idx] = value
     else:
         addr = rt.heap.segments[pe].addr + w.offset  # the same word in PE pe's heap, as mapped here
         atomics.fetch_op("add", addr, value, w.dtype.itemsize)
-    rt.ctl.wake(pe)
+    if not remote:
+        rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.after_release()
 
@@ -497,3 +503,24 @@ def aclshmem_test_some(ivars: np.ndarray, cmp: int, value: int | float | np.ndar
     hits = [int(i) for i in np.flatnonzero(w.matches())]
     w.event(rt, WaitCall.WAIT_UNTIL_SOME, hits, len(hits), test=True)
     return hits
+
+
+_CQE_FLAG = 0x20
+
+
+def _remote_signal_op(rt, w: _Word, value: int, sig_op: int, pe: int) -> None:
+    """signal_op on a PE of another host: a WRITE of the word (SET; the NIC stores an aligned word of 4 or 8 bytes
+    as one atomic store) or an FAA (ADD) on QP 0 of the PE, from its amo scratch, quieted before returning."""
+    qp = rt.udma.qp(pe, 0)
+    what = "aclshmemx_signal_op"
+    qp.poll(qp.cqe_cnt, what, call=WaitCall.QUIET)  # the scratch is free once every earlier WQE completed
+    size = w.dtype.itemsize
+    bits = int(value) & ((1 << 8 * size) - 1)
+    va = qp.remote_base + w.offset
+    if sig_op == ACLSHMEM_SIGNAL_SET:
+        qp.amo[0] = bits
+        qp.post_rw(Opcode.WRITE, _CQE_FLAG, va, size, qp.amo_va, Api.ATOMIC, what)
+    else:
+        wqe = qp.build(Opcode.FAA, _CQE_FLAG, va, sge_len=size, sge_va=qp.amo_va, operand=bits)
+        qp.post_bytes(wqe, _CQE_FLAG, Api.ATOMIC, what)
+    qp.poll(qp.cqe_cnt, what, call=WaitCall.QUIET)

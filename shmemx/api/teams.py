@@ -151,7 +151,7 @@ def _collective(rt, parent: _Team, what: str, op: int, args: tuple, new: tuple |
     seq = parent.coll_seq
     claimed = None
     if parent.my_index == 0:
-        claimed = table.claim(rt.ctl, *new) if new is not None else None
+        claimed = table.claim(rt.ctl, *new, hosts=rt.hosts) if new is not None else None
         table.post(rt.ctl, slot, table.Mailbox(seq, op, args, claimed.slot if claimed else -1))
     _meet(rt, parent, WaitCall.TEAM_SPLIT, what)
     box = table.read(rt.ctl, slot)

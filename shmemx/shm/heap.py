@@ -17,6 +17,8 @@ job-wide VA map that WQEs carry.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import bisect
 import ctypes
 
@@ -26,7 +28,7 @@ import numpy.typing as npt
 from ..errors import HeapExhaustedError
 from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
 
-__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "data_address", "extent"]
+__all__ = ["Heap", "HEAP_VA_BASE", "HEAP_VA_STRIDE", "DEFAULT_ALIGN", "OtherHostError", "data_address", "extent"]
 
 HEAP_VA_BASE = 0x1000_0000_0000
 HEAP_VA_STRIDE = 1 << 36  # 64 GiB of VA per PE
@@ -39,6 +41,10 @@ _pointer_at = ctypes.c_void_p.from_address
 # PyArrayObject (numpy's public C struct) starts with PyObject_HEAD, then ``char *data``: reading that pointer
 # costs 0.2 us against 0.5 us for a ctypes buffer import. Checked against __array_interface__ at import.
 _DATA_FIELD = object.__basicsize__
+
+
+class OtherHostError(ValueError):
+    """A direct access (MTE copy, ``aclshmem_ptr`` view, load or store) to a PE of another host."""
 
 
 def _data_pointer(arr: np.ndarray) -> int:
@@ -110,12 +116,13 @@ class Heap:
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
-    def attach_peers(self) -> None:
-        """Map every peer's heap (they exist once every PE passed init's barrier)."""
-        for pe in range(self.n_pes):
+    def attach_peers(self, local: Iterable[int] | None = None) -> None:
+        """Map every peer's heap (they exist once every PE passed init's barrier); with ``local`` (the PEs of this
+        host, a job of several hosts), only those: another host's heap is reached through its NIC only."""
+        for pe in range(self.n_pes) if local is None else local:
             if self.segments[pe] is None:
                 self.segments[pe] = Segment(segment_name(self.job_id, f"heap{pe}"))
-        pairs = sorted((seg.addr, pe) for pe, seg in enumerate(self.segments))
+        pairs = sorted((seg.addr, pe) for pe, seg in enumerate(self.segments) if seg is not None)
         self._starts = [a for a, _ in pairs]
         self._pes = [p for _, p in pairs]
 
@@ -196,10 +203,21 @@ class Heap:
         raise ValueError(f"pe {self.my_pe}: {what} (pe {pe} heap {offset:#x}..{offset + nbytes:#x}) is not "
                          f"inside a live heap allocation (freed, or never allocated)")
 
+    def segment(self, pe: int) -> Segment:
+        """PE ``pe``'s heap segment as mapped here; OtherHostError for a PE of another host (not mapped)."""
+        seg = self.segments[pe]
+        if seg is None:
+            raise OtherHostError(f"pe {self.my_pe}: pe {pe} is on another host: its heap is not mapped here, so "
+                                 f"direct loads and stores and MTE copies cannot reach it (as on the hardware); "
+                                 f"use the UDMA calls (aclshmemx_udma_*), which go through the host's NIC")
+        return seg
+
     def view(self, pe: int, offset: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike,
              strides: tuple[int, ...] | None = None) -> np.ndarray:
         """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
         seg = self.segments[pe]
+        if seg is None:
+            seg = self.segment(pe)  # raises
         return np.ndarray(shape, dtype=dtype, buffer=seg.mm, offset=offset, strides=strides)
 
     def peer_view(self, arr: np.ndarray, pe: int, what: str = "array") -> np.ndarray:

@@ -15,6 +15,8 @@ written by the team's leader (its team PE 0) before a meeting of the team and re
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +25,7 @@ from . import atomics
 from .barrier import TeamShape
 from .control import MAX_TEAMS
 
-__all__ = ["WORLD_UID", "claim", "release", "shape_of", "post", "read", "mark_bad", "bad_of", "Mailbox"]
+__all__ = ["WORLD_UID", "claim", "slot_host", "release", "shape_of", "post", "read", "mark_bad", "bad_of", "Mailbox"]
 
 WORLD_UID = 1
 _BAD = 1 << 31  # set in coll_seq when a member disagreed with the leader's call
@@ -41,11 +43,15 @@ class Mailbox:
     result: int
 
 
-def claim(ctl: np.ndarray, start: int, stride: int, size: int) -> TeamShape | None:
+def claim(ctl: np.ndarray, start: int, stride: int, size: int, hosts: Any = None) -> TeamShape | None:
     """A free team slot for the team ``start + i * stride`` (i < size), with a new job-wide id; None when every
-    slot is taken. Its barrier counter is zero (a released slot's is: its last barrier completed)."""
+    slot is taken. Its barrier counter is zero (a released slot's is: its last barrier completed). In a job of
+    several hosts (``hosts``, a ``shm.hosts.HostMap``) each host claims from its own share of the slots
+    (``slot_host``), so that the hosts' NICs can merge their tables without two hosts taking one slot."""
     uid = atomics.fetch_add_u32(ctl.header_addr("team_uids"), 1) + WORLD_UID + 1
     for slot in range(1, MAX_TEAMS):
+        if hosts is not None and hosts.multi and slot_host(slot, hosts.n_hosts) != hosts.index:
+            continue
         if int(ctl.teams[slot]["uid"]) != 0:
             continue
         if atomics.compare_exchange(ctl.team_addr(slot, "uid"), 0, uid, 4) == 0:
@@ -54,6 +60,11 @@ def claim(ctl: np.ndarray, start: int, stride: int, size: int) -> TeamShape | No
             entry["count"] = 0
             return TeamShape(slot, uid, start, stride, size)
     return None
+
+
+def slot_host(slot: int, n_hosts: int) -> int:
+    """The host whose leaders claim team slot ``slot`` (the world's slot 0 is host 0's: PE 0 leads the world)."""
+    return 0 if slot == 0 else (slot - 1) % n_hosts
 
 
 def release(ctl: np.ndarray, slot: int) -> None:

@@ -270,6 +270,7 @@ static int scan_queues(Chaos *c, Engine *e, int64_t now, int stopping, Scan *s) 
     for (uint32_t q = 0; q < c->n; q++) {
         uint32_t *hw = hw_of(e, q);
         uint32_t ci = hw[L->hw_ci], db = ld32(hw + L->hw_sq_db);
+        if (e->remote[q]) continue; /* the host's NIC serves it */
         if (db == ci) {
             c->empty[q] = 1;
             continue;

@@ -188,6 +188,7 @@ static Fault check(Engine *e, const Wqe *w, Target *t) {
     uint64_t lo = eid_of(e, w, 0), hi = eid_of(e, w, 1);
     uint64_t pe = lo & 0xFFFFFFFFu;
     if (pe >= (uint64_t)e->n_pes || e->eid_lo[pe] != lo || e->eid_hi[pe] != hi) return (Fault){L->st_bad_eid, W_EID};
+    if (e->remote_pe[pe]) return (Fault){L->st_bad_tp, W_TP}; /* another host's PE: only its queues reach it */
     int64_t tp = (int64_t)(tpw & 0xFFFFFF) - (int64_t)e->tp_base;
     if (tp < 0 || tp >= (int64_t)e->n_pes * e->qp_num || tp / e->qp_num != (int64_t)pe) return (Fault){L->st_bad_tp, W_TP};
     int notify = op == (uint32_t)L->op_notify;
@@ -545,6 +546,7 @@ void engine_log(Engine *e, int64_t kind, int64_t q, int64_t pos, int64_t a, int6
 
 static inline int has_work(Engine *e, uint32_t q) {
     uint32_t *hw = hw_of(e, q);
+    if (e->remote[q]) return 0; /* the host's NIC executes the queues to other hosts' PEs */
     return ld32(hw + e->L.hw_sq_db) != hw[e->L.hw_ci];
 }
 
@@ -704,7 +706,9 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->tid = calloc(n, 4); e->token = calloc(n, 4);
     e->wake = calloc(n, sizeof(uint32_t *)); e->sleepers = calloc(n, sizeof(uint32_t *));
     e->touched = calloc(n, 1); e->touched_list = calloc(n, sizeof(int));
-    if (!tmp || !e->heap || !e->eid_lo || !e->eid_hi || !e->tid || !e->token || !e->wake || !e->sleepers
+    e->remote_pe = calloc(n, 1); e->remote = calloc(e->n_slots, 1);
+    if (!e->remote_pe || !e->remote ||
+        !tmp || !e->heap || !e->eid_lo || !e->eid_hi || !e->tid || !e->token || !e->wake || !e->sleepers
         || !e->touched || !e->touched_list) { PyMem_Free(tmp); PyErr_NoMemory(); return -1; }
     int rc = 0;
 #define L(name, body) if (!rc && (rc = get_list(cfg, name, n, tmp)) == 0) for (int k = 0; k < n; k++) { body; }
@@ -715,9 +719,12 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     L("tokens", e->token[k] = (uint32_t)tmp[k])
     L("wake_addrs", e->wake[k] = (uint32_t *)(uintptr_t)tmp[k])
     L("sleepers_addrs", e->sleepers[k] = (uint32_t *)(uintptr_t)tmp[k])
+    if (!rc && PyDict_GetItemString(cfg, "remote_pes")) /* a job of several hosts */
+        L("remote_pes", e->remote_pe[k] = tmp[k] != 0)
 #undef L
     PyMem_Free(tmp);
     if (rc) return -1;
+    for (uint32_t q = 0; q < e->n_slots; q++) e->remote[q] = e->remote_pe[q / e->qp_num];
     e->policy = (struct policy){"round_robin", pick_round_robin, NULL, NULL};
     e->rr = e->n_slots - 1;
     e->assist = 1;
@@ -946,7 +953,7 @@ static void Engine_dealloc(Engine *e) {
         Py_XDECREF(r);
     }
     free(e->heap); free(e->eid_lo); free(e->eid_hi); free(e->tid); free(e->token);
-    free(e->wake); free(e->sleepers); free(e->touched); free(e->touched_list);
+    free(e->wake); free(e->sleepers); free(e->touched); free(e->touched_list); free(e->remote); free(e->remote_pe);
     free(e->locals); free(e->trace); free(e->log); free(e->ahead);
     if (e->policy.step && e->policy.state) chaos_free(e->policy.state);
     Py_TYPE(e)->tp_free((PyObject *)e);

@@ -116,6 +116,8 @@ typedef struct engine {
     uint64_t *eid_lo, *eid_hi;
     uint32_t *tid, *token;
     uint32_t **wake, **sleepers;
+    uint8_t *remote;   /* per queue: 1 when its peer is on another host (the host's NIC serves it, udma/nic.py) */
+    uint8_t *remote_pe; /* per PE: 1 when it is on another host (its heap is not mapped here) */
     pthread_mutex_t reg_lock;
     Local *locals;
     Py_ssize_t n_locals;

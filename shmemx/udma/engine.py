@@ -114,10 +114,12 @@ class Engine:
             tp_base=self.tp_base, my_pe=self.my_pe, n_pes=self.n_pes, qp_num=self.qp_num, heap_size=self.heap_size,
             heap_va_base=HEAP_VA_BASE, heap_va_stride=HEAP_VA_STRIDE,
             spin_ns=int(rt.spin * 1e9),
-            heap_addrs=[s.addr for s in rt.heap.segments],
+            heap_addrs=[0 if s is None else s.addr for s in rt.heap.segments],
             eid_lo=[p["eid_lo"] for p in self.peers], eid_hi=[p["eid_hi"] for p in self.peers],
             tids=self.tids, tokens=[p["heap_token"] for p in self.peers],
             wake_addrs=list(ctl.wake_addrs), sleepers_addrs=list(ctl.sleepers_addrs))
+        if rt.hosts.multi:  # the queues to other hosts' PEs are the host NIC's (udma/nic.py), not this engine's
+            config["remote_pes"] = [int(not rt.hosts.local(p)) for p in range(self.n_pes)]
         self.native = _engine.Engine(native_layout(), config)
         self.kick = self.native.kick  # after a doorbell store: wake the engine if it sleeps (~60 ns)
         self._trace = None

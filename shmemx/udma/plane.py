@@ -24,8 +24,8 @@ from .engine import Engine
 from .events import EventLog
 from .layout import DW0
 from .queues import QUIET_SPIN_FACTOR, QueuePair
-from .registry import LocalRegistry
-from .segment import (CQ_TAIL, CREDIT_GUARD, DEFAULT_DEPTH, HW_CQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
+from .registry import LocalRegistry, SharedLocals
+from .segment import (CQ_TAIL, CREDIT_GUARD, DEFAULT_DEPTH, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
                       UdmaSegment, make_identity)
 
 __all__ = ["DataPlane", "create", "start", "stop"]
@@ -78,6 +78,15 @@ class DataPlane:
         self.registry = LocalRegistry(rt.my_pe, rt.heap, self.seg, int(self.seg.header["amo_tid"]))
         self.engine = Engine(self)
         self.registry.sink = self.engine.native.set_locals  # the engine resolves local VAs through the registrations
+        if rt.hosts.multi:  # and the host's NIC too, for WQEs to other hosts' PEs
+            self.shared_locals = SharedLocals(rt.job_id, rt.my_pe)
+            engine_sink = self.registry.sink
+
+            def sink(vas, lens, addrs):
+                engine_sink(vas, lens, addrs)
+                self.shared_locals.publish(vas, lens, addrs)
+
+            self.registry.sink = sink
         for peer in range(rt.n_pes):
             if peer != rt.my_pe:
                 for qp in range(self.qp_num):
@@ -185,8 +194,21 @@ class DataPlane:
         return poster
 
     def stop(self) -> None:
+        if self.rt.hosts.multi and self.engine is not None:
+            self._drain_remote()
         if self.engine is not None:
             self.engine.stop()  # kept: a failure found afterwards is described through it
+
+    def _drain_remote(self) -> None:
+        """Wait until the host's NIC executed everything rung on the queues to other hosts' PEs (finalize's
+        promise: the engine executes everything rung before the last barrier)."""
+        remote = [q.index for q in self.qps.values() if not self.rt.hosts.local(q.peer)]
+        if not remote:
+            return
+        hw = self.seg.hw32
+        deadline = time.monotonic() + self.rt.timeout
+        while (hw[remote, HW_CI] != hw[remote, HW_SQ_DB]).any() and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
     # --- lookups -------------------------------------------------------------------------------------------
 

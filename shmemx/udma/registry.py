@@ -191,3 +191,52 @@ def _all_retired(reg: Registration, retired) -> bool:
             reg.busy = q
             return False
     return True
+
+
+class SharedLocals:
+    """The registrations of local arrays, published in a segment of their own (``shmemx_<job>_locals<pe>``) for
+    the host's NIC (``udma.nic``) in a job of several hosts: a WQE to another host's PE whose local side is such
+    an array is carried by the NIC, which reads or writes the array in this process (``process_vm_readv``), as
+    a NIC reads host memory the process registered with it.
+
+    Layout: u64 seq (odd while the table changes: a seqlock), u64 count, then ``MAX`` rows of (VA, length,
+    address) sorted by VA.
+    """
+
+    MAX = 1 << 16
+
+    def __init__(self, job_id: str, pe: int):
+        from ..shm.segment import Segment, segment_name
+
+        self.segment = Segment(segment_name(job_id, f"locals{pe}"), 16 + 24 * self.MAX, create=True)
+        self.words = self.segment.view("<u8", 0, (2 + 3 * self.MAX,))
+
+    def publish(self, vas: bytes, lens: bytes, addrs: bytes) -> None:
+        rows = np.stack([np.frombuffer(b, np.uint64) for b in (vas, lens, addrs)], axis=1)[: self.MAX]
+        w = self.words
+        w[0] += 1
+        w[2:2 + 3 * len(rows)] = rows.reshape(-1)
+        w[1] = len(rows)
+        w[0] += 1
+
+    @staticmethod
+    def lookup(words: np.ndarray, va: int, length: int) -> int | None:
+        """The process address of registered local ``[va, va + length)`` from a mapped table, or None."""
+        for _ in range(100):
+            seq = int(words[0])
+            if seq & 1:
+                continue
+            n = int(words[1])
+            rows = words[2:2 + 3 * n].reshape(n, 3)
+            i = int(np.searchsorted(rows[:, 0], va, side="right")) - 1
+            found = None
+            if i >= 0:
+                rva, rlen, addr = (int(x) for x in rows[i])
+                if va - rva + length <= rlen:
+                    found = addr + va - rva
+            if int(words[0]) == seq:
+                return found
+        return None
+
+    def close(self) -> None:
+        self.segment.close()

@@ -1,0 +1,145 @@
+"""Jobs over several hosts (``shmemx run --hosts``): emulated hosts on this machine joined by MPI.
+
+Each case runs the real command; skipped when mpi4py (``shmemx[mpi]``) is absent. The bodies live in
+tests/hosts/ and assert themselves; a case passes when every PE of every host printed its line and the job
+exited 0 with no segment left."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from shmemx.observe.jobs import list_jobs  # noqa: E402
+from shmemx.shm.control import Control  # noqa: E402
+
+HERE = Path(__file__).parent / "hosts"
+SHMEMX = [sys.executable, "-m", "shmemx"]
+
+
+def _segments(job: str) -> list[str]:
+    return glob.glob(f"/dev/shm/shmemx_{job}.h*")
+
+
+def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 90) -> subprocess.CompletedProcess:
+    cmd = SHMEMX + ["run", "-n", str(n), "--hosts", hosts, "--timeout", "60", str(HERE / script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_basics_across_two_hosts(n):
+    """put / get (heap and private arrays) / put_signal / atomics / signal_op / waits / barrier / sync_all, an
+    error CQE from the other host's check, MTE refused."""
+    proc = _run(n, "basics.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for pe in range(n):
+        assert f"pe {pe}: hosts basics ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_multi_qp_blocks_and_batches_across_hosts():
+    proc = _run(4, "multi_qp.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(f"pe {pe}: multi ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
+
+
+def test_uneven_hosts_and_host_list_parse():
+    from shmemx.launcher.hosts import parse_hosts
+
+    hosts, names = parse_hosts("a:3,b:1", None, 4)
+    assert hosts.counts == [3, 1] and names == ["a", "b"]
+    hosts, names = parse_hosts("3", None, 8)
+    assert hosts.counts == [3, 3, 2] and names is None
+    with pytest.raises(ValueError, match="hold 5 PEs"):
+        parse_hosts("a:3,b:2", None, 4)
+
+
+def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
+    """kill -9 of one host's launcher: every rank of every host gone and no segment left within 5 s, and the
+    front names the host."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
+                      "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
+                      "    time.sleep(0.02)\n")
+    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "120", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        while ready < 4:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            ready += "ready" in line
+        jobs = [j for j in list_jobs() if j["script"].endswith(str(script)) or str(script) in j["script"]]
+        assert len(jobs) == 2, jobs
+        base = jobs[0]["job"].rsplit(".h", 1)[0]
+        pids = []
+        for j in jobs:
+            ctl = Control.attach(j["job"], readonly=True)
+            pids += [int(ctl.pes[p]["pid"]) for p in range(4) if int(ctl.pes[p]["pid"])]
+            ctl.close()
+        victim = next(j for j in jobs if j["job"].endswith(".h1"))
+        start = time.monotonic()
+        os.kill(victim["launcher_pid"], signal.SIGKILL)
+        while time.monotonic() - start < 5:
+            if not any(_alive(p) for p in pids) and not _segments(base):
+                break
+            time.sleep(0.05)
+        took = time.monotonic() - start
+        assert not any(_alive(p) for p in pids), f"ranks alive {took:.1f} s after the kill"
+        assert not _segments(base), _segments(base)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert "host 1 (pes 2..3" in err and "died" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_moe_oracle_8_pes_over_2_hosts():
+    """The MoE Buffer (default schedule, and the hierarchy with server_size = PEs per host) against the hold-out
+    model at 8 PEs over 2 hosts."""
+    oracle = Path(__file__).parent.parent / "scripts" / "holdout" / "moe_oracle.py"
+    configs = '[{}, {"server_size": 4, "schedule": "hierarchy"}]'
+    cmd = SHMEMX + ["run", "-n", "8", "--hosts", "2", "--timeout", "100", str(oracle), "--tokens", "48",
+                    "--hidden", "128", "--topk", "4", "--experts", "16", "--configs", configs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+    lines = [json.loads(line.split("HOLDOUT ", 1)[1]) for line in proc.stdout.splitlines() if "HOLDOUT " in line]
+    assert sorted(d["pe"] for d in lines) == list(range(8))
+    for d in lines:
+        assert len(d["results"]) == 2 and all(r["checks"] > 0 and not r["failed"] for r in d["results"]), d
+
+
+@pytest.mark.slow
+def test_chaos_trace_record_and_check_across_hosts(tmp_path):
+    """--chaos over hosts keeps the results; --trace / --record give one file each with every PE; --check runs
+    one analysis of both hosts' logs; the recording replays."""
+    trace, rec = tmp_path / "t.json", tmp_path / "r.zip"
+    cmd = SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "60", "--chaos", "11", "--trace", str(trace),
+                    "--record", str(rec), "--check", str(HERE / "basics.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert all(f"pe {pe}: hosts basics ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
+    assert "across the hosts" in proc.stderr, proc.stderr  # one --check analysis of every host's logs
+    import json
+    doc = json.loads(trace.read_text())
+    assert doc["otherData"]["missing_pes"] == [] and len(doc["traceEvents"]) > 0
+    replay = subprocess.run(SHMEMX + ["replay", str(rec), "--topology", "ascend950"], capture_output=True,
+                            text=True, timeout=60)
+    assert replay.returncode == 0, replay.stderr
