@@ -110,6 +110,7 @@ class QueuePair:
         self._o = i * ST_WORDS
         self.owner_block = -1
         self._kick = udma.engine.kick  # wakes the engine after a doorbell store
+        self._ring = udma.engine.ring  # the same for one WQE: executed at once when small and the queue idle
 
     def __repr__(self) -> str:
         return f"QueuePair(pe {self.my_pe} -> pe {self.peer} qp {self.qp_idx})"
@@ -224,7 +225,7 @@ class QueuePair:
             w[self._i_cqe_cnt] = self.cqe_cnt
         self.doorbells += 1
         w[self._i_db] = head & M32  # the doorbell, last
-        self._kick()
+        self._ring(self.index, (head - bbs) & M32, bbs)
 
     def post_rw(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int, api: int, what: str) -> int:
         """Post a one-BB WRITE or READ; returns its BB position. (``_rang`` inlined: this is the per-token path.)"""
@@ -248,9 +249,9 @@ class QueuePair:
             w[self._i_cqe_cnt] = self.cqe_cnt
         self.doorbells += 1
         w[self._i_db] = new  # the doorbell, last
-        self._kick()
         self.n_posted += 1
         self.b_posted += length
+        self._ring(self.index, head, 1)
         return head
 
     def post_bytes(self, wqe: bytes, flag: int, api: int, what: str) -> int:
@@ -266,10 +267,9 @@ class QueuePair:
         self.mm[off:off + first] = wqe[:first]
         if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
             self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
-        length = wqe_length(wqe)
-        self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
-        self.b_posted += length
+        self.b_posted += wqe_length(wqe)
+        self._rang(head + bbs, flag, api, bbs)
         return head
 
     def _count_batch(self, n: int) -> None:
