@@ -32,7 +32,7 @@ from .shm.barrier import barrier
 from .shm.control import Control, JobState, PeStatus, WaitCall
 from .shm.heap import Heap
 from .shm.segment import SHM_DIR, remove_job_segments, segment_name
-from .shm.waits import WaitState
+from .shm.waits import WaitState, grace_period
 from .udma import plane
 from .udma.chaos import Jitter
 from .udma.check import array as checked_arrays
@@ -145,9 +145,8 @@ class Runtime:
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
-        spin_us = os.environ.get("SHMEMX_SPIN_US")
-        cores = len(os.sched_getaffinity(0))
-        self.spin = float(spin_us) * 1e-6 if spin_us else (50e-6 if self.n_pes <= cores else 0.0)
+        # the waits' and the engine's grace period: adapts to the PEs per core, 0 when they outnumber the cores
+        self.spin = grace_period(self.n_pes, len(os.sched_getaffinity(0)), os.environ.get("SHMEMX_SPIN_US"))
         self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
         self.wait_state = WaitState(ctl, my_pe)  # the waits' own state (shm.waits)
         self._words: dict[int, np.ndarray] = {}

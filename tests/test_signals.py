@@ -530,3 +530,11 @@ def test_comparison_and_signal_constants_are_int_enums():
         assert getattr(shmemx, f"ACLSHMEM_CMP_{name}") is shmemx.CmpOp[name]
     assert (shmemx.ACLSHMEM_SIGNAL_SET, shmemx.ACLSHMEM_SIGNAL_ADD) == tuple(shmemx.SignalOp) == (0, 1)
     assert {"CmpOp", "SignalOp", "ACLSHMEM_CMP_EQ", "ACLSHMEM_SIGNAL_ADD"} <= set(shmemx.__all__)
+
+
+def test_grace_period_adapts_to_pes_per_core():
+    from shmemx.shm.waits import GRACE, grace_period
+
+    assert grace_period(1, 2) == 2 * GRACE and grace_period(2, 2) == GRACE and grace_period(3, 4) > GRACE
+    assert grace_period(3, 2) == 0.0 and grace_period(8, 2) == 0.0 and grace_period(128, 2) == 0.0
+    assert grace_period(8, 2, "7") == 7e-6  # SHMEMX_SPIN_US overrides it

@@ -69,8 +69,23 @@ assert WAIT_DTYPE.fields["call"][1] == 0
 _SLOT_SIZE = WAIT_DTYPE.itemsize
 _STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
 _ABORTING = int(JobState.ABORTING)
+GRACE = 50e-6  # a wait's spin before it sleeps with one PE per core (seconds); see grace_period
 _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
 _SPIN_PROBE = 32  # ...except once every this many waits, to notice when spinning pays again
+
+
+def grace_period(pes: int, cores: int, spin_us: str | None = None) -> float:
+    """How long a wait polls its word before it parks on the futex, and the engine its doorbells before it sleeps
+    (seconds): ``GRACE`` scaled by the cores each of the ``pes`` PEs of this host has, up to twice that when every
+    PE has two cores (its kernel thread and its engine each one), and 0 as soon as the PEs outnumber the cores (a
+    spinning PE would burn a core another PE needs: 8 PEs on 2 cores never spin). ``SHMEMX_SPIN_US``
+    (``spin_us``) overrides it. Measured (docs/performance-history.md, issue 29): on 2 cores, 2 PEs spin 50 us
+    and a put_signal ping-pong hop meets its waiter spinning; 8 or 128 PEs sleep at once."""
+    if spin_us:
+        return float(spin_us) * 1e-6
+    if pes <= 0 or pes > cores:
+        return 0.0
+    return GRACE * min(2.0, cores / pes)
 
 
 @dataclass(frozen=True)

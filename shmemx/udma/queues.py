@@ -44,7 +44,7 @@ from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_A
 __all__ = ["QueuePair"]
 
 _now = time.perf_counter_ns
-# A quiet spins this many times a wait's spin (50 us when PEs do not outnumber cores, else 0) before it sleeps:
+# A quiet spins this many times a wait's spin (waits.grace_period: 0 when PEs outnumber cores) before it sleeps:
 # the engine is executing its WQEs meanwhile, and a 1 MiB copy alone takes ~60 us here
 QUIET_SPIN_FACTOR = 20
 
