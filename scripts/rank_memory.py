@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -80,13 +81,16 @@ def mem_available_kb() -> int:
     return 0
 
 
-def measure(n: int, heap: str, command: list[str], interval: float, timeout: float) -> dict:
-    """Run the job of ``n`` ranks and sample it; the peaks per rank and the job's figures."""
+def measure(n: int, heap: str, command: list[str], interval: float, timeout: float, floor_mb: float) -> dict:
+    """Run the job of ``n`` ranks and sample it; the peaks per rank and the job's figures. The job is stopped
+    (SIGINT to the launcher, which stops its ranks) when MemAvailable falls below ``floor_mb``: better than the
+    kernel's out-of-memory killer choosing among every process of the machine."""
     argv = [sys.executable, "-m", "shmemx", "run", "-n", str(n), "--heap-size", heap, *command]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[int, dict] = {}
     low = mem_available_kb()
+    stopped = False
     out_lines: list[str] = []
     import threading
 
@@ -103,6 +107,10 @@ def measure(n: int, heap: str, command: list[str], interval: float, timeout: flo
                 for k in FIELDS:
                     peak[k] = max(peak[k], r.get(k, 0))
         low = min(low, mem_available_kb())
+        if low < floor_mb * 1024 and not stopped:
+            print(f"  {n} ranks: MemAvailable {low // 1024} MB < {floor_mb:.0f} MB: stopping the job", flush=True)
+            proc.send_signal(signal.SIGINT)
+            stopped = True
         time.sleep(interval)
     proc.wait()
     reader.join(5)
@@ -122,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heap-size", default="256M")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--floor-mb", type=float, default=1500,
+                    help="stop the job when MemAvailable falls below this many MB (default 1500)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT ARGS...")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -132,7 +142,7 @@ def main(argv=None) -> int:
     print(f"{'ranks':>5} {'sampled':>7} {'private med':>11} {'private max':>11} {'shared med':>10} "
           f"{'shared max':>10} {'PSS med':>8} {'PSS sum':>8} {'avail min':>9} {'wall s':>7} {'exit':>4} {'PASS':>5}")
     for n in args.ranks:
-        r = measure(n, args.heap_size, command, args.interval, args.timeout)
+        r = measure(n, args.heap_size, command, args.interval, args.timeout, args.floor_mb)
         mb = lambda v: v / 1024  # noqa: E731
         med = lambda v: mb(statistics.median(v)) if v else 0.0  # noqa: E731
         print(f"{n:>5} {r['sampled']:>7} {med(r['private']):11.1f} {mb(max(r['private'], default=0)):11.1f} "
