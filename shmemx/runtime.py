@@ -32,7 +32,7 @@ from .shm.barrier import barrier
 from .shm.control import Control, JobState, PeStatus, WaitCall
 from .shm.heap import Heap
 from .shm.segment import SHM_DIR, remove_job_segments, segment_name
-from .shm.waits import WaitState, grace_period
+from .shm.waits import WaitState, doze_per_word, grace_period
 from .udma import plane
 from .udma.chaos import Jitter
 from .udma.check import array as checked_arrays
@@ -146,7 +146,9 @@ class Runtime:
         self.cq_depth: int | None = None
         self.finalized = False
         # the waits' and the engine's grace period: adapts to the PEs per core, 0 when they outnumber the cores
-        self.spin = grace_period(self.n_pes, len(os.sched_getaffinity(0)), os.environ.get("SHMEMX_SPIN_US"))
+        cores = len(os.sched_getaffinity(0))
+        self.spin = grace_period(self.n_pes, cores, os.environ.get("SHMEMX_SPIN_US"))
+        self.doze = doze_per_word(self.n_pes, cores, os.environ.get("SHMEMX_DOZE_US"))  # waits for many words
         self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
         self.wait_state = WaitState(ctl, my_pe)  # the waits' own state (shm.waits)
         self._words: dict[int, np.ndarray] = {}

@@ -88,6 +88,20 @@ def grace_period(pes: int, cores: int, spin_us: str | None = None) -> float:
     return GRACE * min(2.0, cores / pes)
 
 
+DOZE = 10e-6  # doze_per_word where PEs outnumber cores (seconds per word still to come)
+
+
+def doze_per_word(pes: int, cores: int, doze_us: str | None = None) -> float:
+    """How long a wait for many words (wait_until_all) dozes per word still to come, instead of sleeping on the
+    wake word that every write into this PE bumps (seconds): ``DOZE`` where PEs outnumber cores, 0 otherwise.
+    There a wake-up costs a context switch on a core that other PEs need, and the signals of P peers would wake
+    the waiter up to P times; dozing makes it a few (the doze is at most 1 ms, and the last word is waited for on
+    the futex). ``SHMEMX_DOZE_US`` (``doze_us``) overrides it."""
+    if doze_us:
+        return float(doze_us) * 1e-6
+    return DOZE if pes > cores else 0.0
+
+
 @dataclass(frozen=True)
 class Wait:
     """What a thread's wait slot records while it waits (``WAIT_DTYPE`` but ``since``, which the wait stamps).
@@ -258,15 +272,18 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     The same wait slot, deadline, abort check and accounting as ``block_until``; the spin (while ranks do not
     outnumber cores) polls ``pred``, then the sleep is native (``_native.sleep_all``): a wake-up re-checks the
     words without the interpreter lock and goes back to sleep until the last of them is met, so a wait for P
-    peers' signals costs one call and one return into Python, not one predicate evaluation per signal."""
+    peers' signals costs one call and one return into Python, not one predicate evaluation per signal. Where PEs
+    outnumber cores (``rt.doze``, ``doze_per_word``) it dozes while more than one word is still to come, instead
+    of being woken by each of the P writes."""
     started = time.perf_counter_ns()
     if _spin_until(rt, pred, rt.spin):
         _add_wait_time(rt, _tls.slot, started)
         return
+    doze_ns = int(rt.doze * 1e9)
     _sleep_native(rt, wait, describe, started, sleep_pe,
                   lambda wake, count, remote, left, state: _native.sleep_all(
                       addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
-                      _BACKSTOP))
+                      _BACKSTOP, doze_ns))
 
 
 def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep):
