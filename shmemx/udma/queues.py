@@ -105,10 +105,10 @@ class QueuePair:
         self._dw2 = tp_word(self.tpn)
         # posting side (kernel threads): head, tail, cqe_cnt, cq_tail, submitter, and the WQEs and bytes posted since
         # the owner last published them (observe.counters), in the plane's private state block, which the native
-        # posting path (_post.c) reads and writes too
+        # posting path (_post.c) reads and writes too (owner_block starts at -1 there: this object may be made
+        # after the native path claimed the queue)
         self._s = udma.qwords
         self._o = i * ST_WORDS
-        self.owner_block = -1
         self._kick = udma.engine.kick  # wakes the engine after a doorbell store
         self._ring = udma.engine.ring  # the same for one WQE: executed at once when small and the queue idle
 
