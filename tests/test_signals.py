@@ -545,3 +545,10 @@ def test_doze_per_word_only_where_pes_outnumber_cores():
 
     assert doze_per_word(2, 2) == 0.0 and doze_per_word(8, 2) == DOZE and doze_per_word(256, 2) == DOZE
     assert doze_per_word(8, 2, "0") == 0.0 and abs(doze_per_word(2, 2, "25") - 25e-6) < 1e-12  # SHMEMX_DOZE_US overrides it
+
+
+def test_init_timeout_grows_only_for_oversubscribed_jobs():
+    from shmemx.runtime import DEFAULT_TIMEOUT, init_timeout
+
+    assert init_timeout(8, 2) == init_timeout(32, 2) == DEFAULT_TIMEOUT
+    assert init_timeout(256, 2) == 8 * DEFAULT_TIMEOUT and init_timeout(256, 16) == DEFAULT_TIMEOUT
