@@ -36,6 +36,8 @@ bounds how long a dead peer or an abort goes unnoticed.
 
 from __future__ import annotations
 
+import os
+import random
 import struct
 import sys
 import threading
@@ -71,7 +73,9 @@ _STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
 _ABORTING = int(JobState.ABORTING)
 GRACE = 50e-6  # a wait's spin before it sleeps with one PE per core (seconds); see grace_period
 _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
-_SPIN_PROBE = 32  # ...except once every this many waits, to notice when spinning pays again
+_SPIN_PROBE = 8  # ...except one wait in this many, at random, to notice when spinning pays again
+_PROBE_P = 1.0 / _SPIN_PROBE
+_probe = random.Random(os.getpid()).random
 
 
 def grace_period(pes: int, cores: int, spin_us: str | None = None) -> float:
@@ -156,8 +160,11 @@ class WaitState:
         self.spin_misses = 0  # spins in a row that ended asleep (a lost update between threads does no harm)
 
     def should_spin(self) -> bool:
-        misses = self.spin_misses
-        return misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0
+        """Whether this wait spins: while spins pay, and past ``_SPIN_GIVE_UP`` misses in a row one wait in
+        ``_SPIN_PROBE`` at random. (A count of the misses alone never moved again once the waits stopped spinning,
+        so a process that gave up never spun again; and a probe every n-th wait on both sides of a ping-pong
+        keeps its phase and may never meet the other side's.)"""
+        return self.spin_misses < _SPIN_GIVE_UP or _probe() < _PROBE_P
 
 
 class _ThreadSlot(threading.local):
