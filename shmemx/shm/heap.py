@@ -21,6 +21,7 @@ import bisect
 import ctypes
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import HeapExhaustedError
 from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
@@ -195,7 +196,8 @@ class Heap:
         raise ValueError(f"pe {self.my_pe}: {what} (pe {pe} heap {offset:#x}..{offset + nbytes:#x}) is not "
                          f"inside a live heap allocation (freed, or never allocated)")
 
-    def view(self, pe: int, offset: int, shape, dtype, strides=None) -> np.ndarray:
+    def view(self, pe: int, offset: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike,
+             strides: tuple[int, ...] | None = None) -> np.ndarray:
         """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
         seg = self.segments[pe]
         return np.ndarray(shape, dtype=dtype, buffer=seg.mm, offset=offset, strides=strides)
