@@ -26,14 +26,14 @@ reference measured in the same run, alternating with it so that drift of this sh
 Bars: puts of 1 MiB and more >= 0.8x np.copyto (issue 3), a 4 MiB put + quiet repeated >= 0.9x np.copyto and >=
 shmem4py's (issue 11); qp_put_nbi 64 B >= 150,000 completed WQE/s per PE and the raw vectorised path >= 2,000,000
 (issue 3); the user's 64-byte put_nbi pattern >= 370,000 and >= shmem4py's (issue 11); put_signal half round trip
-<= 25 us (issue 11).
+<= 25 us (issue 11), then <= 5 us and at most shmem4py's in the same run (issue 29).
 
 Usage: ``python scripts/bench_rma.py [--quick] [--check] [--both] [--peers | --no-peers] [--bw-only] [--sizes 1M,4M]
-[--rounds N] [--coop-ab]``. ``--quick`` is a smoke run of a few seconds (rough numbers; no peers unless ``--peers``);
+[--rounds N] [--coop-ab] [--pingpong]``. ``--quick`` is a smoke run of a few seconds (rough numbers; no peers unless ``--peers``);
 ``--check`` exits 1 when a bar is missed; ``--bw-only`` / ``--sizes`` / ``--rounds`` focus a run on some put sizes;
 ``--coop-ab`` adds, under each put row of 1 MiB and more, the same puts with the engine's cooperative copy off
 (``_engine.c``: the engine and the thread waiting in quiet copy a large payload together), measured sample by
-sample beside it on.
+sample beside it on; ``--pingpong`` measures the ping-pong row only (with the peers' unless ``--no-peers``).
 """
 
 from __future__ import annotations
@@ -310,13 +310,22 @@ class _Pool:
         return self.data.get(source, {}).get(key)
 
 
-def _measure(cfg: Config, heap: str, peer_names: list, rounds: int, ab: bool = False, bw_only: bool = False) -> _Pool:
-    """Every job, shmemx's and each peer's alternating, ``rounds`` times (``bw_only``: the bandwidth jobs only)."""
+def _measure(cfg: Config, heap: str, peer_names: list, rounds: int, ab: bool = False, bw_only: bool = False,
+             pingpong_only: bool = False) -> _Pool:
+    """Every job, shmemx's and each peer's alternating, ``rounds`` times (``bw_only``: the bandwidth jobs only;
+    ``pingpong_only``: the ping-pong jobs only)."""
     import peers
 
     pool = _Pool()
     pcfg = _peer_cfg(cfg)
     for _ in range(rounds):
+        if pingpong_only:
+            (pp,) = _job(_pingpong_body, cfg)
+            for key, values in pp.items():
+                pool.add("shmemx", key, values)
+            for peer in peer_names:
+                pool.add(peer, "put_signal", (peers.run(peer, "pingpong", 2, pcfg) or {}).get("pingpong"))
+            continue
         (bw,) = _job(_bandwidth_body, cfg, ab, heap=heap)
         for size in cfg.sizes:
             r = bw[str(size)]
@@ -436,6 +445,7 @@ def main(argv=None) -> int:
                         help="measure the installed peers (the default of a full run)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="measure shmemx only")
     parser.add_argument("--bw-only", action="store_true", help="the put bandwidth rows only")
+    parser.add_argument("--pingpong", action="store_true", help="the put_signal ping-pong row only")
     parser.add_argument("--sizes", help="put sizes to measure, e.g. 1M,4M (default: 64 B .. 64 MiB)")
     parser.add_argument("--rounds", type=int, help="rounds of the shmemx and peer jobs (default 2; 1 with --quick)")
     parser.add_argument("--coop-ab", action="store_true",
@@ -452,7 +462,7 @@ def main(argv=None) -> int:
         units = {"K": KIB, "M": MIB}
         cfg = dataclasses.replace(cfg, sizes=[int(t[:-1]) * units[t[-1].upper()] if t[-1].upper() in units else int(t)
                                               for t in args.sizes.split(",")])
-    heap = f"{2 * max(cfg.sizes) // MIB + 8}M"
+    heap = f"{2 * max(cfg.sizes, default=0) // MIB + 8}M"
     load_before = os.getloadavg()[0]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import peers
@@ -461,7 +471,9 @@ def main(argv=None) -> int:
     want = (not args.quick) if args.peers is None else args.peers
     peer_names = [p for p in peers.PEERS if want and installed[p]]
     rounds = args.rounds or (1 if args.quick else 2)
-    pool = _measure(cfg, heap, peer_names, rounds, args.coop_ab, args.bw_only)
+    if args.pingpong:
+        cfg = dataclasses.replace(cfg, sizes=[])
+    pool = _measure(cfg, heap, peer_names, rounds, args.coop_ab, args.bw_only, args.pingpong)
 
     rows = []  # (measurement, unit, shmemx values, reference name, reference values, bar, ok, {peer: values})
     sh = lambda key: pool.get("shmemx", key)  # noqa: E731
@@ -492,12 +504,12 @@ def main(argv=None) -> int:
         if sh(("put1_off", size)):
             rows.append(("  the same, cooperative copy off", "GB/s", sh(("put1_off", size)), "np.copyto",
                          sh(("copyto", size)), "", None, {}))
-    refs = sh("copyto") if not args.bw_only else None
+    refs = sh("copyto") if not (args.bw_only or args.pingpong) else None
     bars = {"loop": (150_000, ">= 150k WQE/s"), "local": (370_000, ">= 370k WQE/s"), "raw": (2_000_000, ">= 2M WQE/s"),
             "batch": (None, "")}
     names = {"loop": "64 B qp_put_nbi loop, quiet/1024", "local": "64 B put_nbi local->heap rows, quiet/1024",
              "batch": "64 B defer/submit, batches of 1024", "raw": f"64 B raw path, batches of {cfg.raw_batch}"}
-    for key in ("loop", "local", "batch", "raw") if not args.bw_only else ():
+    for key in ("loop", "local", "batch", "raw") if not (args.bw_only or args.pingpong) else ():
         floor, bar = bars[key]
         ok = None if floor is None else _median(sh(key)) >= floor
         extra = {p: pool.get(p, "local") for p in peer_names} if key == "local" else {}
@@ -513,7 +525,10 @@ def main(argv=None) -> int:
     half = sh("put_signal")
     if not args.bw_only:
         rows.append(("put_signal -> wait_until, half round trip", "us", half, "signal_op SET", sh("signal_op"),
-                     "<= 25 us", _median(half) <= 25e-6, {p: pool.get(p, "put_signal") for p in peer_names}))
+                     "<= 5 us", _median(half) <= 5e-6, {p: pool.get(p, "put_signal") for p in peer_names}))
+        theirs = pool.get("shmem4py", "put_signal")
+        if theirs:  # a latency: level means at most theirs, so the ratio is theirs / ours
+            level["put_signal half round trip"] = (_median(theirs), _median(half))
 
     cores = len(os.sched_getaffinity(0))
     print(f"shmemx bench_rma ({'quick' if args.quick else 'full'} run; {cores} cores; 2 PEs; medians over "

@@ -34,7 +34,7 @@ from .shm.control import Control, JobState, PeStatus, WaitCall
 from .shm.heap import Heap
 from .shm.hosts import HostMap
 from .shm.segment import SHM_DIR, remove_job_segments, segment_name
-from .shm.waits import WaitState
+from .shm.waits import WaitState, doze_per_word, grace_period
 from .udma import plane
 from .udma.chaos import Jitter
 from .udma.check import array as checked_arrays
@@ -92,8 +92,9 @@ class OptionalAttr:
     the timeouts (seconds).
 
     A timeout left at None is not set: ``control_operation_timeout`` (the deadline of every wait) is then the
-    launcher's ``--timeout``, else 120 s; ``shm_init_timeout`` (the init barrier's) and ``shm_create_timeout`` are
-    120 s. A timeout set to any value, 120 s included, beats the launcher's.
+    launcher's ``--timeout``, else 120 s; ``shm_init_timeout`` (the init barrier's) is 120 s, longer for jobs of more
+    than 16 PEs per core (``init_timeout``), and ``shm_create_timeout`` 120 s. A timeout set to any value, 120 s
+    included, beats the launcher's.
     """
 
     data_op_engine_type: int = ACLSHMEM_DATA_OP_UDMA
@@ -148,9 +149,10 @@ class Runtime:
         self.sq_depth: int | None = None
         self.cq_depth: int | None = None
         self.finalized = False
-        spin_us = os.environ.get("SHMEMX_SPIN_US")
+        # the waits' and the engine's grace period: adapts to the PEs per core, 0 when they outnumber the cores
         cores = len(os.sched_getaffinity(0))
-        self.spin = float(spin_us) * 1e-6 if spin_us else (50e-6 if self.n_pes <= cores else 0.0)
+        self.spin = grace_period(self.n_pes, cores, os.environ.get("SHMEMX_SPIN_US"))
+        self.doze = doze_per_word(self.n_pes, cores, os.environ.get("SHMEMX_DOZE_US"))  # waits for many words
         self.wake_addr = ctl.pe_addr(my_pe, "wake_seq")
         self.wait_state = WaitState(ctl, my_pe)  # the waits' own state (shm.waits)
         self._words: dict[int, np.ndarray] = {}
@@ -283,13 +285,21 @@ def init(attr: InitAttr | None = None, *, heap_size: int | str | None = None, ti
     _publish(rt)
     _rt = rt
     try:
-        _start(rt, first_set(attr.option_attr.shm_init_timeout, DEFAULT_TIMEOUT))
+        _start(rt, first_set(attr.option_attr.shm_init_timeout, init_timeout(n_pes, len(os.sched_getaffinity(0)))))
     except BaseException:
         _rt = None
         _undo_failed_init(rt)
         raise
     atexit.register(_finalize_at_exit)
     return rt
+
+
+def init_timeout(n_pes: int, cores: int) -> float:
+    """The init barrier's default deadline (seconds): ``DEFAULT_TIMEOUT``, longer by the same factor for every 16
+    PEs per core beyond the first 16: the last of 256 PEs forked on 2 cores, each attaching 255 peers, can start
+    more than 120 s after the first on a loaded host (measured: 106 of 256 missing at 120 s), while 8-32 PEs
+    start in under a second."""
+    return DEFAULT_TIMEOUT * max(1.0, n_pes / (16 * max(cores, 1)))
 
 
 def _attach(job_id: str, owner: bool, my_pe: int, n_pes: int, size: int, timeout: float) -> tuple[Control, Heap]:

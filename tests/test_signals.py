@@ -530,3 +530,25 @@ def test_comparison_and_signal_constants_are_int_enums():
         assert getattr(shmemx, f"ACLSHMEM_CMP_{name}") is shmemx.CmpOp[name]
     assert (shmemx.ACLSHMEM_SIGNAL_SET, shmemx.ACLSHMEM_SIGNAL_ADD) == tuple(shmemx.SignalOp) == (0, 1)
     assert {"CmpOp", "SignalOp", "ACLSHMEM_CMP_EQ", "ACLSHMEM_SIGNAL_ADD"} <= set(shmemx.__all__)
+
+
+def test_grace_period_adapts_to_pes_per_core():
+    from shmemx.shm.waits import GRACE, grace_period
+
+    assert grace_period(1, 2) == 2 * GRACE and grace_period(2, 2) == GRACE and grace_period(3, 4) > GRACE
+    assert grace_period(3, 2) == 0.0 and grace_period(8, 2) == 0.0 and grace_period(128, 2) == 0.0
+    assert abs(grace_period(8, 2, "7") - 7e-6) < 1e-12  # SHMEMX_SPIN_US overrides it
+
+
+def test_doze_per_word_only_where_pes_outnumber_cores():
+    from shmemx.shm.waits import DOZE, doze_per_word
+
+    assert doze_per_word(2, 2) == 0.0 and doze_per_word(8, 2) == DOZE and doze_per_word(256, 2) == DOZE
+    assert doze_per_word(8, 2, "0") == 0.0 and abs(doze_per_word(2, 2, "25") - 25e-6) < 1e-12  # SHMEMX_DOZE_US overrides it
+
+
+def test_init_timeout_grows_only_for_oversubscribed_jobs():
+    from shmemx.runtime import DEFAULT_TIMEOUT, init_timeout
+
+    assert init_timeout(8, 2) == init_timeout(32, 2) == DEFAULT_TIMEOUT
+    assert init_timeout(256, 2) == 8 * DEFAULT_TIMEOUT and init_timeout(256, 16) == DEFAULT_TIMEOUT

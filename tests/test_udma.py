@@ -1908,3 +1908,44 @@ def _both_posting_paths():
 
 def test_native_and_python_posting_paths_write_identical_wqes(run_ok):
     run_ok(2, _both_posting_paths)
+
+
+# --- the posting thread's turn (_engine.c shmemx_engine_post_turn) -----------------------------------------
+
+
+def _post_turn():
+    """A small put_signal or put on an idle queue is executed by the posting thread before the call returns (its
+    payload, signal and CQE are in at once), the same WQE the engine would run; a large one, or one posted while
+    the engine is paused, is left to the engine."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    nxt = (me + 1) % n
+    engine = runtime().udma.engine
+    box = shmemx.zeros((n, 64), np.int64, name="box")
+    sig = shmemx.zeros(n, np.uint64, name="sig")
+    shmemx.aclshmem_barrier_all()
+    before = engine.native.post_turns
+    small = _engine.POST_TURN_BYTES // 8
+    for rnd in range(1, 21):
+        part = _stamp(me, nxt, np.arange(small)) + (rnd << 24)
+        shmemx.aclshmemx_udma_put_signal_nbi(box[me, :small], part, small, sig[me:me + 1], rnd, nxt)
+        shmemx.aclshmemx_udma_quiet(nxt)
+    ran = engine.native.post_turns - before
+    assert ran >= 15, ran  # a turn lock held by the engine at that moment sends a post to the engine instead
+    big = np.arange(64, dtype=np.int64)  # 512 bytes: past POST_TURN_BYTES
+    shmemx.aclshmemx_udma_put_nbi(box[me], big, 64, nxt)
+    shmemx.aclshmemx_udma_quiet(nxt)
+    assert engine.native.post_turns - before == ran
+    engine.pause()
+    shmemx.aclshmemx_udma_put_signal_nbi(box[me, :1], big[:1], 1, sig[me:me + 1], 99, nxt)
+    assert engine.native.post_turns - before == ran  # paused: the WQE waits in the ring for the engine
+    engine.resume()
+    shmemx.aclshmemx_udma_quiet(nxt)
+    shmemx.aclshmem_barrier_all()
+    prv = (me - 1) % n
+    assert int(sig[prv]) == 99 and box[prv, 0] == 0 and np.array_equal(box[prv, 1:64], np.arange(1, 64))
+    shmemx.finalize()
+
+
+def test_small_posts_on_idle_queues_run_at_post_time(run_ok):
+    run_ok(2, _post_turn)

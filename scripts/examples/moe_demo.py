@@ -35,15 +35,28 @@ me, n = shmemx.my_pe(), shmemx.n_pes()
 E = max(E // n, 1) * n  # a multiple of the number of ranks
 
 
-def inputs(rank):
-    """Rank ``rank``'s tokens: rows that encode (rank, token), top-k experts of random scores, weights."""
+def routing(rank):
+    """Rank ``rank``'s routing: top-k experts of random scores ``[T, K] int64`` and weights ``[T, K] float32``."""
     rng = np.random.default_rng(rank)
     topk = np.argsort(rng.random((T, E)), axis=1)[:, :min(K, E)].astype(np.int64)
-    return ref.origin_x(rank, T, H), topk, rng.random(topk.shape, np.float32)
+    return topk, rng.random(topk.shape, np.float32)
 
 
-everyone = [inputs(r) for r in range(n)]  # every rank can compute every rank's inputs: the reference needs them
-x, topk, weights = everyone[me]
+class EveryRanksRows:
+    """Every rank's tokens ``[T, H] bfloat16`` (rows that encode (rank, token)) as the reference reads them: rank
+    r's made when it asks for them, so that a rank holds one other rank's rows at a time, not all n ranks'
+    (64 MiB each at 256 ranks)."""
+
+    def __len__(self):
+        return n
+
+    def __getitem__(self, rank):
+        return ref.origin_x(rank, T, H)
+
+
+routings = [routing(r) for r in range(n)]  # every rank can compute every rank's inputs: the reference needs them
+x = ref.origin_x(me, T, H)
+topk, weights = routings[me]
 opts = {k: v for k, v in (("num_channels", args.channels), ("shared_lanes", args.lanes)) if v is not None}
 buf = moe.Buffer(T, H, topk.shape[1], E, qp_policy=args.policy, **opts)
 
@@ -56,7 +69,7 @@ with shmemx.region("combine"):
     back = buf.combine(got.recv_x, got.handle, got.recv_topk_weights)
 c_stats = buf.last_stats
 
-want = ref.reference_dispatch([e[0] for e in everyone], [e[1] for e in everyone], [e[2] for e in everyone], E, me)
+want = ref.reference_dispatch(EveryRanksRows(), [r[0] for r in routings], [r[1] for r in routings], E, me)
 checks = {
     "rows": np.array_equal(got.recv_x.view(np.uint16), want.recv_x.view(np.uint16)),
     "topk": np.array_equal(got.recv_topk_idx, want.recv_topk_idx)

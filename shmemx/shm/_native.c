@@ -22,6 +22,7 @@
 
 #include "wake.h"
 
+#define DOZE_MAX_NS 1000000 /* sleep_all's longest doze */
 #define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
 
 static inline int64_t now_ns(void) {
@@ -163,6 +164,18 @@ static int nap(uint32_t *wake, uint32_t seen, int64_t deadline, int64_t backstop
     return 0;
 }
 
+/* A doze instead of a futex sleep (sleep_all with words of many writers): ``ns`` on the clock, not woken by the
+ * writers' wake-ups, 1 past the deadline, 2 when the job is aborting, else 0. */
+static int doze(int64_t ns, int64_t deadline, uint32_t *state, unsigned int aborting) {
+    int64_t now = now_ns();
+    if (now >= deadline) return 1;
+    if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == aborting) return 2;
+    if (ns > deadline - now) ns = deadline - now;
+    struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
 /* sleep(addr, kind, cmp, target, mask, wake_addr, count_addr, atomic, timeout_s, state_addr, aborting,
  *       backstop_s) -> (code, value): code 0 met (value: the word), 1 deadline passed, 2 the job is aborting.
  * Announces itself in the sleeper count at count_addr, then loops {read the wake word, read the word, compare,
@@ -202,12 +215,17 @@ static PyObject *sleep_on(PyObject *self, PyObject *args) {
 }
 
 /* sleep_all(addr, stride, active, kind, cmp, target, wake_addr, count_addr, atomic, timeout_s, state_addr,
- *           aborting, backstop_s) -> (code, unmet): sleep_on for a set of words: the words at addr + i * stride
- * whose byte active[i] is non-zero (``active``: a bytes object, one byte per word) must all meet the comparison.
- * Every wake-up re-checks them here, without the interpreter lock, starting from the first one not met at the
- * last look (the words met stay met for the callers' monotonic signals; a word that went back is still seen:
- * the final pass re-reads every word before it reports them met). code 0: all met (unmet -1); 1: deadline;
- * 2: the job is aborting (unmet: the index of a word not met). */
+ *           aborting, backstop_s, doze_ns) -> (code, unmet): sleep_on for a set of words: the words at addr + i *
+ * stride whose byte active[i] is non-zero (``active``: a bytes object, one byte per word) must all meet the
+ * comparison. Every wake-up re-checks them here, without the interpreter lock, starting from the first one not
+ * met at the last look (the words met stay met for the callers' monotonic signals; a word that went back is still
+ * seen: the final pass re-reads every word before it reports them met). code 0: all met (unmet -1); 1: deadline;
+ * 2: the job is aborting (unmet: the index of a word not met).
+ *
+ * ``doze_ns`` > 0 (waits.doze_per_word: PEs outnumber cores): while more than one word is unmet, the wait dozes
+ * doze_ns per unmet word (at most DOZE_MAX_NS) instead of sleeping on the wake word, so that the writes of many
+ * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; the
+ * last word is waited for on the futex as before. */
 static PyObject *sleep_all(PyObject *self, PyObject *args) {
     PyObject *addr_o, *target, *wake_o, *count_o, *state_o;
     Py_ssize_t stride;
@@ -215,8 +233,9 @@ static PyObject *sleep_all(PyObject *self, PyObject *args) {
     int kind, cmp, atomic;
     unsigned int aborting;
     double timeout_s, backstop_s;
-    if (!PyArg_ParseTuple(args, "Ony*iiOOOpdOId", &addr_o, &stride, &active, &kind, &cmp, &target, &wake_o,
-                          &count_o, &atomic, &timeout_s, &state_o, &aborting, &backstop_s))
+    long long doze_ns = 0;
+    if (!PyArg_ParseTuple(args, "Ony*iiOOOpdOId|L", &addr_o, &stride, &active, &kind, &cmp, &target, &wake_o,
+                          &count_o, &atomic, &timeout_s, &state_o, &aborting, &backstop_s, &doze_ns))
         return NULL;
     Cond c;
     PyObject *zero = PyLong_FromLong(0);
@@ -252,6 +271,16 @@ static PyObject *sleep_all(PyObject *self, PyObject *args) {
                 if (!met(&c, load_word(&c))) break;
             }
             if (first == n) { code = 0; break; }
+        }
+        if (doze_ns > 0) { /* more than one word to come: doze by how many, then look again */
+            Py_ssize_t unmet = 0;
+            for (Py_ssize_t k = first; k < n; k++)
+                if (on[k]) { c.addr = base + k * stride; unmet += !met(&c, load_word(&c)); }
+            if (unmet > 1) {
+                int64_t ns = doze_ns * (int64_t)(unmet - 1);
+                if ((code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, state, aborting))) break;
+                continue;
+            }
         }
         if ((code = nap(wake, seen, deadline, backstop, state, aborting))) break;
     }

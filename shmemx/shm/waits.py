@@ -36,6 +36,8 @@ bounds how long a dead peer or an abort goes unnoticed.
 
 from __future__ import annotations
 
+import os
+import random
 import struct
 import sys
 import threading
@@ -69,8 +71,39 @@ assert WAIT_DTYPE.fields["call"][1] == 0
 _SLOT_SIZE = WAIT_DTYPE.itemsize
 _STATE_IDX = HEADER_DTYPE.fields["state"][1] // 4
 _ABORTING = int(JobState.ABORTING)
+GRACE = 50e-6  # a wait's spin before it sleeps with one PE per core (seconds); see grace_period
 _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
-_SPIN_PROBE = 32  # ...except once every this many waits, to notice when spinning pays again
+_SPIN_PROBE = 8  # ...except one wait in this many, at random, to notice when spinning pays again
+_PROBE_P = 1.0 / _SPIN_PROBE
+_probe = random.Random(os.getpid()).random
+
+
+def grace_period(pes: int, cores: int, spin_us: str | None = None) -> float:
+    """How long a wait polls its word before it parks on the futex, and the engine its doorbells before it sleeps
+    (seconds): ``GRACE`` scaled by the cores each of the ``pes`` PEs of this host has, up to twice that when every
+    PE has two cores (its kernel thread and its engine each one), and 0 as soon as the PEs outnumber the cores (a
+    spinning PE would burn a core another PE needs: 8 PEs on 2 cores never spin). ``SHMEMX_SPIN_US``
+    (``spin_us``) overrides it. Measured (docs/performance-history.md, issue 29): on 2 cores, 2 PEs spin 50 us
+    and a put_signal ping-pong hop meets its waiter spinning; 8 or 128 PEs sleep at once."""
+    if spin_us:
+        return float(spin_us) * 1e-6
+    if pes <= 0 or pes > cores:
+        return 0.0
+    return GRACE * min(2.0, cores / pes)
+
+
+DOZE = 10e-6  # doze_per_word where PEs outnumber cores (seconds per word still to come)
+
+
+def doze_per_word(pes: int, cores: int, doze_us: str | None = None) -> float:
+    """How long a wait for many words (wait_until_all) dozes per word still to come, instead of sleeping on the
+    wake word that every write into this PE bumps (seconds): ``DOZE`` where PEs outnumber cores, 0 otherwise.
+    There a wake-up costs a context switch on a core that other PEs need, and the signals of P peers would wake
+    the waiter up to P times; dozing makes it a few (the doze is at most 1 ms, and the last word is waited for on
+    the futex). ``SHMEMX_DOZE_US`` (``doze_us``) overrides it."""
+    if doze_us:
+        return float(doze_us) * 1e-6
+    return DOZE if pes > cores else 0.0
 
 
 @dataclass(frozen=True)
@@ -127,8 +160,11 @@ class WaitState:
         self.spin_misses = 0  # spins in a row that ended asleep (a lost update between threads does no harm)
 
     def should_spin(self) -> bool:
-        misses = self.spin_misses
-        return misses < _SPIN_GIVE_UP or misses % _SPIN_PROBE == 0
+        """Whether this wait spins: while spins pay, and past ``_SPIN_GIVE_UP`` misses in a row one wait in
+        ``_SPIN_PROBE`` at random. (A count of the misses alone never moved again once the waits stopped spinning,
+        so a process that gave up never spun again; and a probe every n-th wait on both sides of a ping-pong
+        keeps its phase and may never meet the other side's.)"""
+        return self.spin_misses < _SPIN_GIVE_UP or _probe() < _PROBE_P
 
 
 class _ThreadSlot(threading.local):
@@ -243,15 +279,18 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     The same wait slot, deadline, abort check and accounting as ``block_until``; the spin (while ranks do not
     outnumber cores) polls ``pred``, then the sleep is native (``_native.sleep_all``): a wake-up re-checks the
     words without the interpreter lock and goes back to sleep until the last of them is met, so a wait for P
-    peers' signals costs one call and one return into Python, not one predicate evaluation per signal."""
+    peers' signals costs one call and one return into Python, not one predicate evaluation per signal. Where PEs
+    outnumber cores (``rt.doze``, ``doze_per_word``) it dozes while more than one word is still to come, instead
+    of being woken by each of the P writes."""
     started = time.perf_counter_ns()
     if _spin_until(rt, pred, rt.spin):
         _add_wait_time(rt, _tls.slot, started)
         return
+    doze_ns = int(rt.doze * 1e9)
     _sleep_native(rt, wait, describe, started, sleep_pe,
                   lambda wake, count, remote, left, state: _native.sleep_all(
                       addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
-                      _BACKSTOP))
+                      _BACKSTOP, doze_ns))
 
 
 def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep):

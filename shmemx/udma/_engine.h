@@ -21,6 +21,7 @@
 #define WAKE_EVERY 8
 #define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
 #define COOP_CHUNK (256 << 10)
+#define POST_TURN_BYTES 256 /* WQEs with payloads up to this: executed by the posting thread when its queue is idle */
 #define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
 
 /* Why a WQE failed, beside its status (hw err_where): lets the Python layer rebuild the detail message from
@@ -146,6 +147,7 @@ typedef struct engine {
     size_t log_len, log_cap;
     Coop coop;         /* the payload being copied cooperatively, if any */
     uint64_t coop_min; /* READs / WRITEs of at least this many bytes are copied cooperatively (0: never); set_coop */
+    uint64_t post_turns; /* WQEs executed by their posting thread (shmemx_engine_post_turn), a counter */
 } Engine;
 
 static inline int64_t now_ns(void) {
@@ -219,6 +221,8 @@ int chaos_step(Engine *e, int64_t *nap_ns);
 extern PyTypeObject EngineType;
 int shmemx_engine_assist(Engine *e, uint32_t q, int wait);
 int shmemx_engine_help(Engine *e);
+int shmemx_engine_post_turn(Engine *e, uint32_t q, uint32_t head, uint32_t bbs);
+void shmemx_engine_rung(Engine *e, uint32_t q, uint32_t head, uint32_t bbs);
 int shmemx_post_init(PyObject *module);
 
 #endif

@@ -451,9 +451,9 @@ static PyObject *publish(Poster *p, const Transfer *t, const uint32_t *w, uint32
     if (p->ev) emit_posted(p, q, head, bbs, api, slot, cqe);
     st[ST_DOORBELLS] += 1;
     st32(hw_of(e, q) + e->L.hw_sq_db, next); /* the doorbell, last */
-    kick(e);
     st[ST_N_POSTED] += 1;
     st[ST_B_POSTED] += (int64_t)t->nbytes;
+    shmemx_engine_rung(e, q, head, bbs); /* a small WQE on an idle queue: executed now, by this thread */
     return pos;
 }
 

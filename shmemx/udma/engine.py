@@ -122,6 +122,8 @@ class Engine:
             config["remote_pes"] = [int(not rt.hosts.local(p)) for p in range(self.n_pes)]
         self.native = _engine.Engine(native_layout(), config)
         self.kick = self.native.kick  # after a doorbell store: wake the engine if it sleeps (~60 ns)
+        # after the doorbell of one WQE: the posting thread's turn when it is small and its queue idle, else kick
+        self.ring = self.native.ring
         self._trace = None
         tracer = getattr(rt, "tracer", None)  # array('q') of the policy's decision records while tracing:
         self.decisions = tracer.decisions if tracer is not None else None  # (see ``trace``)

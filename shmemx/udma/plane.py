@@ -12,6 +12,7 @@ import array
 import os
 import threading
 import time
+from collections.abc import ItemsView, ValuesView
 from typing import Any
 
 import numpy as np
@@ -53,11 +54,13 @@ class DataPlane:
         self.hw64 = self.seg.hw32.view(np.uint64)
         self.words = memoryview(self.seg.segment.mm).cast("I")  # the whole segment as u32 words
         self.qstate = np.zeros((self.seg.n_slots, _engine.ST_WORDS), np.int64)  # posting state (QueuePair, _post.c)
+        self.qstate[:, _engine.ST_OWNER_BLOCK] = -1  # no submitter
+
         self.qwords = memoryview(self.qstate).cast("B").cast("q")
         self.poster = None  # the native posting path (_post.c), made at start
         self.array_type = None  # the heap arrays' ndarray subclass, if any (check.array.CheckedArray under --check)
         self.quiet_spin_ns = int(QUIET_SPIN_FACTOR * rt.spin * 1e9)
-        self.qps: dict[int, QueuePair] = {}
+        self.qps = QueuePairs(self)  # made on first use
         self.peers: list[dict] = []
         self.registry: LocalRegistry | None = None
         self.engine = None
@@ -87,11 +90,6 @@ class DataPlane:
                 self.shared_locals.publish(vas, lens, addrs)
 
             self.registry.sink = sink
-        for peer in range(rt.n_pes):
-            if peer != rt.my_pe:
-                for qp in range(self.qp_num):
-                    q = QueuePair(self, peer, qp)
-                    self.qps[q.index] = q
         self.poster = self._make_poster()
         self.observe(rt.events)
         if rt.tracer is not None:  # the engine's own records of its turns, for the trace
@@ -246,6 +244,50 @@ class DataPlane:
             qp = self.qps.get(index)
             if qp is not None and qp.error is not None:
                 qp.poll(qp.cq_pi, "barrier")  # consume what the engine completed; raises with the error CQE
+
+
+class QueuePairs(dict):
+    """This PE's ``QueuePair`` objects by queue index (peer * qp_num + qp_idx), each made when first asked for: a
+    PE of a 256-PE job that talks to a few peers holds a few, not 255 x qp_num (their views and words cost ~3 KB
+    and ~0.5 ms of start-up each). A queue's state lives in the plane's state block and the segment, not in the
+    object, so one made late sees what the native posting path did on it. Iterating (``values``, ``items``) makes
+    the object of every queue whose state block row shows use first, so that no used queue is missed."""
+
+    def __init__(self, plane: DataPlane):
+        super().__init__()
+        self.plane = plane
+
+    def __missing__(self, index: int) -> QueuePair:
+        plane = self.plane
+        if not isinstance(index, (int, np.integer)) or not 0 <= index < plane.seg.n_slots \
+                or index // plane.qp_num == plane.my_pe:
+            raise KeyError(index)
+        q = self[int(index)] = QueuePair(plane, int(index) // plane.qp_num, int(index) % plane.qp_num)
+        return q
+
+    def get(self, index: int, default: QueuePair | None = None) -> QueuePair | None:
+        try:
+            return self[index]
+        except KeyError:
+            return default
+
+    def _used(self) -> None:
+        rows = self.plane.qstate.copy()
+        rows[:, _engine.ST_OWNER_BLOCK] = 0
+        for index in np.flatnonzero(rows.any(axis=1)).tolist():
+            if index not in self:
+                self[index]
+
+    def values(self) -> ValuesView[QueuePair]:
+        self._used()
+        return super().values()
+
+    def items(self) -> ItemsView[int, QueuePair]:
+        self._used()
+        return super().items()
+
+    def __bool__(self) -> bool:
+        return self.plane.seg.n_slots > self.plane.qp_num  # a PE with peers has queues, made or not
 
 
 class _Tails:

@@ -45,7 +45,7 @@ from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_CQ_PI, HW_ERR_A
 __all__ = ["QueuePair"]
 
 _now = time.perf_counter_ns
-# A quiet spins this many times a wait's spin (50 us when PEs do not outnumber cores, else 0) before it sleeps:
+# A quiet spins this many times a wait's spin (waits.grace_period: 0 when PEs outnumber cores) before it sleeps:
 # the engine is executing its WQEs meanwhile, and a 1 MiB copy alone takes ~60 us here
 QUIET_SPIN_FACTOR = 20
 
@@ -106,11 +106,12 @@ class QueuePair:
         self._dw2 = tp_word(self.tpn)
         # posting side (kernel threads): head, tail, cqe_cnt, cq_tail, submitter, and the WQEs and bytes posted since
         # the owner last published them (observe.counters), in the plane's private state block, which the native
-        # posting path (_post.c) reads and writes too
+        # posting path (_post.c) reads and writes too (owner_block starts at -1 there: this object may be made
+        # after the native path claimed the queue)
         self._s = udma.qwords
         self._o = i * ST_WORDS
-        self.owner_block = -1
         self._kick = udma.engine.kick  # wakes the engine after a doorbell store
+        self._ring = udma.engine.ring  # the same for one WQE: executed at once when small and the queue idle
 
     def __repr__(self) -> str:
         return f"QueuePair(pe {self.my_pe} -> pe {self.peer} qp {self.qp_idx})"
@@ -225,7 +226,7 @@ class QueuePair:
             w[self._i_cqe_cnt] = self.cqe_cnt
         self.doorbells += 1
         w[self._i_db] = head & M32  # the doorbell, last
-        self._kick()
+        self._ring(self.index, (head - bbs) & M32, bbs)
 
     def post_rw(self, opcode: int, flag: int, rmt_va: int, length: int, local_va: int, api: int, what: str) -> int:
         """Post a one-BB WRITE or READ; returns its BB position. (``_rang`` inlined: this is the per-token path.)"""
@@ -249,9 +250,9 @@ class QueuePair:
             w[self._i_cqe_cnt] = self.cqe_cnt
         self.doorbells += 1
         w[self._i_db] = new  # the doorbell, last
-        self._kick()
         self.n_posted += 1
         self.b_posted += length
+        self._ring(self.index, head, 1)
         return head
 
     def post_bytes(self, wqe: bytes, flag: int, api: int, what: str) -> int:
@@ -267,10 +268,9 @@ class QueuePair:
         self.mm[off:off + first] = wqe[:first]
         if first < len(wqe):  # the second BB of a WQE at the last slot goes to the ring start
             self.mm[self.sq_base:self.sq_base + len(wqe) - first] = wqe[first:]
-        length = wqe_length(wqe)
-        self._rang(head + bbs, flag, api, bbs)
         self.n_posted += 1
-        self.b_posted += length
+        self.b_posted += wqe_length(wqe)
+        self._rang(head + bbs, flag, api, bbs)
         return head
 
     def _count_batch(self, n: int) -> None:

@@ -171,29 +171,34 @@ class UdmaSegment:
         return self.segment.view(np.uint8, self.cq_offset + index * self.cq_bytes, (self.cq_depth, 64))
 
     def fill_tables(self, pe: int, peers: list[dict], heap_size: int) -> None:
-        """Fill remote_mem_info, wq_ctx and cq_ctx for every (peer, qp) (after the identities were exchanged)."""
+        """Fill remote_mem_info, wq_ctx and cq_ctx for every (peer, qp) (after the identities were exchanged): one
+        numpy store per field over every queue (a loop of structured-field stores took ~10 ms per rank at 256
+        PEs)."""
         tp_base = int(self.header["tp_base"])
-        for peer, ident in enumerate(peers):
-            if peer == pe:
-                continue
-            for qp in range(self.qp_num):
-                i = peer * self.qp_num + qp
-                rmi = self.remote_mem_info[i]
-                rmi["token_value_valid"], rmi["rmt_jetty_type"], rmi["target_hint"] = 1, 1, 0
-                rmi["tpn"] = tp_base + i
-                rmi["tid"], rmi["rmt_token_value"] = ident["heap_tid"], ident["heap_token"]
-                rmi["len"], rmi["addr"] = heap_size, HEAP_VA_BASE + peer * HEAP_VA_STRIDE
-                rmi["eid_addr"] = 0
-                rmi["eid"] = (ident["eid_lo"], ident["eid_hi"])
-                wq = self.wq_ctx[i]
-                wq["wqn"], wq["buf_addr"] = i, self.va(pe, self.sq_offset + i * self.sq_bytes)
-                wq["wqe_size"], wq["depth"], wq["db_mode"] = 64, self.sq_depth, SW_DB
-                wq["db_addr"] = self.va(pe, self.hw_offset + 64 * i)
-                wq["amo_addr"] = self.va(pe, self.amo_offset + 64 * i)
-                cq = self.cq_ctx[i]
-                cq["cqn"], cq["buf_addr"] = i, self.va(pe, self.cq_offset + i * self.cq_bytes)
-                cq["cqe_size"], cq["depth"], cq["db_mode"] = 64, self.cq_depth, SW_DB
-                cq["db_addr"] = self.va(pe, self.hw_offset + 64 * i + 4)
+        q = self.qp_num
+        idx = np.array([p * q + k for p in range(len(peers)) if p != pe for k in range(q)], np.int64)
+        if not len(idx):
+            return
+        of = idx // q  # the peer of each queue
+        u = idx.astype(np.uint64)
+        rmi = self.remote_mem_info
+        rmi["token_value_valid"][idx], rmi["rmt_jetty_type"][idx], rmi["target_hint"][idx] = 1, 1, 0
+        rmi["tpn"][idx] = tp_base + idx
+        rmi["tid"][idx] = np.array([p["heap_tid"] for p in peers], np.int64)[of]
+        rmi["rmt_token_value"][idx] = np.array([p["heap_token"] for p in peers], np.int64)[of]
+        rmi["len"][idx] = heap_size
+        rmi["addr"][idx] = np.uint64(HEAP_VA_BASE) + of.astype(np.uint64) * np.uint64(HEAP_VA_STRIDE)
+        rmi["eid_addr"][idx] = 0
+        rmi["eid"][idx] = np.array([(p["eid_lo"], p["eid_hi"]) for p in peers], np.uint64)[of]
+        base = np.uint64(self.va(pe, 0))
+        wq, cq = self.wq_ctx, self.cq_ctx
+        wq["wqn"][idx], wq["buf_addr"][idx] = idx, base + np.uint64(self.sq_offset) + u * np.uint64(self.sq_bytes)
+        wq["wqe_size"][idx], wq["depth"][idx], wq["db_mode"][idx] = 64, self.sq_depth, SW_DB
+        wq["db_addr"][idx] = base + np.uint64(self.hw_offset) + np.uint64(64) * u
+        wq["amo_addr"][idx] = base + np.uint64(self.amo_offset) + np.uint64(64) * u
+        cq["cqn"][idx], cq["buf_addr"][idx] = idx, base + np.uint64(self.cq_offset) + u * np.uint64(self.cq_bytes)
+        cq["cqe_size"][idx], cq["depth"][idx], cq["db_mode"][idx] = 64, self.cq_depth, SW_DB
+        cq["db_addr"][idx] = base + np.uint64(self.hw_offset + 4) + np.uint64(64) * u
 
     def close(self) -> None:
         self.segment.close()
