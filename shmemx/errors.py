@@ -94,7 +94,8 @@ class CompletionError(ShmemError):
         pe, peer, qp_idx: the queue the CQE came from.
     """
 
-    def __init__(self, message: str, *, cqe=None, wqe=None, pe: int = -1, peer: int = -1, qp_idx: int = -1):
+    def __init__(self, message: str, *, cqe: object = None, wqe: object = None, pe: int = -1, peer: int = -1,
+                 qp_idx: int = -1):
         super().__init__(message)
         self.cqe = cqe
         self.wqe = wqe

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ DEFAULT_TIMEOUT = 120.0
 _ENGINE_MASK = ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_SDMA | ACLSHMEM_DATA_OP_ROCE | ACLSHMEM_DATA_OP_UDMA
 
 
-def parse_size(text) -> int:
+def parse_size(text: int | str) -> int:
     """``"64M"`` / ``"1G"`` / ``"4096"`` / ``"512K"`` -> bytes (binary multiples)."""
     if isinstance(text, (int, np.integer)):
         return int(text)
@@ -203,7 +204,7 @@ def set_qp_num(engine: int, qp_num: int) -> int:
     return 0
 
 
-def first_set(*choices):
+def first_set(*choices: object) -> Any:
     """The first of ``choices`` that is set (not None): the precedence of every init setting is an argument of init
     (a keyword, then ``attr``), then the launcher's environment, then the default."""
     return next(value for value in choices if value is not None)
@@ -249,8 +250,8 @@ def _check_engine(attr: InitAttr) -> int:
     return int(engine)
 
 
-def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
-         cq_depth: int | None = None, min_heap_size=None) -> Runtime:
+def init(attr: InitAttr | None = None, *, heap_size: int | str | None = None, timeout: float | None = None,
+         sq_depth: int | None = None, cq_depth: int | None = None, min_heap_size: int | str | None = None) -> Runtime:
     """Attach this process to its job (collective). Idempotent: a second call returns the same runtime.
 
     Every setting is an argument of init when given, else the launcher's (its environment), else the default

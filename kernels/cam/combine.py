@@ -21,7 +21,6 @@ changes when a token is summed, not the result.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import NamedTuple
 
@@ -30,9 +29,9 @@ import numpy as np
 import shmemx
 
 from .constants import FLOAT_NUM_PER_ALIGN, TOKEN_SRC_INFO_LEN, UB_32_ALIGN
-from .dispatch import _out, cost_stats
+from .dispatch import BlockResults, _out, cost_stats
 from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, op_attrs, split
-from .window import flip_half
+from .window import WindowContext, flip_half
 
 __all__ = ["CombineOutput", "moe_combine_normal"]
 
@@ -60,7 +59,7 @@ class CombineOutput(NamedTuple):
     bytes_copied: int
 
 
-class _Run:
+class _Run(BlockResults):
     """Everything the blocks of one combine call share (read-only, except the per-block results)."""
 
     def __init__(self, ctx, recv_x: np.ndarray, src_info: np.ndarray, weights: np.ndarray,
@@ -75,11 +74,7 @@ class _Run:
         self.max_slots = info.global_bs // self.R * info.k  # rows a combine data area holds
         self.out = _out(x_out, "x_out", (info.bs, info.h), recv_x.dtype, self.me)
         self.diagnose = info.is_enable_diagnose
-        self.stats = np.zeros(self.R, np.float64)
-        self.lock = threading.Lock()
-        self.states: list[int | None] = [None] * info.aiv_num
-        self.flags_written = [0] * info.aiv_num
-        self.bytes_copied = [0] * info.aiv_num
+        super().__init__(info.aiv_num, self.R, np.float64)
         self.chunk = max(1, _CHUNK_BYTES // (layout.h512_align_recv_x_len))
 
     def buffer(self, rank: int, magic: int) -> np.ndarray:
@@ -236,12 +231,12 @@ def _check_rows(info: MoeCombineNormalInfo, recv_x: np.ndarray, token_src_info: 
                          f"[0, {R}) x [0, maxBs={info.global_bs // R}) x [0, {info.k})")
 
 
-def moe_combine_normal(ctx, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
+def moe_combine_normal(ctx: WindowContext, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
                        recv_topk_weights: np.ndarray, *, moe_expert_num: int, global_bs: int = 0,
                        diagnose: bool = False, send_cost_stats: np.ndarray | None = None,
                        tp_recv_counts: np.ndarray | None = None, ep_world_size: int | None = None,
-                       ep_rank_id: int | None = None, tp_world_size: int | None = None,
-                       tp_rank_id: int | None = None, x_out: np.ndarray | None = None) -> CombineOutput:
+                       ep_rank_id: int | None = None, tp_world_size: int | None = None, tp_rank_id: int | None = None,
+                       x_out: np.ndarray | None = None) -> CombineOutput:
     """Return the expert outputs to their tokens and sum them with the top-k weights. Collective over EP.
 
     Args:

@@ -37,7 +37,7 @@ import shmemx
 from .constants import COMM_EP_IDX, EXPAND_IDX_INFO, FLOAT_NUM_PER_ALIGN, QUANT_MODE_DYNAMIC, STATE_OFFSET
 from .quant import dynamic_quant
 from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, op_attrs, split
-from .window import flip_half
+from .window import WindowContext, flip_half
 
 __all__ = ["DispatchOutput", "moe_dispatch_normal"]
 
@@ -84,7 +84,19 @@ class Routing(NamedTuple):
     recv_count: np.ndarray
 
 
-class _Run:
+class BlockResults:
+    """What the AIV blocks of one call report back: per block the ping-pong half it used (``states``), the flags
+    it wrote and the bytes it copied; the diagnose costs per rank (``stats [R]``, added under ``lock``)."""
+
+    def __init__(self, aiv_num: int, ranks: int, stats_dtype: type) -> None:
+        self.stats = np.zeros(ranks, stats_dtype)
+        self.lock = threading.Lock()
+        self.states: list[int | None] = [None] * aiv_num
+        self.flags_written = [0] * aiv_num
+        self.bytes_copied = [0] * aiv_num
+
+
+class _Run(BlockResults):
     """Everything the blocks of one dispatch call share (read-only, except the per-block results).
 
     ``outs``: the caller's (recv_x_out, x_scales_out, assist_info_out), each None or a buffer of >= A rows."""
@@ -110,11 +122,7 @@ class _Run:
         self.expand_idx = _out(assist_info_out, "assist_info_out", (A * EXPAND_IDX_INFO,), np.int32, self.me)
         self.recv_counts = np.zeros(self.E, np.int32)
         self.diagnose = info.is_enable_diagnose
-        self.stats = np.zeros(self.R, np.int64)
-        self.lock = threading.Lock()
-        self.states: list[int | None] = [None] * info.aiv_num
-        self.flags_written = [0] * info.aiv_num
-        self.bytes_copied = [0] * info.aiv_num
+        super().__init__(info.aiv_num, self.R, np.int64)
         self.chunk = max(1, _CHUNK_BYTES // (info.h * x.itemsize))  # tokens per InputToShare step
 
     def rows(self, rank: int, data_state: int) -> np.ndarray:
@@ -335,13 +343,12 @@ def _output(run: _Run, recv_count: np.ndarray, wait_recv_cost_stats: np.ndarray 
                           sum(run.flags_written), sum(run.bytes_copied))
 
 
-def moe_dispatch_normal(ctx, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
+def moe_dispatch_normal(ctx: WindowContext, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
                         send_token_idx: np.ndarray, recv_offset: np.ndarray, recv_count: np.ndarray, *,
                         moe_expert_num: int, global_bs: int, quant_mode: int = 0, diagnose: bool = False,
                         wait_recv_cost_stats: np.ndarray | None = None, ep_world_size: int | None = None,
-                        ep_rank_id: int | None = None, tp_world_size: int | None = None,
-                        tp_rank_id: int | None = None, recv_x_out: np.ndarray | None = None,
-                        x_scales_out: np.ndarray | None = None,
+                        ep_rank_id: int | None = None, tp_world_size: int | None = None, tp_rank_id: int | None = None,
+                        recv_x_out: np.ndarray | None = None, x_scales_out: np.ndarray | None = None,
                         assist_info_out: np.ndarray | None = None) -> DispatchOutput:
     """Dispatch this rank's tokens to the experts' ranks through the HCCL windows. Collective over the EP domain.
 

@@ -29,6 +29,8 @@ import numpy as np
 
 import shmemx
 
+from .window import WindowContext
+
 __all__ = ["NotifyDispatchOutput", "notify_dispatch", "send_layout"]
 
 
@@ -62,7 +64,7 @@ def _check_topk(topk_idx: np.ndarray, moe_expert_num: int, me: int) -> None:
                          f"window path sends every (token, topk) pair and has no -1 masking (README A24)")
 
 
-def notify_dispatch(ctx, topk_idx: np.ndarray, moe_expert_num: int) -> NotifyDispatchOutput:
+def notify_dispatch(ctx: WindowContext, topk_idx: np.ndarray, moe_expert_num: int) -> NotifyDispatchOutput:
     """Exchange per-expert counts and build the dispatch kernel's routing inputs. Collective.
 
     Args:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["dynamic_quant", "dequantize", "dequantize_for_combine", "to_bf16", "QUANT_EPS"]
 
@@ -46,6 +47,6 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
-def dequantize_for_combine(q: np.ndarray, scale: np.ndarray, dtype=ml_dtypes.bfloat16) -> np.ndarray:
+def dequantize_for_combine(q: np.ndarray, scale: np.ndarray, dtype: npt.DTypeLike = ml_dtypes.bfloat16) -> np.ndarray:
     """``dequantize`` rounded (RNE) to ``dtype`` (bf16 or fp16): the rows an identity expert hands to combine."""
     return dequantize(q, scale).astype(dtype)

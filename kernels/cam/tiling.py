@@ -26,6 +26,7 @@ from .constants import (BS_UPPER_BOUND, COMBINE_STATE_WIN_OFFSET, DISPATCH_STATU
                         MAX_OUT_DTYPE_SIZE, MAX_TP_WORLD_SIZE, MB, MB_SIZE, MIN_EP_WORLD_SIZE, MOE_EXPERT_MAX_NUM,
                         NOTIFY_DISPATCH_WIN_OFFSET, QUANT_MODE_DYNAMIC, QUANT_MODE_NONE, SCALE_EXPAND_IDX_BUFFER,
                         TILINGKEY_NO_QUANT, UB_ALIGN, WIN_512_ALIGN, WIN_ADDR_ALIGN, align_up)
+from .window import WindowContext
 
 __all__ = ["TilingError", "DispatchLayout", "MoeDispatchNormalInfo", "MoeCombineNormalInfo", "split",
            "check_dispatch_tiling", "check_combine_tiling", "window_needed_bytes", "needed_mb", "X_DTYPES",
@@ -122,7 +123,7 @@ class _OpInfo:
     total_win_size: int
 
 
-def op_attrs(ctx, ep_world_size: int | None, ep_rank_id: int | None, tp_world_size: int | None,
+def op_attrs(ctx: WindowContext, ep_world_size: int | None, ep_rank_id: int | None, tp_world_size: int | None,
              tp_rank_id: int | None) -> dict[str, int]:
     """The four domain attributes of an op call, each the context's where the caller gave None (a value that
     differs from the context is checked by the tiling and then rejected)."""
@@ -286,7 +287,7 @@ def needed_mb(max_bs: int, k: int, h: int) -> int:
     return window_needed_bytes(max_bs, k, h) // MB + 1
 
 
-def check_context(ctx, info, op: str) -> None:
+def check_context(ctx: WindowContext, info: MoeDispatchNormalInfo | MoeCombineNormalInfo, op: str) -> None:
     """The attributes must describe the context's domains (after the CAM checks, so their messages win)."""
     me = ctx.ep_rank_id
     pairs = (("ep_world_size", info.ep_world_size, ctx.ep_world_size), ("ep_rank_id", info.ep_rank_id, me),

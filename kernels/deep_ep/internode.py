@@ -253,9 +253,11 @@ class Internode:
 
     # --- dispatch ----------------------------------------------------------------------------------------------
 
-    def dispatch(self, x, handle: InternodeHandle | None, num_tokens_per_rank, num_tokens_per_rdma_rank,
-                 is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights, expert_alignment: int,
-                 num_worst_tokens: int):
+    def dispatch(self, x: np.ndarray | tuple[np.ndarray, np.ndarray], handle: InternodeHandle | None,
+                 num_tokens_per_rank: np.ndarray | None, num_tokens_per_rdma_rank: np.ndarray | None,
+                 is_token_in_rank: np.ndarray | None, num_tokens_per_expert: np.ndarray | None,
+                 topk_idx: np.ndarray | None, topk_weights: np.ndarray | None, expert_alignment: int,
+                 num_worst_tokens: int) -> tuple:
         """DeepEP's internode dispatch on numpy inputs; returns (recv_x, recv_topk_idx, recv_topk_weights,
         num_recv_tokens_per_expert_list, InternodeHandle)."""
         data, scales = (x[0], x[1]) if isinstance(x, tuple) else (x, None)
@@ -524,7 +526,8 @@ class Internode:
 
     # --- combine -----------------------------------------------------------------------------------------------
 
-    def combine(self, x: np.ndarray, handle: InternodeHandle, topk_weights, bias):
+    def combine(self, x: np.ndarray, handle: InternodeHandle, topk_weights: np.ndarray | None,
+                bias: np.ndarray | tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
         """DeepEP's internode combine; returns (combined_x [T, H] bfloat16, combined_topk_weights or None)."""
         hidden = x.shape[1]
         n_tok = handle.is_token_in_rank.shape[0]

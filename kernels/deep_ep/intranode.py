@@ -8,6 +8,8 @@ arrays (``IntranodeHandle``), so a handle outlives the ``moe.Buffer`` that made 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 import shmemx
@@ -20,7 +22,7 @@ from .handles import IntranodeHandle
 __all__ = ["Intranode", "fit_tokens"]
 
 
-def fit_tokens(budget: int, total_bytes) -> int:
+def fit_tokens(budget: int, total_bytes: Callable[[int], int]) -> int:
     """The most tokens per rank ``S`` with ``total_bytes(S) <= budget`` (``total_bytes`` grows with S, about
     linearly); 0 when not even one fits."""
     base, step = total_bytes(0), (total_bytes(1024) - total_bytes(0)) / 1024
@@ -80,8 +82,10 @@ class Intranode:
         self.key = key
         return self.moe
 
-    def dispatch(self, x, handle: IntranodeHandle | None, num_tokens_per_rank, is_token_in_rank,
-                 num_tokens_per_expert, topk_idx, topk_weights, expert_alignment: int, num_worst_tokens: int):
+    def dispatch(self, x: np.ndarray | tuple[np.ndarray, np.ndarray], handle: IntranodeHandle | None,
+                 num_tokens_per_rank: np.ndarray | None, is_token_in_rank: np.ndarray | None,
+                 num_tokens_per_expert: np.ndarray | None, topk_idx: np.ndarray | None, topk_weights: np.ndarray | None,
+                 expert_alignment: int, num_worst_tokens: int) -> tuple:
         """DeepEP's intranode dispatch on numpy inputs; returns (recv_x, recv_topk_idx, recv_topk_weights,
         num_recv_tokens_per_expert_list, IntranodeHandle)."""
         data = x[0] if isinstance(x, tuple) else x
@@ -99,7 +103,8 @@ class Intranode:
         return (res.recv_x, res.recv_topk_idx, res.recv_topk_weights, res.num_recv_tokens_per_expert_list,
                 IntranodeHandle.of(res.handle))
 
-    def combine(self, x: np.ndarray, handle: IntranodeHandle, topk_weights, bias):
+    def combine(self, x: np.ndarray, handle: IntranodeHandle, topk_weights: np.ndarray | None,
+                bias: np.ndarray | tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
         """DeepEP's intranode combine; returns (combined_x, combined_topk_weights)."""
         hidden = x.shape[1]
         buf = self._buffer(hidden, None if topk_weights is None else topk_weights.shape[1], None,

@@ -255,9 +255,9 @@ class LowLatency:
 
     # --- dispatch ----------------------------------------------------------------------------------------------
 
-    def dispatch(self, x: np.ndarray, topk_idx: np.ndarray, max_tokens: int, num_experts: int, *, stats=None,
-                 wait_stats=None, use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
-                 return_recv_hook: bool = False):
+    def dispatch(self, x: np.ndarray, topk_idx: np.ndarray, max_tokens: int, num_experts: int, *,
+                 stats: np.ndarray | None = None, wait_stats: np.ndarray | None = None, use_fp8: bool = True,
+                 round_scale: bool = False, use_ue8m0: bool = False, return_recv_hook: bool = False) -> tuple:
         """Returns ``(recv_x, recv_count, LowLatencyHandle, hook or None)`` (see ``Buffer.low_latency_dispatch``)."""
         me, n = self.me, self.n_pes
         if x.ndim != 2 or x.dtype != np.dtype(bf16):
@@ -381,8 +381,8 @@ class LowLatency:
         return self.views[f"send{half}"][:local * slots * 2 * hidden].view(bf16).reshape(local, slots, hidden)
 
     def combine(self, x: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, handle: LowLatencyHandle, *,
-                use_logfmt: bool = False, zero_copy: bool = False, return_recv_hook: bool = False, out=None,
-                wait_stats=None):
+                use_logfmt: bool = False, zero_copy: bool = False, return_recv_hook: bool = False,
+                out: np.ndarray | None = None, wait_stats: np.ndarray | None = None) -> tuple:
         """Returns ``(combined_x [T, H] bfloat16, hook or None)``; ``use_logfmt`` is accepted and sends BF16
         (exact: LogFMT's 10-bit encoding is not emulated)."""
         me, n = self.me, self.n_pes

@@ -33,7 +33,8 @@ def _bias_sum(bias, shape) -> np.ndarray:
 
 
 def reference_internode_combine(recv_xs: list, topk_idxs: list, num_experts: int, me: int, server_size: int, *,
-                                recv_topk_weights: list | None = None, bias=None):
+                                recv_topk_weights: list | None = None,
+                                bias: np.ndarray | tuple | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """What source rank ``me`` gets back from an internode combine.
 
     Args:
@@ -72,7 +73,7 @@ def reference_internode_combine(recv_xs: list, topk_idxs: list, num_experts: int
 
 
 def reference_low_latency_dispatch(xs: list, topk_idxs: list, num_experts: int, me: int, *, use_fp8: bool,
-                                   round_scale: bool = False):
+                                   round_scale: bool = False) -> list:
     """Per local expert of ``me``: ``(rows [m, H] (bfloat16, or float8 data and scale_inv [m, H/128]),
     src_info [m] int32, counts per source [P] int64)``, sources in ascending order, token order within."""
     n = len(xs)

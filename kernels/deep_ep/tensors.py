@@ -13,6 +13,8 @@ reach us when the caller imported torch, so ``sys.modules`` tells whether torch 
 from __future__ import annotations
 
 import sys
+from types import ModuleType
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -24,17 +26,20 @@ FP8 = ml_dtypes.float8_e4m3fn
 _SPECIAL = {np.dtype(bf16): ("bfloat16", np.int16), np.dtype(FP8): ("float8_e4m3fn", np.uint8)}
 
 
-def torch_module():
+TensorLike = Any  # a numpy array or a torch CPU tensor: what DeepEP's helpers take and answer in kind
+
+
+def torch_module() -> ModuleType | None:
     """The imported torch module, or None (never imports it)."""
     return sys.modules.get("torch")
 
 
-def is_torch(x) -> bool:
+def is_torch(x: object) -> bool:
     torch = torch_module()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def to_numpy(x, what: str = "tensor"):
+def to_numpy(x: object, what: str = "tensor") -> np.ndarray | None:
     """``x`` (numpy array, torch CPU tensor, or anything ``np.asarray`` takes; None stays None) as a numpy array
     sharing its memory when it is a tensor."""
     if x is None or isinstance(x, np.ndarray):
@@ -70,10 +75,10 @@ class Converter:
         *inputs: the call's tensor arguments (None, arrays, tensors, or tuples of them).
     """
 
-    def __init__(self, *inputs):
+    def __init__(self, *inputs: object):
         self.torch = any(is_torch(t) for x in inputs for t in (x if isinstance(x, (tuple, list)) else (x,)))
 
-    def out(self, x):
+    def out(self, x: object) -> object:
         """Convert a result (an array, None, a tuple / list of them, or anything else: returned as is)."""
         if isinstance(x, tuple):
             return tuple(self.out(v) for v in x)

@@ -10,13 +10,14 @@ import ctypes
 import ctypes.util
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 import shmemx
 from shmemx.kernels.moe import reference as _ref
 
-from .tensors import Converter, to_numpy
+from .tensors import Converter, TensorLike, to_numpy
 
 __all__ = ["calc_diff", "per_token_cast_to_fp8", "per_token_cast_back", "inplace_unique", "create_grouped_scores",
            "hash_tensor", "bench", "all_gather", "all_reduce", "init_dist", "return_freed_memory"]
@@ -25,7 +26,7 @@ __all__ = ["calc_diff", "per_token_cast_to_fp8", "per_token_cast_back", "inplace
 _ROWS = 1024  # rows per step of the helpers below: DeepEP-size tensors without gigabyte temporaries
 
 
-def calc_diff(x, y) -> float:
+def calc_diff(x: TensorLike, y: TensorLike) -> float:
     """DeepEP's metric: ``1 - 2 sum(xy) / sum(x^2 + y^2)`` with both shifted by +1, in float64 (0 = equal)."""
     a, b = to_numpy(x), to_numpy(y)
     a, b = np.broadcast_arrays(a, b) if a.shape != b.shape else (a, b)
@@ -39,13 +40,13 @@ def calc_diff(x, y) -> float:
     return 1 - 2 * dot / norm if norm else 0.0
 
 
-def per_token_cast_to_fp8(x):
+def per_token_cast_to_fp8(x: TensorLike) -> tuple:
     """``[T, H]`` -> ``(float8_e4m3fn [T, H], float32 scales [T, ceil(H/128)])``, per 128-column block amax
     (at least 1e-4) scaled to 448."""
     return Converter(x).out(_ref.per_token_cast_to_fp8(to_numpy(x)))
 
 
-def per_token_cast_back(x_fp8, x_scales):
+def per_token_cast_back(x_fp8: TensorLike, x_scales: TensorLike) -> TensorLike:
     """``data * scales`` per 128-column block as ``[T, H] bfloat16``; int32 scales are 4 packed UE8M0 bytes
     (exponents: byte << 23 as float32 bits)."""
     data, scales = to_numpy(x_fp8), to_numpy(x_scales)
@@ -60,7 +61,7 @@ def per_token_cast_back(x_fp8, x_scales):
     return Converter(x_fp8).out(out.reshape(shape))
 
 
-def inplace_unique(x, num_slots: int) -> None:
+def inplace_unique(x: TensorLike, num_slots: int) -> None:
     """Per row of ``x [n, k]`` (integers, -1 = none): its distinct values in ``0..num_slots-1``, largest first,
     then -1s; in place."""
     a = to_numpy(x)
@@ -77,7 +78,7 @@ def inplace_unique(x, num_slots: int) -> None:
     a[:, :width] = ranked[:, :width]
 
 
-def create_grouped_scores(scores, group_idx, num_groups: int):
+def create_grouped_scores(scores: TensorLike, group_idx: TensorLike, num_groups: int) -> TensorLike:
     """``scores [T, E]`` with every expert outside the chosen ``group_idx [T, g]`` groups (E / num_groups
     experts each) set to 0."""
     s, g = to_numpy(scores), to_numpy(group_idx)
@@ -87,13 +88,13 @@ def create_grouped_scores(scores, group_idx, num_groups: int):
     return Converter(scores).out(out.astype(s.dtype))
 
 
-def hash_tensor(t) -> int:
+def hash_tensor(t: TensorLike) -> int:
     """DeepEP's ``hash_tensor``: the sum of the data viewed as int32 (bitwise reproducibility checks)."""
     a = np.ascontiguousarray(to_numpy(t))
     return int(a.view(np.uint8).reshape(-1)[:a.nbytes // 4 * 4].view(np.int32).sum(dtype=np.int64))
 
 
-def bench(fn, num_warmups: int = 3, num_tests: int = 10) -> tuple[float, float, float]:
+def bench(fn: Callable[[], object], num_warmups: int = 3, num_tests: int = 10) -> tuple[float, float, float]:
     """Time ``fn()`` (collective when ``fn`` is): warm-ups, then ``num_tests`` timed calls each after a barrier;
     returns (mean, min, max) seconds of the timed calls but the first, as DeepEP's ``bench``."""
     for _ in range(num_warmups):
@@ -108,7 +109,7 @@ def bench(fn, num_warmups: int = 3, num_tests: int = 10) -> tuple[float, float, 
     return float(kept.mean()), float(kept.min()), float(kept.max())
 
 
-def all_gather(x):
+def all_gather(x: TensorLike) -> list:
     """``[P, *x.shape]``: every PE's ``x`` (collective; same shape and dtype on every PE)."""
     a = np.ascontiguousarray(to_numpy(x))
     n, me = shmemx.n_pes(), shmemx.my_pe()
@@ -123,7 +124,7 @@ def all_gather(x):
     return Converter(x).out(out)
 
 
-def all_reduce(x):
+def all_reduce(x: TensorLike) -> TensorLike:
     """The sum over PEs of ``x`` (collective), in ``x``'s dtype."""
     gathered = to_numpy(all_gather(to_numpy(x)))
     return Converter(x).out(gathered.sum(0, dtype=gathered.dtype))

@@ -31,7 +31,7 @@ __all__ = ["Buffer", "Config", "DispatchHandle", "DispatchResult", "CombineResul
            "QP_POLICIES", "POLICY_QPS", "CallStats", "PHASES", "get_dispatch_layout", "plan_workspace"]
 
 
-def get_dispatch_layout(topk_idx, num_experts: int, num_ranks: int | None = None, *,
+def get_dispatch_layout(topk_idx: np.ndarray, num_experts: int, num_ranks: int | None = None, *,
                         server_size: int | None = None) -> DispatchLayout:
     """DeepEP's ``get_dispatch_layout``: ``(num_tokens_per_rank [P] int32, num_tokens_per_rdma_rank (None
     unless server_size), num_tokens_per_expert [E] int32, is_token_in_rank [T, P] bool)``.

@@ -99,7 +99,7 @@ class Buffer:
     """
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, config: Config | None = None,
-                 **options):
+                 **options: object):
         self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
         cfg = self.config = Config.of(config, options, self.me)
         self._check_sizes(max_tokens, hidden, num_topk, num_experts, cfg.num_channels)
@@ -247,7 +247,7 @@ class Buffer:
 
     # --- layout ----------------------------------------------------------------------------------------------
 
-    def get_dispatch_layout(self, topk_idx, num_experts: int | None = None) -> DispatchLayout:
+    def get_dispatch_layout(self, topk_idx: np.ndarray, num_experts: int | None = None) -> DispatchLayout:
         """``(num_tokens_per_rank [P], num_tokens_per_rdma_rank, num_tokens_per_expert [E], is_token_in_rank
         [T, P])`` of this PE's routing (local; see ``routing.get_dispatch_layout``)."""
         return get_dispatch_layout(topk_idx, self.num_experts if num_experts is None else num_experts,
@@ -255,8 +255,10 @@ class Buffer:
 
     # --- dispatch --------------------------------------------------------------------------------------------
 
-    def dispatch(self, x, handle: DispatchHandle | None = None, num_tokens_per_rank=None, is_token_in_rank=None,
-                 num_tokens_per_expert=None, topk_idx=None, topk_weights=None, expert_alignment: int = 1,
+    def dispatch(self, x: np.ndarray | tuple[np.ndarray, np.ndarray], handle: DispatchHandle | None = None,
+                 num_tokens_per_rank: np.ndarray | None = None, is_token_in_rank: np.ndarray | None = None,
+                 num_tokens_per_expert: np.ndarray | None = None, topk_idx: np.ndarray | None = None,
+                 topk_weights: np.ndarray | None = None, expert_alignment: int = 1,
                  num_worst_tokens: int = 0) -> DispatchResult:
         """Send each token to every rank that holds one of its experts (collective).
 
@@ -455,7 +457,8 @@ class Buffer:
 
     # --- combine ---------------------------------------------------------------------------------------------
 
-    def combine(self, x, handle: DispatchHandle, topk_weights=None, bias=None) -> CombineResult:
+    def combine(self, x: np.ndarray, handle: DispatchHandle, topk_weights: np.ndarray | None = None,
+                bias: np.ndarray | tuple | None = None) -> CombineResult:
         """Send every received row back to its source token and sum there (collective).
 
         Args:

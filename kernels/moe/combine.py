@@ -19,6 +19,7 @@ reduces every token and gives every credit, with no ``sync_all``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ import shmemx
 
 from .reference import bf16
 from .schedule import Plan
-from .measure import CallStats
+from .measure import BlockTimer, CallStats
 
 try:
     from ._reduce import bf16_reduce
@@ -230,7 +231,7 @@ def _send_round(a: CombineArgs, c: int, k: int, one: bool, solo: bool, timer, t:
     return a.lanes.end_round([(u.peer, u.qp) for u in remote], timer, t, last=k == a.plan.rounds - 1)
 
 
-def give_credits(a: CombineArgs, peers, timer) -> None:
+def give_credits(a: CombineArgs, peers: Iterable[int], timer: BlockTimer) -> None:
     """The returned rows of ``peers`` were reduced: their regions here may be written again."""
     word = a.views["credits"][1, a.me, 0:1]  # one view: the signal call finds it in its cache after the first
     for r in peers:

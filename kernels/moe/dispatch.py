@@ -23,6 +23,7 @@ one route scan of every channel's tokens, every channel's own rows in one copy, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ import shmemx
 
 from .routes import peer_tokens
 from .schedule import Plan
-from .measure import CallStats
+from .measure import BlockTimer, CallStats
 
 __all__ = ["DispatchArgs", "DispatchOutputs", "dispatch_kernel"]
 
@@ -251,7 +252,7 @@ def _receive_all(a: DispatchArgs, sources, timer, t: float) -> float:
     return timer.lap("epilogue", t)
 
 
-def copy_out(a: DispatchArgs, s: int, timer, t: float, credit: bool = True) -> float:
+def copy_out(a: DispatchArgs, s: int, timer: BlockTimer, t: float, credit: bool = True) -> float:
     """Source s's rows are all here: copy them out of the workspace into the outputs (top-k experts made local),
     then give s its credit (every schedule's receive side ends with this; ``credit=False``: the caller gives it
     with ``give_credit`` once every block has copied out)."""
@@ -281,7 +282,7 @@ def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
 
 
-def give_credit(a: DispatchArgs, s: int, timer) -> None:
+def give_credit(a: DispatchArgs, s: int, timer: BlockTimer) -> None:
     """Give source s its credit: its next dispatch may write this PE's receive region again. A kernel whose
     blocks copy out different sources gives the credits only once every block has copied out (``sync_all``, then
     this): the region is shared, and where a source's rows land depends on the call (the counts of the lower
@@ -291,7 +292,7 @@ def give_credit(a: DispatchArgs, s: int, timer) -> None:
         timer.count("credit_writes")
 
 
-def give_credits(a: DispatchArgs, sources, timer) -> None:
+def give_credits(a: DispatchArgs, sources: Iterable[int], timer: BlockTimer) -> None:
     """``give_credit`` of every source in ``sources``, through one view of the credit word (the signal call
     resolves a view once and then finds it in its cache)."""
     if a.out is not None and not a.out.credit:

@@ -13,6 +13,7 @@ buffer does the rest (notify, outputs, credits, stats) the same way for every fa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +21,10 @@ import shmemx
 
 from . import groups as _groups
 from . import hierarchy as _hier
-from .combine import combine_kernel
-from .dispatch import dispatch_kernel
-from .schedule import Plan, plan_rounds
+from .combine import CombineArgs, combine_kernel
+from .dispatch import DispatchArgs, dispatch_kernel
+from .records import DispatchHandle, Routing
+from .schedule import Plan, Schedule, plan_rounds
 from .topology import GroupMap
 
 __all__ = ["Shape", "FAMILIES", "families"]
@@ -70,7 +72,7 @@ class _Family:
 class FullMesh(_Family):
     name = "fullmesh"
 
-    def check(self, sched) -> None:
+    def check(self, sched: Schedule) -> None:
         pass
 
     def _plan(self, rows: np.ndarray) -> Shape:
@@ -79,10 +81,10 @@ class FullMesh(_Family):
                            servers=buf.tier_servers)
         return Shape(plan.rounds, buf.num_channels, plan.lane_rows.shape[1], plan=plan)
 
-    def dispatch_shape(self, routing) -> Shape:
+    def dispatch_shape(self, routing: Routing) -> Shape:
         return self._plan(routing.per_channel.T)
 
-    def combine_shape(self, handle, rows: np.ndarray) -> Shape:
+    def combine_shape(self, handle: DispatchHandle, rows: np.ndarray) -> Shape:
         return self._plan(rows.T)
 
     def _blocks(self, shape: Shape) -> int:
@@ -90,12 +92,12 @@ class FullMesh(_Family):
         # would each give this PE's core away for a wake-up
         return 1 if self.buf.lanes.one_block(shape.plan) else shape.blocks
 
-    def dispatch(self, args, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
+    def dispatch(self, args: DispatchArgs, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
         blocks = self._blocks(shape)
         shmemx.launch(dispatch_kernel, blocks, args)
         return blocks
 
-    def combine(self, args, shape: Shape, prefix: np.ndarray, handle) -> int:
+    def combine(self, args: CombineArgs, shape: Shape, prefix: np.ndarray, handle: DispatchHandle) -> int:
         blocks = self._blocks(shape)
         shmemx.launch(combine_kernel, blocks, args)
         return blocks
@@ -104,10 +106,10 @@ class FullMesh(_Family):
 class Groups(_Family):
     name = "groups"
 
-    def extra_qps(self, sched) -> int:
+    def extra_qps(self, sched: Schedule) -> int:
         return 1 if sched.weight_blocks else 0  # the weight blocks' own QP
 
-    def check(self, sched) -> None:
+    def check(self, sched: Schedule) -> None:
         gm = GroupMap(self.buf.n_pes, sched.group_width or None)
         if (sched.token_blocks or gm.width) + sched.weight_blocks > 128:
             raise ValueError(f"pe {self.buf.me}: groups: {sched.token_blocks or gm.width} token blocks + "
@@ -120,19 +122,19 @@ class Groups(_Family):
         return _groups.Waves(gm, sched.token_blocks or gm.width, sched.weight_blocks, sched.qp_policy,
                              sched.num_qps)
 
-    def dispatch_shape(self, routing) -> Shape:
+    def dispatch_shape(self, routing: Routing) -> Shape:
         waves = self._waves()
         return Shape(waves.gmap.rounds, waves.token_blocks + waves.weight_blocks, waves.used_qps, waves=waves)
 
-    def combine_shape(self, handle, rows: np.ndarray) -> Shape:
+    def combine_shape(self, handle: DispatchHandle, rows: np.ndarray) -> Shape:
         waves = self._waves()
         return Shape(waves.gmap.rounds, waves.token_blocks, waves.token_qps, waves=waves)
 
-    def dispatch(self, args, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
+    def dispatch(self, args: DispatchArgs, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
         shmemx.launch(_groups.groups_dispatch_kernel, shape.blocks, args, shape.waves)
         return shape.blocks
 
-    def combine(self, args, shape: Shape, prefix: np.ndarray, handle) -> int:
+    def combine(self, args: CombineArgs, shape: Shape, prefix: np.ndarray, handle: DispatchHandle) -> int:
         shmemx.launch(_groups.groups_combine_kernel, shape.blocks, args, shape.waves)
         return shape.blocks
 
@@ -140,12 +142,12 @@ class Groups(_Family):
 class Hierarchy(_Family):
     name = "hierarchy"
 
-    def __init__(self, buf):
+    def __init__(self, buf: Any):
         super().__init__(buf)
         self.regions = None  # (views, offsets, remote bases, local base) of its workspace, once made
         self.team = None  # the team of this PE's server (its barrier is the schedule's server barrier)
 
-    def check(self, sched) -> None:
+    def check(self, sched: Schedule) -> None:
         if self.buf.topology.server_size > 64:
             raise ValueError(f"pe {self.buf.me}: hierarchy: server_size {self.buf.topology.server_size} is over "
                              f"64 (the record's rank mask is 64 bits)")
@@ -194,20 +196,20 @@ class Hierarchy(_Family):
     def _spec(self, prefix: np.ndarray, relay=None) -> "_hier.HierSpec":
         return _hier.HierSpec(self.buf.topology, *self.regions, prefix, relay, self.team)
 
-    def dispatch_shape(self, routing) -> Shape:
+    def dispatch_shape(self, routing: Routing) -> Shape:
         return Shape(2, self.buf.topology.num_servers, 1)
 
-    def combine_shape(self, handle, rows: np.ndarray) -> Shape:
+    def combine_shape(self, handle: DispatchHandle, rows: np.ndarray) -> Shape:
         if handle.relay is None:
             raise ValueError(f"pe {self.buf.me}: hierarchy combine needs the handle of a hierarchy dispatch (this "
                              f"one was made by another schedule)")
         return Shape(2, self.buf.topology.num_servers, 1)
 
-    def dispatch(self, args, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
+    def dispatch(self, args: DispatchArgs, shape: Shape, prefix: np.ndarray, relay_out: list) -> int:
         shmemx.launch(_hier.hier_dispatch_kernel, shape.blocks, args, self._spec(prefix), relay_out)
         return shape.blocks
 
-    def combine(self, args, shape: Shape, prefix: np.ndarray, handle) -> int:
+    def combine(self, args: CombineArgs, shape: Shape, prefix: np.ndarray, handle: DispatchHandle) -> int:
         self._own_tokens(args, handle)
         shmemx.launch(_hier.hier_combine_kernel, shape.blocks, args, self._spec(prefix, handle.relay))
         return shape.blocks
@@ -231,6 +233,6 @@ class Hierarchy(_Family):
 FAMILIES = (FullMesh, Groups, Hierarchy)
 
 
-def families(buf) -> dict:
+def families(buf: Any) -> dict:
     """One object per family for ``buf``: ``{name: family}``."""
     return {cls.name: cls(buf) for cls in FAMILIES}

@@ -235,7 +235,7 @@ def _route(a, peers: list[int], timer) -> dict:
     return {p: toks[split[p]:split[p + 1]] for p in peers}
 
 
-def groups_dispatch_kernel(a, w: Waves) -> None:
+def groups_dispatch_kernel(a: fm_dispatch.DispatchArgs, w: Waves) -> None:
     """The body of every block: ``shmemx.launch(groups_dispatch_kernel, token_blocks + weight_blocks, a, w)``;
     ``a`` is a ``dispatch.DispatchArgs``."""
     b = shmemx.get_block_idx()
@@ -311,7 +311,7 @@ def _combine_rows(a, w: Waves, peer: int, timer, t: float) -> float:
     return timer.lap("submit", t)
 
 
-def groups_combine_kernel(a, w: Waves) -> None:
+def groups_combine_kernel(a: fm_combine.CombineArgs, w: Waves) -> None:
     """The body of every block of a groups combine (``a``: a ``combine.CombineArgs`` with ``recv_rows``); weight
     blocks are not used by combine (its weights ride with the rows)."""
     b = shmemx.get_block_idx()

@@ -43,7 +43,7 @@ import numpy as np
 import shmemx
 
 from . import dispatch as fm_dispatch
-from .combine import give_credits
+from .combine import CombineArgs, give_credits
 from .lanes import FENCE_SO
 from .reference import bf16
 from .routes import peer_tokens
@@ -307,7 +307,7 @@ def _meet_server(a, h: HierSpec, b: int, phase: int, timer, t: float) -> float:
     return timer.lap("sync", t)
 
 
-def hier_dispatch_kernel(a, h: HierSpec, relay_out: list) -> None:
+def hier_dispatch_kernel(a: fm_dispatch.DispatchArgs, h: HierSpec, relay_out: list) -> None:
     """The body of every block (``shmemx.launch(hier_dispatch_kernel, N, a, h, relay_out)``); ``a`` is a
     ``dispatch.DispatchArgs``; ``relay_out[δ']`` receives what block δ' relayed (for the combine)."""
     b = shmemx.get_block_idx()
@@ -465,7 +465,7 @@ def _final_sum(a, h: HierSpec, t0: int, t1: int) -> None:
         a.out_weights[t0:t1] = wacc
 
 
-def hier_combine_kernel(a, h: HierSpec) -> None:
+def hier_combine_kernel(a: CombineArgs, h: HierSpec) -> None:
     """The body of every block of a hierarchy combine (N blocks; ``a``: a ``combine.CombineArgs`` with
     ``recv_rows``, ``server_mask [T, N]``, ``server_pos [T, N]`` and ``own_masks [T]`` set)."""
     b = shmemx.get_block_idx()

@@ -21,6 +21,8 @@ import numpy as np
 
 import shmemx
 
+from .measure import BlockTimer, CallStats
+from .schedule import Plan
 from .workspace import RECORD_WORD, SIGNAL_WORDS
 
 __all__ = ["BlockRole", "Lanes", "FENCE_SO"]
@@ -117,7 +119,7 @@ class Lanes:
         queue.post(data, cqes=wqes)
         return wqes
 
-    def one_poster(self, plan) -> bool:
+    def one_poster(self, plan: Plan) -> bool:
         """Whether block 0 does the PE's posting and receiving of ``plan`` for every block: a plan of several blocks
         with batched lanes (``Plan.batched``: one round, every remote unit with rows carries its segments).
         Then every lane has one unit, and one build and one native post over all the PE's lanes (then one wait per
@@ -127,7 +129,7 @@ class Lanes:
         costs are time."""
         return plan.batched and len(plan.by_block) > 1
 
-    def block_role(self, plan, stats) -> "BlockRole | None":
+    def block_role(self, plan: Plan, stats: CallStats) -> "BlockRole | None":
         """The calling block's role in a kernel of ``plan``, its phase timer (``stats.timer``) started; None for
         a block that returns at once because block 0 does every block's work (``one_block``)."""
         c = shmemx.get_block_idx()
@@ -138,7 +140,7 @@ class Lanes:
         t = timer.mark()
         return BlockRole(c, solo, self.one_poster(plan), timer, t)
 
-    def one_block(self, plan) -> bool:
+    def one_block(self, plan: Plan) -> bool:
         """Whether block 0 does the whole kernel of ``plan``, every block's share included (its own rows, for
         combine its part of the reduction), and blocks 1.. return at once: ``one_poster``, unless
         ``split_blocks`` (a setting of the Buffer, the same on every host: ``Buffer(split_blocks=...)``). Where
@@ -149,7 +151,7 @@ class Lanes:
         records and the signals are the same either way; so are the results."""
         return not self.split_blocks and self.one_poster(plan)
 
-    def round_units(self, plan, block: int, k: int, one_poster: bool) -> list:
+    def round_units(self, plan: Plan, block: int, k: int, one_poster: bool) -> list:
         """The units block ``block`` posts in round k of ``plan`` (``one_poster``: block 0 every block's remote
         units, each block its own rows for this PE)."""
         mine = plan.by_block[block][k]
@@ -160,8 +162,8 @@ class Lanes:
             return local
         return [u for units in plan.by_block for u in units[k] if u.peer != self.me] + local
 
-    def submit_units(self, units: list, plan, wqes: tuple, stats, *, close_kind: int, seq: int,
-                     timer=None) -> None:
+    def submit_units(self, units: list, plan: Plan, wqes: tuple, stats: CallStats, *, close_kind: int, seq: int,
+                     timer: BlockTimer | None = None) -> None:
         """Post a round's ``units`` at once, unit i on its lane (each lane at most once): ``wqes`` = (``wqe_unit``,
         ``rmt_va``, ``sge_va``, ``length``), the one-BB WRITEs of every unit (grouped by unit, each unit's in its
         order; ``wqe_unit[j]``: the unit of WQE j), then, where a unit closes its lane, the lane's completion:
@@ -215,7 +217,7 @@ class Lanes:
     def quiet(self, peer: int, qp: int) -> None:
         shmemx.aclshmemx_udma_qp_quiet(peer, qp)
 
-    def end_round(self, posted: list[tuple[int, int]], timer, t: float, last: bool = False) -> float:
+    def end_round(self, posted: list[tuple[int, int]], timer: BlockTimer, t: float, last: bool = False) -> float:
         """The end of a block's round: quiet every (peer, qp) it posted to (which releases the lane to the block
         that shares it next round), then SyncAll of the PE's blocks; timed as the "quiet" and "sync" phases.
         ``last``: the call's last round: no block takes a lane over after it, so no SyncAll (the quiets stay:

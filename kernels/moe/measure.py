@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["PHASES", "COUNTS", "CallStats", "BlockTimer", "over_pes", "in_degree"]
 
@@ -127,7 +128,7 @@ class CallStats:
     split_blocks: bool = False
 
     @classmethod
-    def empty(cls, kind: str, pe: int, seq: int, schedule, rounds: int, blocks: int, n_pes: int,
+    def empty(cls, kind: str, pe: int, seq: int, schedule: object, rounds: int, blocks: int, n_pes: int,
               n_qps: int) -> "CallStats":
         return cls(kind, pe, seq, str(schedule), rounds, np.zeros((blocks, len(PHASES))),
                    np.zeros((n_pes, n_qps), np.int64), np.zeros((n_pes, n_qps), np.int64),
@@ -147,7 +148,7 @@ class CallStats:
         return [int(v) for v in self.round_dsts.sum(1)]
 
     @staticmethod
-    def max_min(values) -> float:
+    def max_min(values: npt.ArrayLike) -> float:
         """max / min over the entries that are not zero (1.0 when fewer than two; inf when only some are zero is
         not possible: zeros are left out)."""
         v = np.asarray(values, np.float64)
@@ -231,7 +232,7 @@ class CallStats:
         return out
 
 
-def over_pes(values) -> dict:
+def over_pes(values: npt.ArrayLike) -> dict:
     """max (and which PE), p50, p95 and mean of one number over the PEs of a job."""
     v = np.asarray(values, np.float64)
     if not len(v):
@@ -240,7 +241,7 @@ def over_pes(values) -> dict:
             "p95": float(np.percentile(v, 95)), "mean": float(v.mean())}
 
 
-def in_degree(round_dsts) -> np.ndarray:
+def in_degree(round_dsts: list) -> np.ndarray:
     """``[rounds, P] int64``: per round, how many PEs posted to each PE, from every PE's ``round_dsts`` (a list
     over source PEs of ``[rounds, P]`` bool, or of per-round lists of destinations)."""
     mats = []

@@ -26,7 +26,7 @@ import numpy as np
 
 import shmemx
 
-from .lanes import FENCE_SO
+from .lanes import FENCE_SO, Lanes
 from .workspace import NOTIFY_HEADER
 
 __all__ = ["NotifyResult", "notify_dispatch", "HEADER_FIELDS"]
@@ -108,7 +108,7 @@ def _post_all(views: dict, me: int, seq: int, records: np.ndarray, prefixes: np.
 
 def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_per_rank: np.ndarray,
                     num_tokens_per_expert: np.ndarray, channel_counts: np.ndarray, header: dict,
-                    expert_alignment: int = 1, lanes=None) -> NotifyResult:
+                    expert_alignment: int = 1, lanes: Lanes | None = None) -> NotifyResult:
     """Run the notify kernel and compute the prefix matrices (collective: every PE of the buffer calls it).
 
     Args:

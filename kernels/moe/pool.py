@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["OutputPool"]
 
@@ -30,7 +31,7 @@ class OutputPool:
         self.limit = limit
         self.max_bytes = max_bytes
 
-    def take(self, shape, dtype) -> np.ndarray:
+    def take(self, shape: int | tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         dtype = np.dtype(dtype)
         shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -134,7 +134,7 @@ def reference_combine(recv_xs: list, topk_idxs: list, num_experts: int, me: int,
     return acc.astype(bf16), wacc
 
 
-def calc_diff(x, y) -> float:
+def calc_diff(x: np.ndarray, y: np.ndarray) -> float:
     """DeepEP's test metric: ``1 - 2 sum(xy) / sum(x^2 + y^2)`` over both shifted by +1, in float64
     (0 = identical)."""
     a = np.asarray(x).astype(np.float64) + 1
@@ -152,7 +152,7 @@ def _blocks(x) -> tuple[np.ndarray, int]:
     return x.reshape(t, pad // 128, 128), h
 
 
-def per_token_cast_to_fp8(x) -> tuple[np.ndarray, np.ndarray]:
+def per_token_cast_to_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """DeepEP's cast: per 128-column block, amax (at least 1e-4) scales the block to 448 in float8 e4m3.
 
     Returns ``(data [T, H] float8_e4m3fn, scales [T, ceil(H/128)] float32)`` with x ~= data * scales."""
@@ -162,7 +162,7 @@ def per_token_cast_to_fp8(x) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(data), (amax / FP8_MAX).astype(np.float32)
 
 
-def per_token_cast_to_int8(x) -> tuple[np.ndarray, np.ndarray]:
+def per_token_cast_to_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The int8 analogue: per 128-column block, scale = amax / 127, data = round(x / scale).
 
     Returns ``(data [T, H] int8, scales [T, ceil(H/128)] float32)``."""
@@ -173,7 +173,7 @@ def per_token_cast_to_int8(x) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(data.reshape(blocks.shape[0], -1)[:, :h]), scale
 
 
-def per_token_cast_back(data, scales) -> np.ndarray:
+def per_token_cast_back(data: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """``data * scales`` per 128-column block, as ``[T, H] float32``."""
     data = np.asarray(data).astype(np.float32)
     t, h = data.shape

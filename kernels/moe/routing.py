@@ -48,7 +48,7 @@ class DispatchLayout(NamedTuple):
     is_token_in_rank: np.ndarray
 
 
-def check_topk_idx(topk_idx, num_experts: int, what: str = "topk_idx") -> np.ndarray:
+def check_topk_idx(topk_idx: np.ndarray, num_experts: int, what: str = "topk_idx") -> np.ndarray:
     """``topk_idx`` as a ``[T, K] int64`` array; ValueError/TypeError naming the bad shape, dtype or value."""
     arr = np.asarray(topk_idx)
     if arr.ndim != 2:
@@ -66,7 +66,7 @@ def check_topk_idx(topk_idx, num_experts: int, what: str = "topk_idx") -> np.nda
     return arr
 
 
-def get_dispatch_layout(topk_idx, num_experts: int, num_ranks: int, *,
+def get_dispatch_layout(topk_idx: np.ndarray, num_experts: int, num_ranks: int, *,
                         server_size: int | None = None) -> DispatchLayout:
     """Per-rank, per-expert (and per-server) counts and the token-to-rank mask of one PE's routing.
 

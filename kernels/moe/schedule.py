@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["QP_POLICIES", "POLICY_QPS", "SCHEDULES", "Schedule", "Unit", "Plan", "channel_qp", "plan_rounds"]
 
@@ -188,7 +189,7 @@ def _assign_qps(schedule: Schedule, rows: np.ndarray) -> np.ndarray:
 
 
 def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch: bool = False,
-                servers=None) -> Plan:
+                servers: npt.ArrayLike | None = None) -> Plan:
     """Assign the units of one call to blocks and rounds.
 
     Args:
@@ -221,7 +222,7 @@ def plan_rounds(me: int, n_pes: int, rows: np.ndarray, schedule: Schedule, batch
     return _plan_general(me, n_pes, rows, schedule)
 
 
-def tier_order(me: int, servers) -> list[int]:
+def tier_order(me: int, servers: npt.ArrayLike) -> list[int]:
     """The peers of ``me`` (``me`` first) so that each port of a two-tier machine is fed from the start and, at
     every step, the senders of one server reach different receivers.
 

@@ -133,7 +133,7 @@ class Topology:
         server, lane: ``[P] int64`` from the table, or from rank ids without one.
     """
 
-    def __init__(self, n_pes: int, server_size: int | None = None, *, rank_table=None):
+    def __init__(self, n_pes: int, server_size: int | None = None, *, rank_table: str | Path | dict | None = None):
         table = _load_table(rank_table) if rank_table is not None else None
         if server_size is None and table is not None:
             server_size = table.get("server_size")

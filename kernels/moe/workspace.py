@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["Region", "WorkspaceLayout", "plan_workspace", "REGION_ALIGN", "NOTIFY_HEADER", "SIGNAL_WORDS",
            "RECORD_WORD"]
@@ -71,7 +72,7 @@ class WorkspaceLayout:
         self.regions: dict[str, Region] = {}
         self.total = 0
 
-    def append(self, name: str, shape, dtype) -> Region:
+    def append(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> Region:
         shape = tuple(int(s) for s in shape)
         offset = -(-self.total // REGION_ALIGN) * REGION_ALIGN
         region = Region(name, offset, shape, np.dtype(dtype))

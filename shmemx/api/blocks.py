@@ -24,6 +24,7 @@ import atexit
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def _current() -> _Launch | None:
     return getattr(_tls, "launch", None)
 
 
-def launch(kernel, block_dim: int, *args, **kwargs) -> None:
+def launch(kernel: Callable[..., object], block_dim: int, *args: object, **kwargs: object) -> None:
     """Run ``kernel(*args, **kwargs)`` on ``block_dim`` AIV blocks of this PE; re-raise the first block error."""
     rt = runtime()
     if isinstance(block_dim, bool) or not isinstance(block_dim, (int, np.integer)) or not 1 <= block_dim <= MAX_BLOCKS:

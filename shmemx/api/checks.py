@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runtime import Runtime
 from ..udma.layout import MAX_MSG_BYTES, OpConfig
 
 __all__ = ["as_index", "check_pe", "check_target", "check_config", "transfer_bytes", "symmetric_offset"]
@@ -21,21 +22,21 @@ def _is_index(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def as_index(rt, where: str, name: str, value, lo: int = 0) -> int:
+def as_index(rt: Runtime, where: str, name: str, value: object, lo: int = 0) -> int:
     """``value`` as an int >= ``lo`` (numpy integers too, not bools); ValueError quoting it otherwise."""
     if not _is_index(value) or value < lo:
         raise ValueError(f"pe {rt.my_pe}: {where}: {name} must be a non-negative integer, got {value!r}")
     return int(value)
 
 
-def check_pe(rt, what: str, pe) -> int:
+def check_pe(rt: Runtime, what: str, pe: int) -> int:
     """``pe`` as a PE number of the job (0..n_pes-1, this one included)."""
     if not _is_index(pe) or not 0 <= pe < rt.n_pes:
         raise ValueError(f"pe {rt.my_pe}: {what}: pe {pe!r} out of range 0..{rt.n_pes - 1}")
     return int(pe)
 
 
-def check_target(rt, what: str, pe, qp_idx) -> tuple[int, int]:
+def check_target(rt: Runtime, what: str, pe: int, qp_idx: int) -> tuple[int, int]:
     """(pe, qp_idx) of a UDMA call: another PE of the job and one of its ``qp_num`` QPs."""
     if not _is_index(pe) or not 0 <= pe < rt.n_pes:
         raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe!r} qp {qp_idx!r}: pe {pe!r} out of range "
@@ -49,14 +50,14 @@ def check_target(rt, what: str, pe, qp_idx) -> tuple[int, int]:
     return int(pe), int(qp_idx)
 
 
-def check_config(rt, what: str, config) -> OpConfig:
+def check_config(rt: Runtime, what: str, config: OpConfig) -> OpConfig:
     if not isinstance(config, OpConfig):
         raise TypeError(f"pe {rt.my_pe}: {what}: config must be an OpConfig (e.g. ACLSHMEMX_UDMA_OP_CONFIG_SO), "
                         f"got {config!r}")
     return config
 
 
-def check_contiguous(rt, where: str, role: str, arr, why: str) -> None:
+def check_contiguous(rt: Runtime, where: str, role: str, arr: object, why: str) -> None:
     """That ``arr`` is a C-contiguous numpy array (``why``: the reason the call needs it, for the message)."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"pe {rt.my_pe}: {where}: {role} must be a numpy array, got {type(arr).__name__}")
@@ -64,7 +65,7 @@ def check_contiguous(rt, where: str, role: str, arr, why: str) -> None:
         raise ValueError(f"pe {rt.my_pe}: {where}: {role} must be C-contiguous {why}")
 
 
-def transfer_bytes(rt, where: str, nelems, arrays: dict) -> int:
+def transfer_bytes(rt: Runtime, where: str, nelems: int, arrays: dict) -> int:
     """Bytes moved by a transfer of ``nelems`` elements between ``arrays`` (``{role: array}``): numpy arrays,
     C-contiguous (one SGE covers one range), of one dtype, each holding ``nelems``; at most 256 MiB."""
     nelems = as_index(rt, where, "nelems", nelems)
@@ -82,7 +83,7 @@ def transfer_bytes(rt, where: str, nelems, arrays: dict) -> int:
     return nbytes
 
 
-def symmetric_offset(rt, where: str, arr, nbytes: int, pe: int, role: str) -> int:
+def symmetric_offset(rt: Runtime, where: str, arr: np.ndarray, nbytes: int, pe: int, role: str) -> int:
     """The heap offset of the symmetric address ``arr`` (a view of any PE's copy of the heap), whose first
     ``nbytes`` (at least one) must lie in a live allocation; used on PE ``pe``."""
     try:

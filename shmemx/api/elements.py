@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 import ml_dtypes
 import numpy as np
 
+from ..runtime import Runtime
+
 __all__ = ["RMA_TYPES", "P2P_TYPES", "SIZES", "SIZE_DTYPES", "check_type", "type_name", "SIZE_MAX", "install"]
 
 SIZE_MAX = (1 << 64) - 1  # what CANN's size_t results hold for "none" (an empty wait_until_any)
@@ -44,7 +46,7 @@ def _matches(name: str, dtype: np.dtype) -> bool:
     return dtype == RMA_TYPES[name]
 
 
-def check_type(rt, what: str, name: str, **arrays) -> None:
+def check_type(rt: Runtime, what: str, name: str, **arrays: np.ndarray) -> None:
     """TypeError unless every array (keyword = the argument's name) is a numpy array of CANN type ``name``."""
     for role, arr in arrays.items():
         if not isinstance(arr, np.ndarray):

@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 
 from ..runtime import (ACLSHMEM_DATA_OP_MTE, ACLSHMEM_DATA_OP_ROCE, ACLSHMEM_DATA_OP_SDMA, ACLSHMEM_DATA_OP_UDMA,
-                       runtime)
+                       runtime, Runtime)
 from .blocks import UB_SIZE
 from .checks import as_index, check_pe
 
@@ -93,12 +93,12 @@ def _table(rt) -> list[Engine | None]:
     return _routes["table"]
 
 
-def reaching(rt, pe: int) -> Engine | None:
+def reaching(rt: Runtime, pe: int) -> Engine | None:
     """The engine of ``pe`` (checked by the caller), None when no enabled engine reaches it."""
     return _table(rt)[pe]
 
 
-def engine_for(rt, what: str, pe: int) -> Engine:
+def engine_for(rt: Runtime, what: str, pe: int) -> Engine:
     """The engine a high-level call to ``pe`` (checked by the caller) uses; ValueError when none reaches it."""
     engine = _table(rt)[pe]
     if engine is None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime import runtime
+from ..runtime import Runtime, runtime
 from . import mte_strided
 from .checks import check_pe
 from .elements import RMA_TYPES, SIZE_DTYPES, SIZES, check_type, install
@@ -53,7 +53,7 @@ def _quiet(engine: Engine, pe: int) -> None:
         aclshmemx_mte_quiet()
 
 
-def copy(what: str, dst, src, nelems, pe, put: bool, block: bool) -> Engine:
+def copy(what: str, dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, put: bool, block: bool) -> Engine:
     """Move ``nelems`` elements (or the rows of a ``non_contiguous_copy_param``) between ``src`` and ``dst`` with
     the engine of ``pe``; ``block``: then that engine's quiet. Returns the engine."""
     rt = runtime()
@@ -93,7 +93,7 @@ def _flat(rt, what: str, role: str, arr) -> np.ndarray:
     return arr.reshape(-1)
 
 
-def as_bytes(rt, what: str, role: str, arr, dtype=np.uint8) -> np.ndarray:
+def as_bytes(rt: Runtime, what: str, role: str, arr: np.ndarray, dtype: np.dtype | None = np.uint8) -> np.ndarray:
     """A C-contiguous array's bytes as a flat array of ``dtype`` (whose size must divide them)."""
     flat = _flat(rt, what, role, arr)
     dtype = np.dtype(dtype)
@@ -108,22 +108,22 @@ def _mem(what: str, dst, src, nbytes, pe, put: bool, block: bool) -> None:
     copy(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), nbytes, pe, put, block)
 
 
-def aclshmem_putmem(dst, src, nbytes, pe) -> None:
+def aclshmem_putmem(dst: np.ndarray, src: np.ndarray, nbytes: int, pe: int) -> None:
     """Copy ``nbytes`` bytes of local ``src`` into ``dst`` (a heap view) on PE ``pe``; complete on return."""
     _mem("aclshmem_putmem", dst, src, nbytes, pe, True, True)
 
 
-def aclshmem_putmem_nbi(dst, src, nbytes, pe) -> None:
+def aclshmem_putmem_nbi(dst: np.ndarray, src: np.ndarray, nbytes: int, pe: int) -> None:
     """``aclshmem_putmem`` without the quiet (see the module docstring for when it completes)."""
     _mem("aclshmem_putmem_nbi", dst, src, nbytes, pe, True, False)
 
 
-def aclshmem_getmem(dst, src, nbytes, pe) -> None:
+def aclshmem_getmem(dst: np.ndarray, src: np.ndarray, nbytes: int, pe: int) -> None:
     """Copy ``nbytes`` bytes of ``src`` (a heap view) on PE ``pe`` into local ``dst``; complete on return."""
     _mem("aclshmem_getmem", dst, src, nbytes, pe, False, True)
 
 
-def aclshmem_getmem_nbi(dst, src, nbytes, pe) -> None:
+def aclshmem_getmem_nbi(dst: np.ndarray, src: np.ndarray, nbytes: int, pe: int) -> None:
     """``aclshmem_getmem`` without the quiet."""
     _mem("aclshmem_getmem_nbi", dst, src, nbytes, pe, False, False)
 

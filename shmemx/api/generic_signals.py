@@ -55,7 +55,8 @@ def _sig_word(rt, what: str, sig_addr, signal, pe: int) -> np.ndarray:
     return sig_addr.reshape(-1)[:1]
 
 
-def put_signal(what: str, dst, src, nelems, sig_addr, signal, sig_op, pe, block: bool) -> None:
+def put_signal(what: str, dst: np.ndarray, src: np.ndarray, nelems: int, sig_addr: np.ndarray, signal: int, sig_op: int,
+               pe: int, block: bool) -> None:
     """The put with signal of the module docstring: ``nelems`` elements (or a ``non_contiguous_copy_param``)."""
     rt = runtime()
     pe = check_pe(rt, what, pe)

@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 
-def init(attr: InitAttr | None = None, *, heap_size=None, timeout: float | None = None, sq_depth: int | None = None,
-         cq_depth: int | None = None, min_heap_size=None) -> None:
+def init(attr: InitAttr | None = None, *, heap_size: int | str | None = None, timeout: float | None = None,
+         sq_depth: int | None = None, cq_depth: int | None = None, min_heap_size: int | str | None = None) -> None:
     """Attach to the job (collective).
 
     Args:

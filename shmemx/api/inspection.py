@@ -94,7 +94,7 @@ def compute(us: float, *, name: str = "compute") -> None:
         rt.events.compute(float(us), name)
 
 
-def native_access(view: np.ndarray, key=None, *, write: bool = False) -> None:
+def native_access(view: np.ndarray, key: object = None, *, write: bool = False) -> None:
     """Native code of the kernel (a C reduction, a copy that numpy does not see) read ``view[key]`` (the whole
     view when ``key`` is None; ``write``: wrote it), where ``view`` is heap memory: under ``--check`` this is the
     kernel line's access, as the numpy operation the native code replaces would be; otherwise nothing (one

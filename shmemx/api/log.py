@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+from collections.abc import Callable
 
 __all__ = ["aclshmemx_set_log_level", "aclshmemx_set_extern_logger", "LogLevel", "log"]
 
@@ -40,7 +41,7 @@ def aclshmemx_set_log_level(level: int) -> int:
     return 0
 
 
-def aclshmemx_set_extern_logger(func) -> int:
+def aclshmemx_set_extern_logger(func: Callable[[int, str], object] | None) -> int:
     """Send log messages to ``func(level, msg)`` instead of stderr (None: back to stderr); returns 0."""
     if func is not None and not callable(func):
         raise TypeError(f"aclshmemx_set_extern_logger: func must be callable(level, msg), got {func!r}")

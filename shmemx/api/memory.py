@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import HeapExhaustedError, SymmetryError
 from ..runtime import runtime
@@ -294,23 +295,26 @@ def _shaped(shape, dtype, name, fill, prefault, zero: bool = False) -> np.ndarra
     return block[:nbytes].view(dtype).reshape(shape)
 
 
-def empty(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> np.ndarray:
+def empty(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float64, *, name: str = "",
+          prefault: bool = True) -> np.ndarray:
     """An uninitialised heap array on every PE (collective). Any numpy dtype, including ml_dtypes ones."""
     return _shaped(shape, dtype, name, None, prefault)
 
 
-def zeros(shape, dtype=np.float64, *, name: str = "", prefault: bool = True) -> np.ndarray:
+def zeros(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float64, *, name: str = "",
+          prefault: bool = True) -> np.ndarray:
     """A zeroed heap array on every PE (collective)."""
     return _shaped(shape, dtype, name, lambda a: a.fill(0), prefault, zero=True)
 
 
-def full(shape, fill_value, dtype=None, *, name: str = "", prefault: bool = True) -> np.ndarray:
+def full(shape: int | tuple[int, ...], fill_value: object, dtype: npt.DTypeLike = None, *, name: str = "",
+         prefault: bool = True) -> np.ndarray:
     """A heap array filled with ``fill_value`` on every PE (collective)."""
     dtype = np.asarray(fill_value).dtype if dtype is None else dtype
     return _shaped(shape, dtype, name, lambda a: a.fill(fill_value), prefault)
 
 
-def array(obj, dtype=None, *, name: str = "", prefault: bool = True) -> np.ndarray:
+def array(obj: npt.ArrayLike, dtype: npt.DTypeLike = None, *, name: str = "", prefault: bool = True) -> np.ndarray:
     """A heap array holding a copy of ``obj`` (collective; ``obj`` may differ per PE, its shape may not)."""
     src = np.asarray(obj, dtype=dtype)
     return _shaped(src.shape, src.dtype, name, lambda a: np.copyto(a, src), prefault)

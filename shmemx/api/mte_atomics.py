@@ -119,7 +119,8 @@ def _arith(w: _Word, op: str, operand) -> int:
     return old
 
 
-def mte_atomic(what: str, kind: str, dst, pe, value=0, cond=0):
+def mte_atomic(what: str, kind: str, dst: np.ndarray, pe: int, value: int | float = 0,
+               cond: int | float = 0) -> int | float:
     """One MTE atomic ``kind`` (fetch, set, swap, cas, add, and, or, xor) on ``dst[0]`` of ``pe``; returns the old
     value (a numpy scalar of the word's dtype). The engine of the typed atomics for own-PE and same-server words."""
     allowed = {"add": MTE_TYPES["add"], "cas": MTE_TYPES["cas"], "fetch": MTE_TYPES["bits"],
@@ -146,41 +147,41 @@ def mte_atomic(what: str, kind: str, dst, pe, value=0, cond=0):
     return w.value(old)
 
 
-def aclshmemx_mte_atomic_fetch(src, pe):
+def aclshmemx_mte_atomic_fetch(src: np.ndarray, pe: int) -> int | float:
     """The value of ``src[0]`` on ``pe`` (an atomic read)."""
     return mte_atomic("aclshmemx_mte_atomic_fetch", "fetch", src, pe)
 
 
-def aclshmemx_mte_atomic_set(dst, value, pe) -> None:
+def aclshmemx_mte_atomic_set(dst: np.ndarray, value: int | float, pe: int) -> None:
     """Atomically store ``value`` into ``dst[0]`` on ``pe``."""
     mte_atomic("aclshmemx_mte_atomic_set", "set", dst, pe, value)
 
 
-def aclshmemx_mte_atomic_compare_swap(dst, cond, value, pe):
+def aclshmemx_mte_atomic_compare_swap(dst: np.ndarray, cond: int | float, value: int | float, pe: int) -> int | float:
     """If ``dst[0] == cond`` on ``pe`` store ``value``; returns the old value either way."""
     return mte_atomic("aclshmemx_mte_atomic_compare_swap", "cas", dst, pe, value, cond)
 
 
-def aclshmemx_mte_atomic_swap(dst, value, pe):
+def aclshmemx_mte_atomic_swap(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     """Atomically store ``value`` into ``dst[0]`` on ``pe``; returns the old value."""
     return mte_atomic("aclshmemx_mte_atomic_swap", "swap", dst, pe, value)
 
 
-def aclshmemx_mte_atomic_inc(dst, pe) -> None:
+def aclshmemx_mte_atomic_inc(dst: np.ndarray, pe: int) -> None:
     """Atomically add 1 to ``dst[0]`` on ``pe``."""
     mte_atomic("aclshmemx_mte_atomic_inc", "add", dst, pe, 1)
 
 
-def aclshmemx_mte_atomic_add(dst, value, pe) -> None:
+def aclshmemx_mte_atomic_add(dst: np.ndarray, value: int | float, pe: int) -> None:
     """Atomically add ``value`` to ``dst[0]`` on ``pe`` (int8/int16/float16/bfloat16 too)."""
     mte_atomic("aclshmemx_mte_atomic_add", "add", dst, pe, value)
 
 
-def aclshmemx_mte_atomic_fetch_inc(dst, pe):
+def aclshmemx_mte_atomic_fetch_inc(dst: np.ndarray, pe: int) -> int | float:
     """Atomically add 1 to ``dst[0]`` on ``pe``; returns the old value."""
     return mte_atomic("aclshmemx_mte_atomic_fetch_inc", "add", dst, pe, 1)
 
 
-def aclshmemx_mte_atomic_fetch_add(dst, value, pe):
+def aclshmemx_mte_atomic_fetch_add(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     """Atomically add ``value`` to ``dst[0]`` on ``pe``; returns the old value."""
     return mte_atomic("aclshmemx_mte_atomic_fetch_add", "add", dst, pe, value)

@@ -98,11 +98,11 @@ def _copy(what: str, dst, src, params, pe, put: bool) -> None:
             ck.mte(pe, offset + r * ld * isz, length * isz, False, drows[r])
 
 
-def put(what: str, dst, src, params, pe) -> None:
+def put(what: str, dst: np.ndarray, src: np.ndarray, params: non_contiguous_copy_param, pe: int) -> None:
     """The strided MTE put of ``params`` (see the module docstring)."""
     _copy(what, dst, src, params, pe, True)
 
 
-def get(what: str, dst, src, params, pe) -> None:
+def get(what: str, dst: np.ndarray, src: np.ndarray, params: non_contiguous_copy_param, pe: int) -> None:
     """The strided MTE get of ``params``."""
     _copy(what, dst, src, params, pe, False)

@@ -19,8 +19,10 @@ ranges) and reports a malformed WQE with an error CQE, as the hardware would.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from ..runtime import runtime
 from ..shm.control import WaitCall
@@ -86,11 +88,12 @@ class RawQueue:
         """An emulated VA in words: ``pe 3 heap +0x1200 ('recv_x'+0x200)``, ``pe 0 amo scratch +0x40``, ..."""
         return self._qp.udma.describe_va(va)
 
-    def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
+    def build(self, opcode: int, flag: int, rmt_va: int, **fields: int) -> bytes:
         """One WQE (64 or 128 bytes) with this queue's TP, tokenId, EID and token (see ``layout.pack_wqe``)."""
         return self._qp.build(opcode, flag, rmt_va, **fields)
 
-    def build_writes(self, *, rmt_va, sge_len, sge_va, flag=0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
+    def build_writes(self, *, rmt_va: np.ndarray | int, sge_len: np.ndarray | int, sge_va: np.ndarray | int,
+                     flag: int = 0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
         """``[n, 8] uint64`` one-BB WQEs for this queue's peer in one numpy operation."""
         q = self._qp
         if isinstance(flag, int) and isinstance(opcode, int):  # words 0-4 are the same in every WQE: copy them
@@ -115,7 +118,7 @@ class RawQueue:
         """Make room for ``bbs`` BBs and return the head to write them at."""
         return self._qp.reserve(int(bbs))
 
-    def write(self, head: int, wqes) -> int:
+    def write(self, head: int, wqes: np.ndarray | bytes) -> int:
         """Copy WQEs (``[n, 8] uint64``, ``[n, 64] uint8`` or bytes) into the ring from ``head``; returns the new
         head. Wraps at the ring end. Does not ring the doorbell."""
         data = np.frombuffer(wqes, np.uint8) if isinstance(wqes, (bytes, bytearray)) else np.asarray(wqes)
@@ -135,7 +138,7 @@ class RawQueue:
             reg.uses[self._qp.index] = head & M32
         self._pinned.clear()
 
-    def post(self, wqes, *, cqes: int = 0) -> int:
+    def post(self, wqes: np.ndarray | bytes, *, cqes: int = 0) -> int:
         """``reserve`` + ``write`` + ``ring_doorbell`` of built WQEs in one call (one doorbell); returns the new
         head. A batch of WRITE / READ / WRITE_WITH_NOTIFY WQEs is stored by native code, observed or not (the same
         bytes, sidecar words, counts and events as the three calls); anything else takes them."""
@@ -173,7 +176,7 @@ class RawQueues:
         batch.post([0, 1], [2, 1], wqes, cqes=[2, 1])                    # 2 WQEs to peers[0], 1 to peers[1]
     """
 
-    def __init__(self, queues):
+    def __init__(self, queues: Iterable[RawQueue]):
         self.queues = list(queues)
         if not self.queues:
             raise ValueError("RawQueues needs at least one queue")
@@ -203,8 +206,8 @@ class RawQueues:
     def _pin_key() -> int:
         return -1 - threading.get_ident()
 
-    def build_writes(self, which, *, rmt_va, sge_len, sge_va, flag: int = 0x20,
-                     opcode: int = Opcode.WRITE) -> np.ndarray:
+    def build_writes(self, which: npt.ArrayLike, *, rmt_va: np.ndarray | int, sge_len: np.ndarray | int,
+                     sge_va: np.ndarray | int, flag: int = 0x20, opcode: int = Opcode.WRITE) -> np.ndarray:
         """``[n, 8] uint64`` one-BB WQEs, WQE i for ``queues[which[i]]`` (its TP, tokenId, EID and token)."""
         key = (int(flag), int(opcode))
         head = self._writes.get(key)
@@ -220,7 +223,9 @@ class RawQueues:
         out[:, 7] = sge_va
         return out
 
-    def build_notifies(self, which, *, flag: int, rmt_va, sge_len, sge_va, notify_va, notify_value) -> np.ndarray:
+    def build_notifies(self, which: npt.ArrayLike, *, flag: int, rmt_va: np.ndarray | int, sge_len: np.ndarray | int,
+                       sge_va: np.ndarray | int, notify_va: np.ndarray | int,
+                       notify_value: np.ndarray | int) -> np.ndarray:
         """``[n, 16] uint64`` WRITE_WITH_NOTIFY WQEs (two BBs each), WQE i for ``queues[which[i]]``, its signal
         on that queue's peer heap (the notify tokenId and token of its ``remote_mem_info``)."""
         key = int(flag)
@@ -244,7 +249,7 @@ class RawQueues:
         out[:, sge + 1] = sge_va
         return out
 
-    def post(self, which, bbs, wqes, *, cqes) -> None:
+    def post(self, which: npt.ArrayLike, bbs: npt.ArrayLike, wqes: np.ndarray | bytes, *, cqes: npt.ArrayLike) -> None:
         """Post segment after segment of ``wqes`` (whole BBs, ``[n, 8] uint64`` or bytes): segment i is the next
         ``bbs[i]`` BBs, for ``queues[which[i]]``, ``cqes[i]`` of them with a CQE, with one doorbell: what
         ``queues[which[i]].post`` of it does, in that order."""
@@ -276,7 +281,7 @@ class RawQueues:
                     reg.uses.update(uses)
                     reg.uses.pop(key, None)
 
-    def quiet(self, which) -> None:
+    def quiet(self, which: npt.ArrayLike) -> None:
         """``aclshmemx_udma_qp_quiet`` of ``queues[which[0]]``, ``queues[which[1]]``, ... in that order: by one
         native call as long as each queue's CQEs are all in (or come within a quiet's spin) and none failed, with
         one retire step for all of them; any other queue (and those after it) by the quiet call itself, which

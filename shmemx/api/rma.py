@@ -134,8 +134,9 @@ def _rw(api: Api, opcode: int, remote_arr, local_arr, nelems, pe, qp_idx, *, con
         reg.uses[qp.index] = (pos + 1) & M32
 
 
-def aclshmemx_udma_put_nbi(dst, src, nelems, pe, *, buf=None, sync_id=0, config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
-                           batch=None) -> None:
+def aclshmemx_udma_put_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                           sync_id: int = 0, config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                           batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """Post a WRITE of ``nelems`` elements from local ``src`` to ``dst`` on PE ``pe``, on QP 0.
 
     Args:
@@ -148,14 +149,17 @@ def aclshmemx_udma_put_nbi(dst, src, nelems, pe, *, buf=None, sync_id=0, config=
     _rw(Api.PUT_NBI, Opcode.WRITE, dst, src, nelems, pe, 0, config=config, batch=batch, buf=buf)
 
 
-def aclshmemx_udma_qp_put_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id=0,
-                              config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, batch=None) -> None:
+def aclshmemx_udma_qp_put_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, qp_idx: int, *,
+                              buf: np.ndarray | None = None, sync_id: int = 0,
+                              config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                              batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """``aclshmemx_udma_put_nbi`` on QP ``qp_idx`` (< qp_num); completes at ``aclshmemx_udma_qp_quiet``."""
     _rw(Api.QP_PUT_NBI, Opcode.WRITE, dst, src, nelems, pe, qp_idx, config=config, batch=batch, buf=buf)
 
 
-def aclshmemx_udma_get_nbi(dst, src, nelems, pe, *, buf=None, sync_id=0, config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
-                           batch=None) -> None:
+def aclshmemx_udma_get_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                           sync_id: int = 0, config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                           batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """Post a READ of ``nelems`` elements of ``src`` on PE ``pe`` (a heap view) into local ``dst``, on QP 0.
 
     ``dst`` is undefined until ``aclshmemx_udma_quiet(pe)``.
@@ -163,8 +167,10 @@ def aclshmemx_udma_get_nbi(dst, src, nelems, pe, *, buf=None, sync_id=0, config=
     _rw(Api.GET_NBI, Opcode.READ, src, dst, nelems, pe, 0, config=config, batch=batch, buf=buf)
 
 
-def aclshmemx_udma_qp_get_nbi(dst, src, nelems, pe, qp_idx, *, buf=None, sync_id=0,
-                              config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, batch=None) -> None:
+def aclshmemx_udma_qp_get_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, qp_idx: int, *,
+                              buf: np.ndarray | None = None, sync_id: int = 0,
+                              config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                              batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """``aclshmemx_udma_get_nbi`` on QP ``qp_idx``."""
     _rw(Api.QP_GET_NBI, Opcode.READ, src, dst, nelems, pe, qp_idx, config=config, batch=batch, buf=buf)
 
@@ -221,8 +227,9 @@ def _signal_value(rt, what: str, qp, signal) -> int:
     return value
 
 
-def aclshmemx_udma_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, *,
-                                  config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, buf=None, sync_id=0) -> None:
+def aclshmemx_udma_put_signal_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, sig_addr: np.ndarray, signal: int,
+                                  pe: int, *, config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                                  buf: np.ndarray | None = None, sync_id: int = 0) -> None:
     """One WRITE_WITH_NOTIFY on QP 0: the payload, then the 64-bit ``sig_addr`` word on ``pe`` SET to ``signal``.
 
     A PE that sees the signal sees this call's payload (without calling quiet itself).
@@ -230,8 +237,9 @@ def aclshmemx_udma_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, *,
     _put_signal(Api.PUT_SIGNAL_NBI, dst, src, nelems, sig_addr, signal, pe, 0, config)
 
 
-def aclshmemx_udma_qp_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, qp_idx, *,
-                                     config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, buf=None, sync_id=0) -> None:
+def aclshmemx_udma_qp_put_signal_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, sig_addr: np.ndarray, signal: int,
+                                     pe: int, qp_idx: int, *, config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                                     buf: np.ndarray | None = None, sync_id: int = 0) -> None:
     """``aclshmemx_udma_put_signal_nbi`` on QP ``qp_idx``."""
     _put_signal(Api.QP_PUT_SIGNAL_NBI, dst, src, nelems, sig_addr, signal, pe, qp_idx, config)
 
@@ -239,7 +247,7 @@ def aclshmemx_udma_qp_put_signal_nbi(dst, src, nelems, sig_addr, signal, pe, qp_
 # --- quiet ---------------------------------------------------------------------------------------------------
 
 
-def aclshmemx_udma_qp_quiet(pe, qp_idx) -> None:
+def aclshmemx_udma_qp_quiet(pe: int, qp_idx: int) -> None:
     """Wait until every CQE-producing WQE posted to (pe, qp_idx) completed; raise ``CompletionError`` on an error
     CQE (after consuming the CQ up to ``cqe_cnt``, so the queue is usable again)."""
     _quiet(runtime(), "aclshmemx_udma_qp_quiet", pe, qp_idx, WaitCall.QP_QUIET)
@@ -259,7 +267,7 @@ def _quiet(rt, what: str, pe, qp_idx, call: WaitCall) -> None:
     qp.poll(qp.cqe_cnt, what, call=call)
 
 
-def aclshmemx_udma_quiet(pe) -> None:
+def aclshmemx_udma_quiet(pe: int) -> None:
     """Quiet QP 0 of ``pe`` only (as on the hardware; other QPs need ``aclshmemx_udma_qp_quiet``)."""
     _quiet(runtime(), "aclshmemx_udma_quiet", pe, 0, WaitCall.QUIET)
 
@@ -404,7 +412,8 @@ def _mte(what: str, dst, src, nelems, pe, remote_is_dst: bool) -> None:
             ck.mte(pe, rt.heap.locate(sym)[1], nbytes, False, dst)
 
 
-def aclshmemx_mte_put_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_mte_put_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                          ub_size: int | None = None, sync_id: int = 0) -> None:
     """Copy ``nelems`` elements of ``src`` into ``dst`` on PE ``pe`` (any PE, this one included) directly.
 
     Complete when it returns (``aclshmemx_mte_quiet`` is a no-op); the peer's waiters are woken. With a
@@ -415,7 +424,8 @@ def aclshmemx_mte_put_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_
     _mte("aclshmemx_mte_put_nbi", dst, src, nelems, pe, True)
 
 
-def aclshmemx_mte_get_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_mte_get_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                          ub_size: int | None = None, sync_id: int = 0) -> None:
     """Copy ``nelems`` elements of ``src`` on PE ``pe`` (a heap view) into local ``dst`` directly (or, with a
     ``non_contiguous_copy_param``, the strided copy of ``api.mte_strided``)."""
     if isinstance(nelems, mte_strided.non_contiguous_copy_param):

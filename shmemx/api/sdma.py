@@ -92,20 +92,22 @@ def _copy(what: str, dst, src, nelems, pe, put: bool) -> None:
         sdma.post(block, _raw_bytes(local, nbytes), remote, rt.my_pe, where)
 
 
-def aclshmemx_sdma_put_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_sdma_put_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                           ub_size: int | None = None, sync_id: int = 0) -> None:
     """Post the copy of ``nelems`` elements of local ``src`` into ``dst`` on PE ``pe`` (a PE of this server) on
     the calling block's SDMA channel; returns before anything moved. ``src`` must not change, and ``dst`` is
     undefined on ``pe``, until this block's ``aclshmemx_sdma_quiet``."""
     _copy("aclshmemx_sdma_put_nbi", dst, src, nelems, pe, True)
 
 
-def aclshmemx_sdma_get_nbi(dst, src, nelems, pe, *, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_sdma_get_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, *, buf: np.ndarray | None = None,
+                           ub_size: int | None = None, sync_id: int = 0) -> None:
     """Post the copy of ``nelems`` elements of ``src`` on PE ``pe`` (a heap view) into local ``dst`` on the
     calling block's SDMA channel; ``dst`` is undefined until this block's ``aclshmemx_sdma_quiet``."""
     _copy("aclshmemx_sdma_get_nbi", dst, src, nelems, pe, False)
 
 
-def aclshmemx_sdma_quiet(*, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_sdma_quiet(*, buf: np.ndarray | None = None, ub_size: int | None = None, sync_id: int = 0) -> None:
     """Wait until every SDMA copy the calling block posted has landed (its channel is FIFO, so all of them);
     raises a failed copy of the channel. Other blocks' copies are not waited for."""
     rt = runtime()
@@ -127,7 +129,8 @@ def aclshmemx_sdma_quiet(*, buf=None, ub_size=None, sync_id=0) -> None:
         raise err
 
 
-def aclshmemx_sdma_notify_record(*, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_sdma_notify_record(*, buf: np.ndarray | None = None, ub_size: int | None = None,
+                                 sync_id: int = 0) -> None:
     """Post a notify record on the calling block's channel: ``sdma_notify(block)`` fires once the block's
     earlier SDMA copies are done (a host waits for it with ``aclrtWaitAndResetNotify``)."""
     rt = runtime()
@@ -144,7 +147,8 @@ def sdma_notify(block: int = 0) -> Notify:
     return _engine(rt, "sdma_notify").notify(int(block))
 
 
-def aclshmemx_cmo_nbi(src, nelems, cmo_type, *, buf=None, ub_size=None, sync_id=0) -> None:
+def aclshmemx_cmo_nbi(src: np.ndarray, nelems: int, cmo_type: int, *, buf: np.ndarray | None = None,
+                      ub_size: int | None = None, sync_id: int = 0) -> None:
     """A cache-maintenance operation on ``nelems`` elements of ``src`` (a heap view of any PE). PREFETCH maps the
     pages into this process now (the emulator's "load into cache": no page faults on first touch later); the
     other types do nothing, as in CANN."""

@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from ..runtime import runtime
+from ..runtime import Runtime, runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
 from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_on_words, block_until
@@ -116,7 +116,7 @@ _FORMATS = {np.dtype("<i4"): "i", np.dtype("<u4"): "I", np.dtype("<i8"): "q", np
             np.dtype("<i1"): "b", np.dtype("<u1"): "B", np.dtype("<i2"): "h", np.dtype("<u2"): "H", _F32: "f"}
 
 
-def raw_bits(dtype: np.dtype, value) -> int:
+def raw_bits(dtype: np.dtype, value: int | float) -> int:
     """A comparison value as the integer the native waits and the recorders take: the value itself for integer
     words, the IEEE bits for float32 words."""
     if dtype == _F32:
@@ -173,7 +173,7 @@ def _word(rt, arr: np.ndarray, what: str) -> _Word:
     return w
 
 
-def word_view(rt, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
+def word_view(rt: Runtime, arr: np.ndarray, what: str) -> tuple[int, int, np.ndarray]:
     """(pe, heap offset, 0-d view of the first element) of a signal/wait word given as a heap view."""
     w = _word(rt, arr, what)
     return w.pe, w.offset, rt.heap.view(w.pe, w.offset, (), w.dtype)
@@ -425,7 +425,8 @@ class _Words:
             ev.unmet(words, result, extras or None)
 
 
-def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> None:
+def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                            status: np.ndarray | None = None) -> None:
     """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
@@ -433,7 +434,8 @@ def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value, status=None) -> 
     w.event(rt, WaitCall.WAIT_UNTIL_ALL, None, 1, t0=t0)
 
 
-def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
+def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                            status: np.ndarray | None = None) -> int | None:
     """Block until some active word satisfies the comparison; return its index (None if none is active)."""
     rt = runtime()
     w = _Words(rt, "wait_until_any", ivars, cmp, value, status)
@@ -454,7 +456,8 @@ def aclshmem_wait_until_any(ivars: np.ndarray, cmp: int, value, status=None) -> 
     return found[0]
 
 
-def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
+def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                             status: np.ndarray | None = None) -> list[int]:
     """Block until at least one active word satisfies the comparison; return the indices of all that do."""
     rt = runtime()
     w = _Words(rt, "wait_until_some", ivars, cmp, value, status)
@@ -475,7 +478,8 @@ def aclshmem_wait_until_some(ivars: np.ndarray, cmp: int, value, status=None) ->
     return found
 
 
-def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
+def aclshmem_test_all(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                      status: np.ndarray | None = None) -> bool:
     rt = runtime()
     w = _Words(rt, "test_all", ivars, cmp, value, status)
     met = bool(np.all(w.matches() | ~w.active))
@@ -483,7 +487,8 @@ def aclshmem_test_all(ivars: np.ndarray, cmp: int, value, status=None) -> bool:
     return met
 
 
-def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | None:
+def aclshmem_test_any(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                      status: np.ndarray | None = None) -> int | None:
     rt = runtime()
     w = _Words(rt, "test_any", ivars, cmp, value, status)
     hits = np.flatnonzero(w.matches())
@@ -491,7 +496,8 @@ def aclshmem_test_any(ivars: np.ndarray, cmp: int, value, status=None) -> int | 
     return int(hits[0]) if len(hits) else None
 
 
-def aclshmem_test_some(ivars: np.ndarray, cmp: int, value, status=None) -> list[int]:
+def aclshmem_test_some(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
+                       status: np.ndarray | None = None) -> list[int]:
     rt = runtime()
     w = _Words(rt, "test_some", ivars, cmp, value, status)
     hits = [int(i) for i in np.flatnonzero(w.matches())]

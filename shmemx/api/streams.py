@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import StreamError
 from ..runtime import runtime
@@ -69,7 +72,7 @@ class aclrtStream:
         self.ops: deque = deque()
         self.destroyed = False
 
-    def launch(self, kernel, block_dim: int, *args, **kwargs) -> None:
+    def launch(self, kernel: Callable[..., object], block_dim: int, *args: object, **kwargs: object) -> None:
         """Queue ``shmemx.launch(kernel, block_dim, *args, **kwargs)``."""
         self._queue(f"kernel {getattr(kernel, '__name__', kernel)!s}<<<{block_dim}>>>", launch,
                     (kernel, block_dim, *args), kwargs)
@@ -144,26 +147,28 @@ def aclshmemx_barrier_on_stream(team: int, stream: aclrtStream | None = None) ->
     _stream(stream)._queue(f"aclshmemx_barrier_on_stream(team={team})", aclshmem_barrier, (team,))
 
 
-def aclshmemx_putmem_on_stream(dst, src, elem_size: int, pe: int, stream: aclrtStream | None = None) -> None:
+def aclshmemx_putmem_on_stream(dst: np.ndarray, src: np.ndarray, elem_size: int, pe: int,
+                               stream: aclrtStream | None = None) -> None:
     """Queue ``aclshmem_putmem(dst, src, elem_size, pe)`` (``elem_size`` bytes; complete when it has run)."""
     _stream(stream)._queue(f"aclshmemx_putmem_on_stream(pe={pe}, {elem_size} B)", aclshmem_putmem,
                            (dst, src, elem_size, pe))
 
 
-def aclshmemx_getmem_on_stream(dst, src, elem_size: int, pe: int, stream: aclrtStream | None = None) -> None:
+def aclshmemx_getmem_on_stream(dst: np.ndarray, src: np.ndarray, elem_size: int, pe: int,
+                               stream: aclrtStream | None = None) -> None:
     """Queue ``aclshmem_getmem(dst, src, elem_size, pe)``."""
     _stream(stream)._queue(f"aclshmemx_getmem_on_stream(pe={pe}, {elem_size} B)", aclshmem_getmem,
                            (dst, src, elem_size, pe))
 
 
-def aclshmemx_signal_op_on_stream(sig_addr, signal: int, sig_op: int, pe: int,
+def aclshmemx_signal_op_on_stream(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int,
                                   stream: aclrtStream | None = None) -> None:
     """Queue ``aclshmemx_signal_op(sig_addr, signal, sig_op, pe)``."""
     _stream(stream)._queue(f"aclshmemx_signal_op_on_stream(pe={pe}, signal={signal}, sig_op={sig_op})",
                            aclshmemx_signal_op, (sig_addr, signal, sig_op, pe))
 
 
-def aclshmemx_signal_wait_until_on_stream(sig_addr, cmp: int, cmp_val: int,
+def aclshmemx_signal_wait_until_on_stream(sig_addr: np.ndarray, cmp: int, cmp_val: int,
                                           stream: aclrtStream | None = None) -> None:
     """Queue ``aclshmem_signal_wait_until(sig_addr, cmp, cmp_val)``."""
     _stream(stream)._queue(f"aclshmemx_signal_wait_until_on_stream(cmp={cmp}, cmp_val={cmp_val})",

@@ -107,7 +107,7 @@ class _Target:
         raise RuntimeError(f"pe {self.rt.my_pe}: {self.what}: no CAS won in {_MAX_TRIES} tries")
 
 
-def aclshmemx_udma_atomic_add(dst, value, pe) -> None:
+def aclshmemx_udma_atomic_add(dst: np.ndarray, value: int | float, pe: int) -> None:
     """Atomically add ``value`` to ``dst[0]`` on PE ``pe`` (FAA; float32: fp32-add reduce, quieted)."""
     t = _Target("aclshmemx_udma_atomic_add", dst, pe, floats=True)
     if t.dtype.kind == "f":
@@ -122,34 +122,34 @@ def aclshmemx_udma_atomic_add(dst, value, pe) -> None:
     t.post(Opcode.FAA, t.bits(value))
 
 
-def aclshmemx_udma_atomic_fetch_add(dst, value, pe):
+def aclshmemx_udma_atomic_fetch_add(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     """Atomically add ``value`` to ``dst[0]`` on ``pe``; return the old value."""
     t = _Target("aclshmemx_udma_atomic_fetch_add", dst, pe)
     t.post(Opcode.FAA, t.bits(value))
     return t.value(t.quiet())
 
 
-def aclshmemx_udma_atomic_compare_swap(dst, cond, value, pe):
+def aclshmemx_udma_atomic_compare_swap(dst: np.ndarray, cond: int | float, value: int | float, pe: int) -> int | float:
     """If ``dst[0] == cond`` on ``pe``, store ``value``; return the old value either way."""
     t = _Target("aclshmemx_udma_atomic_compare_swap", dst, pe)
     t.post(Opcode.CAS, t.bits(value), t.bits(cond))
     return t.value(t.quiet())
 
 
-def aclshmemx_udma_atomic_fetch(dst, pe):
+def aclshmemx_udma_atomic_fetch(dst: np.ndarray, pe: int) -> int | float:
     """Atomically read ``dst[0]`` on ``pe`` (an FAA of 0)."""
     t = _Target("aclshmemx_udma_atomic_fetch", dst, pe)
     t.post(Opcode.FAA, 0)
     return t.value(t.quiet())
 
 
-def aclshmemx_udma_atomic_inc(dst, pe) -> None:
+def aclshmemx_udma_atomic_inc(dst: np.ndarray, pe: int) -> None:
     """Atomically add 1 to ``dst[0]`` on ``pe``."""
     t = _Target("aclshmemx_udma_atomic_inc", dst, pe)
     t.post(Opcode.FAA, 1)
 
 
-def aclshmemx_udma_atomic_fetch_inc(dst, pe):
+def aclshmemx_udma_atomic_fetch_inc(dst: np.ndarray, pe: int) -> int | float:
     """Atomically add 1 to ``dst[0]`` on ``pe``; return the old value."""
     t = _Target("aclshmemx_udma_atomic_fetch_inc", dst, pe)
     t.post(Opcode.FAA, 1)
@@ -163,35 +163,35 @@ def _loop(name: str, dst, value, pe, update, fetch: bool):
     return t.value(old) if fetch else None
 
 
-def aclshmemx_udma_atomic_set(dst, value, pe) -> None:
+def aclshmemx_udma_atomic_set(dst: np.ndarray, value: int | float, pe: int) -> None:
     """Atomically store ``value`` into ``dst[0]`` on ``pe`` (a CAS loop)."""
     _loop("set", dst, value, pe, lambda o, v: v, False)
 
 
-def aclshmemx_udma_atomic_swap(dst, value, pe):
+def aclshmemx_udma_atomic_swap(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     """Atomically store ``value`` into ``dst[0]`` on ``pe``; return the old value."""
     return _loop("swap", dst, value, pe, lambda o, v: v, True)
 
 
-def aclshmemx_udma_atomic_and(dst, value, pe) -> None:
+def aclshmemx_udma_atomic_and(dst: np.ndarray, value: int | float, pe: int) -> None:
     _loop("and", dst, value, pe, lambda o, v: o & v, False)
 
 
-def aclshmemx_udma_atomic_or(dst, value, pe) -> None:
+def aclshmemx_udma_atomic_or(dst: np.ndarray, value: int | float, pe: int) -> None:
     _loop("or", dst, value, pe, lambda o, v: o | v, False)
 
 
-def aclshmemx_udma_atomic_xor(dst, value, pe) -> None:
+def aclshmemx_udma_atomic_xor(dst: np.ndarray, value: int | float, pe: int) -> None:
     _loop("xor", dst, value, pe, lambda o, v: o ^ v, False)
 
 
-def aclshmemx_udma_atomic_fetch_and(dst, value, pe):
+def aclshmemx_udma_atomic_fetch_and(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     return _loop("fetch_and", dst, value, pe, lambda o, v: o & v, True)
 
 
-def aclshmemx_udma_atomic_fetch_or(dst, value, pe):
+def aclshmemx_udma_atomic_fetch_or(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     return _loop("fetch_or", dst, value, pe, lambda o, v: o | v, True)
 
 
-def aclshmemx_udma_atomic_fetch_xor(dst, value, pe):
+def aclshmemx_udma_atomic_fetch_xor(dst: np.ndarray, value: int | float, pe: int) -> int | float:
     return _loop("fetch_xor", dst, value, pe, lambda o, v: o ^ v, True)

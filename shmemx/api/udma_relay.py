@@ -14,10 +14,17 @@ returns; here the call raises).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..runtime import runtime
-from ..udma.layout import ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT
+from ..udma.layout import ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, OpConfig
 from .checks import check_pe
-from .rma import aclshmemx_udma_get_nbi, aclshmemx_udma_put_nbi
+from .rma import (
+    aclshmemx_defer_t,
+    aclshmemx_submit_t,
+    aclshmemx_udma_get_nbi,
+    aclshmemx_udma_put_nbi,
+)
 
 __all__ = ["aclshmemx_udma_relay_put_nbi", "aclshmemx_udma_relay_get_nbi"]
 
@@ -31,15 +38,19 @@ def _check(what: str, pe, relay_pe) -> tuple[int, int]:
     return pe, relay_pe
 
 
-def aclshmemx_udma_relay_put_nbi(dst, src, nelems, pe, relay_pe, *, buf=None, sync_id=0,
-                                 config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, batch=None) -> None:
+def aclshmemx_udma_relay_put_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, relay_pe: int, *,
+                                 buf: np.ndarray | None = None, sync_id: int = 0,
+                                 config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                                 batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """``aclshmemx_udma_put_nbi(dst, src, nelems, pe)`` routed via ``relay_pe`` (see the module docstring)."""
     pe, _ = _check("aclshmemx_udma_relay_put_nbi", pe, relay_pe)
     aclshmemx_udma_put_nbi(dst, src, nelems, pe, buf=buf, sync_id=sync_id, config=config, batch=batch)
 
 
-def aclshmemx_udma_relay_get_nbi(dst, src, nelems, pe, relay_pe, *, buf=None, sync_id=0,
-                                 config=ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, batch=None) -> None:
+def aclshmemx_udma_relay_get_nbi(dst: np.ndarray, src: np.ndarray, nelems: int, pe: int, relay_pe: int, *,
+                                 buf: np.ndarray | None = None, sync_id: int = 0,
+                                 config: OpConfig = ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT,
+                                 batch: aclshmemx_defer_t | aclshmemx_submit_t | None = None) -> None:
     """``aclshmemx_udma_get_nbi(dst, src, nelems, pe)`` routed via ``relay_pe``."""
     pe, _ = _check("aclshmemx_udma_relay_get_nbi", pe, relay_pe)
     aclshmemx_udma_get_nbi(dst, src, nelems, pe, buf=buf, sync_id=sync_id, config=config, batch=batch)

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -41,8 +42,9 @@ DEFAULT_LIMIT = 64  # WQEs and CQEs listed per queue (the counts are always comp
 # --- reading ---------------------------------------------------------------------------------------------------
 
 
-def snapshot(reader: JobReader, *, pes=None, peers=None, qps=None, all_queues: bool = False,
-             limit: int = DEFAULT_LIMIT, reason: str = "", stats: bool = True) -> dict:
+def snapshot(reader: JobReader, *, pes: Iterable[int] | None = None, peers: Iterable[int] | None = None,
+             qps: Iterable[int] | None = None, all_queues: bool = False, limit: int = DEFAULT_LIMIT, reason: str = "",
+             stats: bool = True) -> dict:
     """Read the job into a JSON-able document (see the README's schema).
 
     Args:
@@ -296,7 +298,8 @@ def _ranges(values: list[int]) -> str:
 # --- text ---------------------------------------------------------------------------------------------------------
 
 
-def render(doc: dict, *, pes=None, peers=None, qps=None) -> str:
+def render(doc: dict, *, pes: Iterable[int] | None = None, peers: Iterable[int] | None = None,
+           qps: Iterable[int] | None = None) -> str:
     """The document as text: job, diagnosis, then per PE its waits, allocations and queues (WQEs field by field).
 
     ``pes``/``peers``/``qps`` narrow a document further (e.g. one read from a file).

@@ -66,7 +66,7 @@ class JobReader:
                 self._udma[pe] = None
         return self._udma[pe]
 
-    def read_word(self, pe: int, offset: int, dtype: str, count: int = 1):
+    def read_word(self, pe: int, offset: int, dtype: str, count: int = 1) -> int | float | np.ndarray | None:
         """Current value(s) of a word (or ``count`` words) of PE ``pe``'s heap, or None if unreadable."""
         seg = self.heap(pe)
         dt = np.dtype(dtype)

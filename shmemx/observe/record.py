@@ -235,7 +235,7 @@ class Part:
     """One PE's recorded events: ``slots`` ``{slot: [n, ROW] int64}``, ``bbs`` ``{slot: [m, 64] uint8}`` (the
     BBs that thread posted), ``meta``."""
 
-    def __init__(self, data):
+    def __init__(self, data: bytes):
         self.meta = json.loads(bytes(data["meta"]).decode())
         self.slots = {int(k[4:]): data[k] for k in data.files if k.startswith("slot")}
         self.bbs = {int(k[3:]): data[k] for k in data.files if k.startswith("bbs")}

@@ -14,6 +14,8 @@ import ctypes
 import ctypes.util
 import threading
 
+import numpy as np
+
 __all__ = [
     "address_of",
     "fetch_add_u32",
@@ -69,7 +71,7 @@ _fetch_add_u32 = _FETCH[("add", 4)]
 _fetch_add_u64 = _FETCH[("add", 8)]
 
 
-def address_of(buf) -> int:
+def address_of(buf: np.ndarray | memoryview) -> int:
     """The address of the first byte of a writable buffer (mmap, bytearray, numpy array)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 

@@ -23,7 +23,7 @@ blocks of a PE meet first, then one of them joins the PE barrier.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from . import atomics
 from .control import BARRIER_CALLS, WaitCall
@@ -62,7 +62,7 @@ def barrier_key(uid: int, number: int) -> int:
     return uid << 32 | number
 
 
-def barrier(rt, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = None) -> None:
+def barrier(rt: Any, call: WaitCall = WaitCall.BARRIER_ALL, timeout: float | None = None) -> None:
     """Block until every PE of the job has called ``barrier`` as many times as this PE has.
 
     Counted in the calling block's barrier time (user barriers only, not init/finalize/malloc/free); its arrival
@@ -101,7 +101,7 @@ def _barrier(rt, call: WaitCall, timeout: float | None) -> None:
           Wait(call, target=number), describe, timeout)
 
 
-def team_barrier(rt, team: TeamShape, call: WaitCall = WaitCall.TEAM_BARRIER, what: str = "aclshmem_barrier",
+def team_barrier(rt: Any, team: TeamShape, call: WaitCall = WaitCall.TEAM_BARRIER, what: str = "aclshmem_barrier",
                  timeout: float | None = None) -> None:
     """Block until every member of ``team`` (this PE among them) has called ``team_barrier`` on it as many times
     as this PE has; PEs outside the team take no part and are not waited for.

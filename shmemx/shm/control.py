@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import os
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -318,7 +319,7 @@ class Control:
         return sorted(((a["name"].decode(errors="replace"), int(a["offset"]), int(a["size"])) for a in live),
                       key=lambda a: a[1])
 
-    def allocation_at(self, pe: int, offset: int):
+    def allocation_at(self, pe: int, offset: int) -> tuple[str, int, int] | None:
         """(name, start offset, size) of PE ``pe``'s live allocation holding heap ``offset``, or None."""
         return find_allocation(self.allocations(pe), offset)
 
@@ -327,7 +328,7 @@ class Control:
         return format_heap_offset(self.allocation_at(pe, offset), offset)
 
 
-def find_allocation(allocations, offset: int):
+def find_allocation(allocations: Iterable[tuple[str, int, int]], offset: int) -> tuple[str, int, int] | None:
     """The (name, start, size) of ``allocations`` (such triples) that holds heap ``offset``, or None."""
     for name, start, size in allocations:
         if start <= offset < start + max(size, 1):

@@ -21,6 +21,7 @@ import bisect
 import ctypes
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import HeapExhaustedError
 from .segment import SHM_DIR, Segment, describe_shm_space, segment_name, shm_space
@@ -209,7 +210,8 @@ class Heap:
                                  f"use the UDMA calls (aclshmemx_udma_*), which go through the host's NIC")
         return seg
 
-    def view(self, pe: int, offset: int, shape, dtype, strides=None) -> np.ndarray:
+    def view(self, pe: int, offset: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike,
+             strides: tuple[int, ...] | None = None) -> np.ndarray:
         """An ndarray over PE ``pe``'s heap at ``offset`` (the first element's offset)."""
         seg = self.segments[pe]
         if seg is None:

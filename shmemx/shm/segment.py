@@ -17,6 +17,7 @@ import mmap
 import os
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import HeapExhaustedError
 from .atomics import address_of
@@ -104,7 +105,7 @@ class Segment:
         self.addr = 0 if readonly else address_of(self.mm)
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
 
-    def view(self, dtype, offset: int = 0, shape=None) -> np.ndarray:
+    def view(self, dtype: npt.DTypeLike, offset: int = 0, shape: int | tuple[int, ...] | None = None) -> np.ndarray:
         """A numpy view of the segment starting at byte ``offset``."""
         dtype = np.dtype(dtype)
         if shape is None:

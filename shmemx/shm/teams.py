@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import atomics
 from .barrier import TeamShape
 from .control import MAX_TEAMS
@@ -39,7 +41,7 @@ class Mailbox:
     result: int
 
 
-def claim(ctl, start: int, stride: int, size: int, hosts=None) -> TeamShape | None:
+def claim(ctl: np.ndarray, start: int, stride: int, size: int, hosts=None) -> TeamShape | None:
     """A free team slot for the team ``start + i * stride`` (i < size), with a new job-wide id; None when every
     slot is taken. Its barrier counter is zero (a released slot's is: its last barrier completed). In a job of
     several hosts (``hosts``, a ``shm.hosts.HostMap``) each host claims from its own share of the slots
@@ -63,12 +65,12 @@ def slot_host(slot: int, n_hosts: int) -> int:
     return 0 if slot == 0 else (slot - 1) % n_hosts
 
 
-def release(ctl, slot: int) -> None:
+def release(ctl: np.ndarray, slot: int) -> None:
     """Return a slot to the table (its shape stays readable until it is claimed again)."""
     atomics.exchange(ctl.team_addr(slot, "uid"), 0, 4)
 
 
-def shape_of(ctl, slot: int) -> TeamShape | None:
+def shape_of(ctl: np.ndarray, slot: int) -> TeamShape | None:
     """The team that holds ``slot`` now, or None when the slot is free."""
     e = ctl.teams[slot]
     uid = int(e["uid"])
@@ -77,27 +79,27 @@ def shape_of(ctl, slot: int) -> TeamShape | None:
     return TeamShape(slot, uid, int(e["start"]), int(e["stride"]), int(e["size"]))
 
 
-def post(ctl, slot: int, box: Mailbox) -> None:
+def post(ctl: np.ndarray, slot: int, box: Mailbox) -> None:
     """The leader's call into the mailbox of ``slot`` (before the meeting that publishes it)."""
     e = ctl.teams[slot]
     e["coll_op"], e["coll_args"], e["coll_result"] = box.op, box.args, box.result
     e["coll_seq"] = box.seq
 
 
-def read(ctl, slot: int) -> Mailbox:
+def read(ctl: np.ndarray, slot: int) -> Mailbox:
     e = ctl.teams[slot]
     return Mailbox(int(e["coll_seq"]) & _SEQ_MASK, int(e["coll_op"]), tuple(int(a) for a in e["coll_args"]),
                    int(e["coll_result"]))
 
 
-def mark_bad(ctl, slot: int, seq: int, index: int) -> None:
+def mark_bad(ctl: np.ndarray, slot: int, seq: int, index: int) -> None:
     """Member ``index`` disagrees with the leader on call ``seq``: every member raises after the next meeting."""
     e = ctl.teams[slot]
     e["coll_bad"] = index + 1
     atomics.exchange(ctl.team_addr(slot, "coll_seq"), (seq & _SEQ_MASK) | _BAD, 4)  # locked: seen after the meeting
 
 
-def bad_of(ctl, slot: int, seq: int) -> int:
+def bad_of(ctl: np.ndarray, slot: int, seq: int) -> int:
     """The team index of a member that disagreed on call ``seq``, or -1."""
     e = ctl.teams[slot]
     if int(e["coll_seq"]) != (seq & _SEQ_MASK) | _BAD:

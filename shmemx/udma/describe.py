@@ -9,6 +9,8 @@ tables it saved, so a saved dump names addresses exactly as a live error message
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from .layout import REDUCE_FLAG, REMOTE_JETTY_TYPE, Cqe, Opcode, Wqe, odr_name, split_flag
 from .segment import LOCAL_VA_BASE, UDMA_VA_BASE, UDMA_VA_STRIDE
@@ -23,7 +25,7 @@ def format_flag(flag: int) -> str:
     return f"{flag:#04x}({','.join(parts)})"
 
 
-def format_wqe(w: Wqe, describe_va=None) -> str:
+def format_wqe(w: Wqe, describe_va: Callable[[int], str] | None = None) -> str:
     """One line, every field by name. ``describe_va(va)`` may turn a VA into "pe 3 heap +0x1200 ('recv_x'+0x200)"."""
     dva = describe_va or (lambda va: f"{va:#x}")
     text = (f"{w.opcode_name} flag={format_flag(w.flag)} tp_id={w.tp_id:#x} tokenId={w.rmt_seg_id:#x} "
@@ -61,7 +63,7 @@ class VaNames:
         udma: the UDMA segment layout (``UdmaSegment.layout()``), or None when no PE has one.
     """
 
-    def __init__(self, n_pes: int, describe_offset, udma: dict | None = None):
+    def __init__(self, n_pes: int, describe_offset: Callable[[int, int], str], udma: dict | None = None):
         self.n_pes = n_pes
         self.describe_offset = describe_offset
         self.udma = udma

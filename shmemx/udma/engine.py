@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import array
 import enum
+from typing import Any
 
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from . import _engine
@@ -93,7 +94,7 @@ def native_layout() -> dict:
 class Engine:
     """The DMA engine of one PE (see the module docstring); ``native`` is the thread's handle."""
 
-    def __init__(self, udma):
+    def __init__(self, udma: Any):
         rt = udma.rt
         seg = udma.seg
         self.udma = udma
@@ -151,7 +152,7 @@ class Engine:
     def resume(self) -> None:
         self.native.resume()
 
-    def notify(self, qp=None) -> None:
+    def notify(self, qp: Any = None) -> None:
         """A doorbell rang (on ``qp``): wake the engine if it sleeps."""
         self.native.kick()
 
@@ -186,7 +187,7 @@ class Engine:
     # --- the trace's engine-turn records --------------------------------------------------------------------
 
     @property
-    def trace(self):
+    def trace(self) -> array.array | None:
         """``array('q')`` of turn records (start ns, end ns, queue index, first BB, BBs), or None when off. An
         out-of-order policy writes one per WQE it completes (BBs = the WQE's) and one per earlier piece of a
         split WQE (BBs = 0); ``decisions`` gets its decision records (6 int64: ns, kind, queue, BB position, a,
@@ -195,7 +196,7 @@ class Engine:
         return self._trace
 
     @trace.setter
-    def trace(self, records) -> None:
+    def trace(self, records: array.array | None) -> None:
         self._trace = records
         if records is not None and self.decisions is None:
             self.decisions = array.array("q")

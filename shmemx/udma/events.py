@@ -36,6 +36,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,16 +175,16 @@ class BitFields:
             at += width
         assert at <= 64, widths
 
-    def pack(self, **values) -> int:
+    def pack(self, **values: int) -> int:
         word = 0
         for name, v in values.items():
             word |= (int(v) & self.masks[name]) << self.shifts[name]
         return word
 
-    def field(self, word, name: str):
+    def field(self, word: int, name: str) -> int:
         return (word >> self.shifts[name]) & self.masks[name]
 
-    def unpack(self, word) -> tuple:
+    def unpack(self, word: int) -> tuple:
         return tuple((word >> self.shifts[n]) & self.masks[n] for n in self.names)
 
 
@@ -301,8 +302,8 @@ class EventLog:
         """``aclshmemx_signal_op`` (before its store)."""
         self.put(Kind.SIGNAL, SIGNAL_A.pack(pe=pe, op=op, size=dtype.itemsize), offset, dtype_code(dtype), 0, value)
 
-    def wait(self, w: "Watched", seen: int = 0, *, test: bool = False, met=None, result: int | None = None,
-             t0: int = 0, extras: dict | None = None) -> None:
+    def wait(self, w: "Watched", seen: int = 0, *, test: bool = False, met: Iterable[int] | None = None,
+             result: int | None = None, t0: int = 0, extras: dict | None = None) -> None:
         """A wait on the words ``w`` that returned, or a test whose condition held (``seen``: the value that met
         it; ``met``: the indices that met it, for the any/some forms; ``result``: what the call returned, for the
         recording; ``t0``: its start); a test that did not hold is ``unmet``."""
@@ -371,7 +372,7 @@ class EventLog:
         self.put(Kind.SYNC_ARRIVE if arrive else Kind.SYNC_DEPART, getattr(tls, "launch", 0),
                  getattr(tls, "syncs", 0))
 
-    def mte(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
+    def mte(self, pe: int, offset: int, nbytes: int, put: bool, src: np.ndarray | None = None) -> None:
         """An MTE copy to (``put``) or from PE ``pe``'s heap at ``offset`` (before a put copies, after a get);
         ``src``: a put's source, whose bytes a recording keeps when small."""
         self.put(Kind.MTE, pe, offset, nbytes, int(put))
@@ -386,7 +387,7 @@ class EventLog:
     def mte_quiet(self) -> None:
         self.put(Kind.MTE_QUIET)
 
-    def sdma(self, pe: int, offset: int, nbytes: int, put: bool, src=None) -> None:
+    def sdma(self, pe: int, offset: int, nbytes: int, put: bool, src: np.ndarray | None = None) -> None:
         """An SDMA copy posted on the calling block's channel (as ``mte``: a small put's source is kept)."""
         self.put(Kind.SDMA, pe, offset, nbytes, int(put))
         if put and src is not None and self.bytes and nbytes <= 32:
@@ -463,7 +464,7 @@ class Log:
         return self.strings[offset:offset + length]
 
 
-def read_log(data) -> Log:
+def read_log(data: bytes) -> Log:
     """Parse a log segment's bytes (a ``bytes``-like of the whole segment)."""
     magic, _version, pe, capacity, written, used, mask, blob_cap = HEADER.unpack_from(data, 0)
     if magic != MAGIC:

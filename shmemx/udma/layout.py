@@ -283,27 +283,27 @@ AMO_OPERAND_OFFSET = 64
 
 
 # Fields of a WQE's words, for ints and numpy arrays of words alike
-def opcode_of(dw1):
+def opcode_of(dw1: int) -> int:
     return (dw1 >> 8) & 0xFF
 
 
-def flag_of(dw0):
+def flag_of(dw0: int) -> int:
     return (dw0 >> 16) & 0xFF
 
 
-def jetty_type_of(dw0):
+def jetty_type_of(dw0: int) -> int:
     return (dw0 >> 29) & 3
 
 
-def tp_id_of(tp):
+def tp_id_of(tp: int) -> int:
     return tp & 0xFFFFFF
 
 
-def sge_num_of(tp):
+def sge_num_of(tp: int) -> int:
     return tp >> 24
 
 
-def seg_id_of(seg):
+def seg_id_of(seg: int) -> int:
     return seg & 0xFFFFF
 
 
@@ -313,7 +313,7 @@ def sge_len_word(opcode: int) -> int:
     return NOTIFY_SGE_OFFSET // 4 if opcode == Opcode.WRITE_WITH_NOTIFY else W_SGE_LEN
 
 
-def wqe_length(wqe) -> int:
+def wqe_length(wqe: bytes) -> int:
     """The SGE length (payload bytes) of a WQE given as its 64 or 128 bytes."""
     (length,) = struct.unpack_from("<I", wqe, 4 * sge_len_word(wqe[OPCODE_BYTE]))
     return length
@@ -413,7 +413,7 @@ def pack_wqe(
     return bytes(buf)
 
 
-def decode_wqe(data) -> Wqe:
+def decode_wqe(data: bytes) -> Wqe:
     """Decode a WQE from its bytes (64 or 128; a buffer of a two-BB WQE must hold both BBs, unwrapped)."""
     data = bytes(data)
     dw0, dw1, dw2, dw3, eid_lo, eid_hi, token, reduce_attr, rmt_va = _SQE.unpack_from(data, 0)
@@ -473,19 +473,10 @@ def wqe_columns(bbs: np.ndarray, starts: np.ndarray) -> dict:
         compare=np.where(cas, np.where(size4, compare32, compare64), 0).astype(np.uint64))
 
 
-def build_write_batch(
-    n: int,
-    *,
-    tp_id,
-    rmt_seg_id,
-    rmt_eid: int,
-    rmt_token_value,
-    rmt_va,
-    sge_len,
-    sge_va,
-    flag=0x20,
-    opcode: int = Opcode.WRITE,
-) -> np.ndarray:
+def build_write_batch(n: int, *, tp_id: int | np.ndarray, rmt_seg_id: int | np.ndarray, rmt_eid: int,
+                      rmt_token_value: int | np.ndarray, rmt_va: int | np.ndarray, sge_len: int | np.ndarray,
+                      sge_va: int | np.ndarray, flag: int | np.ndarray = 0x20,
+                      opcode: int = Opcode.WRITE) -> np.ndarray:
     """``n`` one-BB WQEs (WRITE or READ) built in one numpy operation, as an ``[n, 8] uint64`` array.
 
     Every argument may be a scalar or an array of ``n`` values (rmt_va, sge_len and sge_va usually are). Copy the
@@ -577,7 +568,8 @@ def cqe_words(*, pos: int, bbs: int, tpn: int, byte_cnt: int, eid: int, data: in
             eid >> 64 & M32, eid >> 96 & M32, data & M32, data >> 32 & M32, 0, 0, 0]
 
 
-def cqe_rows(pos: np.ndarray, tpn: int, byte_cnt, eid_lo, eid_hi) -> np.ndarray:
+def cqe_rows(pos: np.ndarray, tpn: int, byte_cnt: int | np.ndarray, eid_lo: int | np.ndarray,
+             eid_hi: int | np.ndarray) -> np.ndarray:
     """``[m, 16] uint32``: successful CQEs for one-BB WQEs at BB positions ``pos`` (``cqe_words`` vectorised),
     word 0 left 0 for the caller (who stores it last). ``eid_lo`` / ``eid_hi``: uint64, one per CQE or one for
     all."""
@@ -601,7 +593,7 @@ def pack_cqe(*, owner: int, opcode: int, status: int, substatus: int, entry_idx:
     return bytes(buf)
 
 
-def decode_cqe(data) -> Cqe:
+def decode_cqe(data: bytes) -> Cqe:
     dw0, dw1, _, dw3, byte_cnt, user_data, eid_lo, eid_hi, value = _CQE.unpack_from(bytes(data), 0)
     return Cqe(owner=dw0 >> 2 & 1, opcode=dw0 >> 4 & 7, status=dw0 >> 24 & 0xFF, substatus=dw0 >> 16 & 0xFF,
                entry_idx=dw1 & 0xFFFF, tpn=dw3 & 0xFFFFFF, byte_cnt=byte_cnt, user_data=user_data,

@@ -12,6 +12,7 @@ import array
 import os
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..shm.waits import thread_slot
 from . import _engine
 from .describe import VaNames
 from .engine import Engine
+from .events import EventLog
 from .layout import DW0
 from .queues import QUIET_SPIN_FACTOR, QueuePair
 from .registry import LocalRegistry, SharedLocals
@@ -39,7 +41,7 @@ def _depth(name: str, value) -> int:
 class DataPlane:
     """This PE's data plane (one per process; ``rt.udma``)."""
 
-    def __init__(self, rt, sq_depth: int, cq_depth: int):
+    def __init__(self, rt: Any, sq_depth: int, cq_depth: int):
         self.rt = rt
         self.my_pe = rt.my_pe
         self.qp_num = rt.qp_num
@@ -96,12 +98,12 @@ class DataPlane:
             self.engine.trace = rt.tracer.engine
         self.engine.start()
 
-    def observe(self, events) -> None:
+    def observe(self, events: EventLog | None) -> None:
         """Write posts and quiets into ``events`` (an ``events.EventLog``), or nothing (None). Observation never
         changes which code runs: the native path writes the events itself."""
         self.poster.set_events(None if events is None else events.native)
 
-    def quiet_fast(self, pe, qp_idx, call: int) -> bool:
+    def quiet_fast(self, pe: int, qp_idx: int, call: int) -> bool:
         """The quiet of (pe, qp_idx) by the native path (``Poster.quiet``) when every CQE is in (or comes within
         a quiet's spin) and none failed; False when ``QueuePair.poll`` must do it (waiting asleep, raising)."""
         start = time.perf_counter_ns()
@@ -270,7 +272,7 @@ def _reads_arrays(poster) -> bool:
     return True
 
 
-def create(rt) -> None:
+def create(rt: Any) -> None:
     # as for the heap size: an argument of init beats the environment, which beats the default
     sq = _depth("sq_depth", rt.sq_depth or os.environ.get("SHMEMX_SQ_DEPTH") or DEFAULT_DEPTH)
     cq = _depth("cq_depth", rt.cq_depth or os.environ.get("SHMEMX_CQ_DEPTH") or sq)
@@ -279,10 +281,10 @@ def create(rt) -> None:
     rt.udma = DataPlane(rt, sq, cq)
 
 
-def start(rt) -> None:
+def start(rt: Any) -> None:
     rt.udma.start()
 
 
-def stop(rt) -> None:
+def stop(rt: Any) -> None:
     if rt.udma is not None:
         rt.udma.stop()

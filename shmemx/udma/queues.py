@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ def _state_word(k: int, doc: str) -> property:
 class QueuePair:
     """The SQ and CQ of one (peer, qp) channel of this PE."""
 
-    def __init__(self, udma, peer: int, qp_idx: int):
+    def __init__(self, udma: Any, peer: int, qp_idx: int):
         seg = udma.seg
         self.udma = udma
         self.my_pe = udma.my_pe
@@ -289,7 +290,7 @@ class QueuePair:
                                self.eid_hi, self.token, 0, rmt_va, self.tid | self.token << 32, sig_va, value, 0, length,
                                0, local_va)
 
-    def build(self, opcode: int, flag: int, rmt_va: int, **fields) -> bytes:
+    def build(self, opcode: int, flag: int, rmt_va: int, **fields: int) -> bytes:
         """A WQE for this queue's peer (its TP, tokenId, EID and token) as bytes."""
         return pack_wqe(opcode=opcode, flag=flag, tp_id=self.tpn, rmt_seg_id=self.tid, rmt_eid=self.eid,
                         rmt_token_value=self.token, rmt_va=rmt_va, **fields)

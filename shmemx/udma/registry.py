@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import bisect
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class LocalRegistry:
     still run: ``collect`` drops those whose last WQE every queue has retired (quiet passed it).
     """
 
-    def __init__(self, pe: int, heap, udma: UdmaSegment, amo_tid: int):
+    def __init__(self, pe: int, heap: Any, udma: UdmaSegment, amo_tid: int):
         self.pe = pe
         self.heap = heap
         self.heap_va = HEAP_VA_BASE + pe * HEAP_VA_STRIDE
@@ -156,7 +157,7 @@ class LocalRegistry:
                 return reg.data, off
         return None
 
-    def collect(self, retired) -> None:
+    def collect(self, retired: dict[int, int]) -> None:
         """Drop registrations whose every use is retired (``retired.get(queue index, 0)`` = BB position done)."""
         with self._lock:
             dead = [key for key, reg in self._by_address.items() if _all_retired(reg, retired)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,7 +63,7 @@ class _Channel:
 class SdmaEngine:
     """One PE's SDMA engine (see the module docstring). ``wake(pe)`` bumps PE ``pe``'s wake word."""
 
-    def __init__(self, my_pe: int, wake):
+    def __init__(self, my_pe: int, wake: Callable[[int], object]):
         self.my_pe = my_pe
         self._wake = wake
         self.channels: dict[int, _Channel] = {}

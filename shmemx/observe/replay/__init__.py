@@ -12,6 +12,7 @@ figures depend on the kernel and the model only, never on how loaded the host wa
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from ..record import Recording
 from .program import load_program
@@ -23,7 +24,8 @@ __all__ = ["replay", "simulate", "modelled_columns", "load_topology", "Topology"
            "SimError"]
 
 
-def simulate(recording: "str | os.PathLike | Recording", topology=None, overrides: dict | None = None) -> tuple:
+def simulate(recording: "str | os.PathLike | Recording", topology: str | os.PathLike | Topology | None = None,
+             overrides: dict | None = None) -> tuple:
     """Run the simulation; returns ``(sim, recording)`` (the ``Sim`` holds every record, for tools)."""
     rec = recording if isinstance(recording, Recording) else Recording.load(os.fspath(recording))
     topo = load_topology(topology, overrides)
@@ -32,7 +34,8 @@ def simulate(recording: "str | os.PathLike | Recording", topology=None, override
     return sim, rec
 
 
-def replay(recording, topology=None, overrides: dict | None = None, *, perfetto: str | None = None) -> dict:
+def replay(recording: str | os.PathLike | Recording, topology: str | os.PathLike | Topology | None = None,
+           overrides: dict | None = None, *, perfetto: str | None = None) -> dict:
     """The replay's document (``report.summary``); with ``perfetto``, also a trace in virtual time there.
 
     Args:
@@ -46,7 +49,8 @@ def replay(recording, topology=None, overrides: dict | None = None, *, perfetto:
     return summary(sim, dict(rec.job))
 
 
-def modelled_columns(recording, topology=None, overrides: dict | None = None, regions=()) -> dict:
+def modelled_columns(recording: str | os.PathLike | Recording, topology: str | os.PathLike | Topology | None = None,
+                     overrides: dict | None = None, regions: Iterable[str] = ()) -> dict:
     """The modelled columns of an experiment table row, from one recording.
 
     Returns ``{"model_makespan_us", "model_mean_end_us", "model_<region>_us" (for each region asked for: the max

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class Memory:
             i += 1
         return keys
 
-    def met(self, w) -> tuple[bool, int, bool]:
+    def met(self, w: Any) -> tuple[bool, int, bool]:
         """Whether wait/test ``w`` (a ``program.Words``) holds now; its result as the call would return it (the
         value, the first index met, the number met, or 1/0); and whether an unknown word counted as met."""
         op = _OPS[w.cmp]
@@ -126,16 +127,16 @@ class Memory:
         v = self.read(w.pe, off, w.size, w.signed)
         return float(np.array(v, "<u4").view("<f4")) if w.floating else v
 
-    def watch(self, w, thread) -> None:
+    def watch(self, w: Any, thread: Any) -> None:
         for off in w.offsets:
             self.waiters[w.pe].setdefault(off & ~7, []).append(thread)
 
-    def unwatch(self, w, thread) -> None:
+    def unwatch(self, w: Any, thread: Any) -> None:
         for off in w.offsets:
             lst = self.waiters[w.pe].get(off & ~7)
             if lst and thread in lst:
                 lst.remove(thread)
 
-    def last_write_to(self, w) -> float:
+    def last_write_to(self, w: Any) -> float:
         times = [self.last_write[w.pe].get(off & ~7) for off in w.offsets]
         return max((t for t in times if t is not None), default=0.0)

@@ -19,6 +19,8 @@ Both count each port's bytes; utilisation is bytes / (B x makespan).
 from __future__ import annotations
 
 import math
+from typing import Any
+
 
 __all__ = ["Fcfs", "MaxMin"]
 
@@ -35,7 +37,7 @@ class Fcfs(_Ports):
     """Busy-until ports (see the module docstring); ``pred_*`` name the transfer that held a port last, for the
     critical path."""
 
-    def __init__(self, sim):
+    def __init__(self, sim: Any):
         super().__init__(sim)
         n = sim.n_pes
         self.egress_free = [[0.0, 0.0] for _ in range(n)]
@@ -78,7 +80,7 @@ class Fcfs(_Ports):
 class MaxMin(_Ports):
     """Max-min fair fluid flows (see the module docstring)."""
 
-    def __init__(self, sim):
+    def __init__(self, sim: Any):
         super().__init__(sim)
         self.flows: dict[int, list] = {}  # gid -> [remaining bytes, rate]
         self.t = 0.0

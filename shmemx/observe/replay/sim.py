@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -237,7 +238,7 @@ class Sim(Collectives):
 
     # --- the event queue ---------------------------------------------------------------------------------
 
-    def at(self, t: float, fn, arg) -> None:
+    def at(self, t: float, fn: Callable[..., object], arg: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, fn, arg))
 
@@ -464,11 +465,16 @@ class Sim(Collectives):
 
     def _op_mte_quiet(self, th: Thread, op) -> bool:
         """``aclshmemx_mte_quiet``: until every MTE copy this thread issued has landed."""
-        if th.mte_pending:
-            return self._block(th, ("mte_quiet",))  # ``landed`` releases it when the last one is known
-        if th.mte_done > th.clock:
-            self._block(th, ("mte_quiet",))
-            self.at(th.mte_done, self._resume_event, (th, ("mte", th.mte_gid)))
+        return self._quiet_copies(th, "mte", th.mte_pending, th.mte_done, th.mte_gid)
+
+    def _quiet_copies(self, th: Thread, kind: str, pending: int, done: float, last: int) -> bool:
+        """A quiet of the thread's ``kind`` copies ("mte" or "sdma"): blocked while some are pending (``landed``
+        releases it when the last one is known), then until ``done``, when the last one (record ``last``) lands."""
+        if pending:
+            return self._block(th, (f"{kind}_quiet",))
+        if done > th.clock:
+            self._block(th, (f"{kind}_quiet",))
+            self.at(done, self._resume_event, (th, (kind, last)))
             return False
         return True
 
@@ -494,13 +500,7 @@ class Sim(Collectives):
 
     def _op_sdma_quiet(self, th: Thread, op) -> bool:
         """``aclshmemx_sdma_quiet``: until every SDMA copy of this thread's channel has landed."""
-        if th.sdma_pending:
-            return self._block(th, ("sdma_quiet",))
-        if th.sdma_done > th.clock:
-            self._block(th, ("sdma_quiet",))
-            self.at(th.sdma_done, self._resume_event, (th, ("sdma", th.sdma_gid)))
-            return False
-        return True
+        return self._quiet_copies(th, "sdma", th.sdma_pending, th.sdma_done, th.sdma_gid)
 
     def _op_sdma_notify(self, th: Thread, op) -> bool:
         """A notify record: the thread goes on (a host's wait for the notify is not modelled)."""

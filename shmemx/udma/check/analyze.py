@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -211,7 +212,7 @@ class Analyzer(Rules):
 
     # --- helpers --------------------------------------------------------------------------------------------
 
-    def known(self, t: Thread, by) -> bool:
+    def known(self, t: Thread, by: object) -> bool:
         """Whether thread ``t`` knows ``by`` happened: a Wqe complete, or a thread's event (thread index, clock)."""
         if type(by) is tuple:
             return t.vc[by[0]] >= by[1]
@@ -242,7 +243,7 @@ class Analyzer(Rules):
     def side(self, pe: int, block: int, site: int, what: str) -> Side:
         return Side(pe, block, self.sites.get((pe, site)), what)
 
-    def wqe_side(self, w: Wqe, what=None) -> Side:
+    def wqe_side(self, w: Wqe, what: str | Callable[[], str] | None = None) -> Side:
         """The side of a WQE's poster; ``what`` may be a function making the text (built only for a finding)."""
         return self.side(w.pe, self.by_ti[w.ti].block, w.site, what or (lambda: describe_wqe(w)))
 
@@ -278,7 +279,7 @@ class Analyzer(Rules):
 
     # --- allocations ----------------------------------------------------------------------------------------
 
-    def on_alloc(self, t, ts, pe, idx, r) -> None:
+    def on_alloc(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         off, size = r[5], r[6]
         name = self.logs[pe].string(r[7], r[8])
         if off not in self.allocs[pe]:
@@ -289,7 +290,7 @@ class Analyzer(Rules):
             word.entries.clear()
             word.initial = 0 if r[3] & 1 else None
 
-    def on_free(self, t, ts, pe, idx, r) -> None:
+    def on_free(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         off, size = r[5], r[6]
         self.shadow[pe].reset(off, off + size)
         if off in self.allocs[pe]:
@@ -298,7 +299,7 @@ class Analyzer(Rules):
 
     # --- posts and quiets -----------------------------------------------------------------------------------
 
-    def on_post(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_post(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         _, _, block, flags, site, a, b, c, d, e, f, g = r
         pos, peer, qp, opcode = POST_A.unpack(a)
         lane = self.lanes[(pe, peer, qp)]
@@ -382,7 +383,7 @@ class Analyzer(Rules):
             else:
                 lane.ordered = compact(prefix, extra | {w.seq})
 
-    def on_quiet(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_quiet(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         """The quiet's thread knows every WQE of the lane that ends at or before the SQ tail complete."""
         a, tail_raw = r[5], r[6]
         lane = self.lanes[(pe, *QUIET_A.unpack(a)[:2])]
@@ -546,7 +547,7 @@ class Analyzer(Rules):
         if len(entries) > _HISTORY:
             del entries[:len(entries) - _HISTORY]
 
-    def on_signal(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_signal(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         a, off, value = r[5], r[6], r[9]
         tpe, op, size = SIGNAL_A.unpack(a)
         sw = SyncWrite(tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(), r[4])
@@ -554,7 +555,7 @@ class Analyzer(Rules):
         self._sync_write(t, ts, sw, self.side(t.pe, t.block, r[4], what))
         self._release(t, ts, "signal_op", None, r[4])
 
-    def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_wait(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         _, _, block, flags, site, a, b, c, d, e, f, g = r
         wpe, cmp, size, _ = WAIT_A.unpack(a)
         seen = f | g << 32
@@ -607,7 +608,7 @@ class Analyzer(Rules):
 
     # --- barriers, launches, blocks -------------------------------------------------------------------------
 
-    def on_arrive(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_arrive(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         n = r[5]
         if r[6] == _FINALIZE:
             self._unfinished(t, r[4], {th.ti for th in self.threads.values() if th.pe == pe}, "finalized")
@@ -624,37 +625,37 @@ class Analyzer(Rules):
             if s:
                 rel.extras[li] = frozenset(rel.extras.get(li, frozenset()) | s)
 
-    def on_depart(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_depart(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         rel = self.barriers.get(r[5])
         if rel is not None:
             self.join(t, rel)
 
-    def on_launch(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_launch(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         self.launches[(pe, r[5])] = t.release()
 
-    def on_block_begin(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_block_begin(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         rel = self.launches.get((pe, r[5]))
         if rel is not None:
             self.join(t, rel)
 
-    def on_block_end(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_block_end(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         self._unfinished(t, r[4], {t.ti}, "returned from its kernel")
         self.launch_end[(pe, r[5])].append(t.release())
 
-    def on_join(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_join(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         for rel in self.launch_end.pop((pe, r[5]), []):
             self.join(t, rel)
 
-    def on_sync_arrive(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_sync_arrive(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         self.syncs[(pe, r[5], r[6])].append(t.release())
 
-    def on_sync_depart(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_sync_depart(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         for rel in self.syncs.get((pe, r[5], r[6]), []):
             self.join(t, rel)
 
     # --- kernel accesses ----------------------------------------------------------------------------------
 
-    def on_access(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_access(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         _, _, block, flags, site, a, off, n, value, e, f, g = r
         acc = Access.unpack(a)
         if acc.pe not in self.shadow:
@@ -664,7 +665,7 @@ class Analyzer(Rules):
         else:
             self._load(t, ts, acc, off, n, site, poll=(pe, idx) in self.polls)
 
-    def on_local_access(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_local_access(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         """A kernel thread's load or store of a registered local array (line tracing, ``watch``): checked against
         the WQEs that read or write the array, in the PE's local shadow."""
         a, address, n, site = r[5], r[6], r[7], r[4]
@@ -674,7 +675,7 @@ class Analyzer(Rules):
         else:
             self._load(t, ts, acc, address, n, site, poll=False)
 
-    def on_fetch(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_fetch(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         """A fetching atomic's old value, read after its quiet: an acquire of the write it read (a write of
         another thread whose value it is, as a wait's; which one the engines ran first is not in the log, so every
         write posted while the atomic was in flight and the last one posted before it): a lock taken with a CAS

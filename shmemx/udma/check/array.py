@@ -23,6 +23,7 @@ ndarrays.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ _MAX_RUNS = 4096  # more separate runs than this in one access: its hull, marked
 _WRITES = {"copyto": 0, "put": 0, "place": 0, "putmask": 0, "fill_diagonal": 0, "put_along_axis": 0}
 
 
-def install(checker, heap) -> None:
+def install(checker: Any, heap: Any) -> None:
     global _ck, _heap
     _ck, _heap = checker, heap
 
@@ -61,12 +62,12 @@ def _plain(x):
     return x.view(np.ndarray) if isinstance(x, CheckedArray) else x
 
 
-def plain(arr):
+def plain(arr: np.ndarray) -> np.ndarray:
     """``arr`` as a plain ndarray of the same memory (a CheckedArray's view; anything else as it is)."""
     return _plain(arr)
 
 
-def note_access(arr, key=None, write: bool = False) -> None:
+def note_access(arr: np.ndarray, key: object = None, write: bool = False) -> None:
     """Native code of a kernel read (or wrote) ``arr[key]`` (the whole view when ``key`` is None): under
     ``--check`` an access of the kernel line that called, as the numpy operation it replaces would be; nothing
     otherwise. ``key`` may be a function that makes the key. Call it after a read, before a write."""

@@ -11,9 +11,12 @@ that met them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..layout import Odr, Opcode
+from .shadow import WriteRec
 
 __all__ = ["Rel", "Thread", "Lane", "Wqe", "Word", "Entry", "compact", "same_bytes", "order_matters", "apply_op", "word_value",
            "odr_text", "WRITE", "READ", "NOTIFY", "FAA", "CAS"]
@@ -100,7 +103,7 @@ class Word:
 
     __slots__ = ("size", "initial", "entries")
 
-    def __init__(self, size: int, initial):
+    def __init__(self, size: int, initial: int | None):
         self.size, self.initial = size, initial
         self.entries: list = []
 
@@ -108,13 +111,13 @@ class Word:
 class Entry:
     __slots__ = ("ts", "op", "value", "by", "rel", "consumed", "site", "pe", "ti", "cur")
 
-    def __init__(self, ts, op, value, by, rel, site, pe, ti):
+    def __init__(self, ts: int, op: str, value: int | None, by: object, rel: Rel | None, site: int, pe: int, ti: int):
         self.ts, self.op, self.value, self.by, self.rel, self.site, self.pe, self.ti = ts, op, value, by, rel, site, pe, ti
         self.consumed: dict[int, set] = {}  # thread index -> the (cmp, value) of the waits that consumed it
         self.cur = None
 
 
-def compact(prefix: int, extra) -> tuple[int, frozenset]:
+def compact(prefix: int, extra: Iterable[int]) -> tuple[int, frozenset]:
     """A lane's known-complete set as (prefix, the WQEs beyond it): consecutive WQEs after the prefix join it."""
     if not extra:
         return prefix, frozenset()
@@ -129,7 +132,7 @@ def same_bytes(a: Wqe, b: Wqe) -> bool:
             and a.target == b.target and a.opcode == b.opcode == WRITE)
 
 
-def order_matters(old, op: str, value=None) -> bool:
+def order_matters(old: WriteRec, op: str, value: int | None = None) -> bool:
     """Whether two unordered writes of a synchronisation word give a timing-dependent result."""
     if old.op in ("add", "cas") and op in ("add", "cas"):
         return False
@@ -138,7 +141,7 @@ def order_matters(old, op: str, value=None) -> bool:
     return True
 
 
-def apply_op(cur, op: str, value, size: int):
+def apply_op(cur: int | None, op: str, value: int | None, size: int) -> int | None:
     if op == "set":
         return None if value is None else word_value(value, size)
     if op == "add" and cur is not None and value is not None:
@@ -146,7 +149,7 @@ def apply_op(cur, op: str, value, size: int):
     return None
 
 
-def word_value(value, size: int):
+def word_value(value: int | None, size: int) -> int | None:
     """``value`` (raw bits) as the word's signed int; comparisons use the dtype's signedness upstream, which
     differs only above 2**(8*size-1), where shmemx's flag values never are."""
     if value is None:

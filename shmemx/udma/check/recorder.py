@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +39,7 @@ class _Thread(threading.local):
 class Checker:
     """The Python side of ``--check`` (see the module docstring)."""
 
-    def __init__(self, rt, log: EventLog):
+    def __init__(self, rt: Any, log: EventLog):
         self.rt = rt
         self.log = log
         self._put = log.native.put
@@ -87,7 +89,7 @@ class Checker:
         found = self.rt.heap.locate_address(pe)  # a contiguous view: pe is its address, ranges its bytes
         return [] if found is None or not ranges else [(found[0], found[1], ranges)]
 
-    def derived(self, view, pe: int, ranges, site: int) -> None:
+    def derived(self, view: np.ndarray, pe: int, ranges: Iterable[tuple[int, int]], site: int) -> None:
         """A view derived by kernel code: ``pe`` and ``ranges`` ([(offset, bytes)]), or for a contiguous one its
         address and byte count."""
         tls = self._tls
@@ -95,8 +97,8 @@ class Checker:
             tls.pending = []
         tls.pending.append((weakref.ref(view), pe, ranges, site, _now()))
 
-    def access(self, pe: int, ranges, write: bool, site: int, ts: int | None = None, value: int | None = None,
-               approx: bool = False, direct: bool = False) -> None:
+    def access(self, pe: int, ranges: Iterable[tuple[int, int]], write: bool, site: int, ts: int | None = None,
+               value: int | None = None, approx: bool = False, direct: bool = False) -> None:
         """Heap bytes ``ranges`` ([(offset, length)]) of PE ``pe`` read or written by kernel code (``direct``: a
         store through an aclshmem_ptr view or by MTE)."""
         self.flush()
@@ -106,7 +108,7 @@ class Checker:
         for off, n in ranges:
             self._record(ts, Kind.ACCESS, site, a, off, n, v)
 
-    def mte(self, remote_pe: int, remote_off: int, nbytes: int, write: bool, local) -> None:
+    def mte(self, remote_pe: int, remote_off: int, nbytes: int, write: bool, local: np.ndarray | None) -> None:
         """An MTE copy: ``nbytes`` at ``remote_off`` of PE ``remote_pe`` written (put) or read (get) by this thread,
         and the other side ``local`` (an array: logged when it is heap memory). A put is logged before it copies,
         a get after."""
@@ -123,7 +125,7 @@ class Checker:
 
     # --- defer batches, blocks -------------------------------------------------------------------------------
 
-    def batch(self, state, qp, pending: int, submit: bool) -> None:
+    def batch(self, state: Any, qp: Any, pending: int, submit: bool) -> None:
         """A defer/submit call: a batch that is never submitted is reported when its block (or the job) ends."""
         batches = self._tls.batches
         if batches is None:
@@ -149,14 +151,15 @@ class Checker:
         if self.watch.gen:
             self.watch.sync(sys._getframe(2))
 
-    def attach(self, registry, poster) -> None:
+    def attach(self, registry: Any, poster: Any) -> None:
         """Be told of every local array ``registry`` registers (``LocalRegistry.watch``), and by the native posting
         path (``poster``) of every WQE over one and of every quiet."""
         registry.watch = self.registered
         self._registry = registry
+        self._last = None
         poster.set_watch(self.in_flight, self.retired)
 
-    def registered(self, reg) -> None:
+    def registered(self, reg: Any) -> None:
         """A REGISTER record for a new registration, named by the kernel variable that holds the array."""
         name = _name_of(sys._getframe(2), reg.address, reg.nbytes) or f"local array at {reg.address:#x}"
         at, n = self.log.string(name)
@@ -166,12 +169,15 @@ class Checker:
     def in_flight(self, queue: int, end: int, va: int, length: int) -> None:
         """The native posting path posted a WQE of ``queue`` ending at BB ``end`` whose local side is
         ``[va, va + length)`` of a registered local array: watch the array until the quiet retires it."""
-        found = self._registry.resolve(va, length)
-        if found is None or found[0] is self._registry.amo_bytes:
-            return
-        buf, off = found
-        root = data_address(buf)
-        self.watch.add(queue, end, root, buf.nbytes, root + off, root + off + length, sys._getframe(1))
+        last = self._last  # (first VA, end VA, root address, bytes) of the registration resolved last: a kernel
+        if not (last and last[0] <= va and va + length <= last[1]):  # posts many rows of one array in a row
+            found = self._registry.resolve(va, length)
+            if found is None or found[0] is self._registry.amo_bytes:
+                return
+            buf, off = found
+            last = self._last = (va - off, va - off + buf.nbytes, data_address(buf), buf.nbytes)
+        lo = last[2] + va - last[0]  # (a registration's VAs are never given again: the cache cannot go stale)
+        self.watch.add(queue, end, last[2], last[3], lo, lo + length, sys._getframe(1))
 
     def retired(self, queue: int, tail: int) -> None:
         """A quiet of ``queue`` returned with every WQE before BB ``tail`` retired."""
@@ -182,7 +188,7 @@ class Checker:
         self._put(_now(), Kind.LOCAL_ACCESS, thread_slot() & 0xFF, 0, self._site_of(code, line),
                   int(write) | int(whole) << 1, address, nbytes, 0, 0, 0, 0)
 
-    def fetched(self, qp, pos: int, value: int) -> None:
+    def fetched(self, qp: Any, pos: int, value: int) -> None:
         """A fetching atomic's old value, read after the quiet that retired its WQE at BB ``pos`` of ``qp``."""
         self._put(_now(), Kind.FETCH, thread_slot() & 0xFF, 0, self.log.site(), LANE_A.pack(peer=qp.peer, qp=qp.qp_idx),
                   pos & 0xFFFF_FFFF, 0, 0, value & _U64, 0, 0)

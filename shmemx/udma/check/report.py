@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..describe import format_flag
 from ..layout import M32, opcode_name
+from .clocks import Wqe
 
 __all__ = ["Side", "Finding", "Findings", "describe_wqe", "kind_text", "KINDS", "EXIT_FINDINGS"]
 
@@ -44,12 +45,12 @@ def kind_text(kind: str) -> str:
     return KINDS.get(kind, kind)
 
 
-def describe_wqe(w) -> str:
+def describe_wqe(w: Wqe) -> str:
     """``WRITE to pe 1 qp 0 at BB 12 (flag 0x20(odr=NO,cqe))``."""
     return f"{opcode_name(w.opcode)} to pe {w.target} qp {w.qp} at BB {w.pos & M32} (flag {format_flag(w.flag)})"
 
 
-def site_text(site) -> str:
+def site_text(site: tuple[str, str, int] | None) -> str:
     if site is None:
         return "<unknown line>"
     file, _function, line = site
@@ -151,7 +152,7 @@ class Findings:
             old.count += f.count
             old.pes.add(f.a.pe)
 
-    def site_text(self, site) -> str:
+    def site_text(self, site: tuple[str, str, int] | None) -> str:
         return site_text(site)
 
     @property

@@ -44,7 +44,7 @@ class Rules:
                     f"and sync_all() before block {self.by_ti[t.ti].block} posts"))
         lane.last_user = (t.ti, t.clock, w.site)
 
-    def on_claim(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_claim(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         """A post that SubmitterError refused (another block still owned the queue): two submitters."""
         a = r[5]
         lane = self.lanes.get((pe, *LANE_A.unpack(a)))
@@ -62,7 +62,7 @@ class Rules:
             fix=f"give each block its own qp (qp_idx = block index), or quiet the queue in block {other.block} and "
                 f"sync_all() before block {t.block} posts"))
 
-    def on_unsubmitted(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_unsubmitted(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         a, pending = r[5], r[6]
         peer, qp = LANE_A.unpack(a)
         self.add(Finding(
@@ -90,7 +90,7 @@ class Rules:
             for x in left:
                 x.reaped = True  # reported once
 
-    def on_src_changed(self, t: Thread, ts, pe, idx, r) -> None:
+    def on_src_changed(self, t: Thread, ts: int, pe: int, idx: int, r: list[int]) -> None:
         a, pos = r[5], r[6]
         lane = self.lanes.get((pe, *LANE_A.unpack(a)))
         if lane is None:

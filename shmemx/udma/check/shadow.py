@@ -12,6 +12,7 @@ one call) and merges neighbours that end up with the same state.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = ["State", "WriteRec", "ReadRec", "Shadow", "EMPTY"]
@@ -63,7 +64,8 @@ class State:
         self.pins = pins  # Wqes that read this memory when they execute
         self.sync = sync
 
-    def replace(self, writes=None, reads=None, pins=None, sync=None) -> "State":
+    def replace(self, writes: tuple | None = None, reads: tuple | None = None, pins: tuple | None = None,
+                sync: object = None) -> "State":
         return State(self.writes if writes is None else writes, self.reads if reads is None else reads,
                      self.pins if pins is None else pins, self.sync if sync is None else sync)
 
@@ -95,7 +97,7 @@ class Shadow:
         self.states.insert(i + 1, self.states[i])
         return i + 1
 
-    def update(self, lo: int, hi: int, fn) -> None:
+    def update(self, lo: int, hi: int, fn: Callable[[State, int], State]) -> None:
         """``states = fn(state, start)`` for every interval in ``[lo, hi)`` (once per distinct old state, ``start``
         being the first byte it covers there); ``fn`` returning the state itself changes nothing."""
         lo, hi = max(0, lo), min(self.size, hi)
@@ -125,7 +127,7 @@ class Shadow:
                 del states[i], bounds[i]
             i -= 1
 
-    def states_in(self, lo: int, hi: int):
+    def states_in(self, lo: int, hi: int) -> Iterator[tuple[int, State]]:
         """(start, state) of every interval overlapping ``[lo, hi)`` (no split)."""
         bounds = self.bounds
         i = bisect.bisect_right(bounds, lo) - 1

@@ -29,6 +29,8 @@ import dis
 import os
 import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 
 import numpy as np
 
@@ -106,10 +108,11 @@ def _use(instrs: list, i: int) -> tuple[bool, object]:
 class LocalWatch:
     """The in-flight local arrays of this PE and the line tracing that watches them (see the module docstring)."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Callable[..., object]):
         self.emit = emit  # emit(write, address, nbytes, code, line): one LOCAL_ACCESS record
         self.flights: dict[tuple[int, int], tuple] = {}  # (queue index, array address) -> (lo, hi, end BB)
         self.spans: tuple = ()  # the flights' [lo, hi) (a tuple replaced on change: other threads iterate it)
+        self._stale = False  # a flight grew since spans was built (_hulls rebuilds it)
         self.gen = 0  # changes whenever flights do: a thread re-arms at its next event
         self.roots: dict[int, int] = {}  # address -> end of every array with a flight (replaced on change)
         self.roots_gen = 0
@@ -120,7 +123,7 @@ class LocalWatch:
 
     # --- what is in flight -------------------------------------------------------------------------------------
 
-    def add(self, queue: int, end: int, root: int, nbytes: int, lo: int, hi: int, frame) -> None:
+    def add(self, queue: int, end: int, root: int, nbytes: int, lo: int, hi: int, frame: FrameType) -> None:
         """A WQE of ``queue`` ending at BB ``end`` reads or writes local bytes [lo, hi) of the registered array of
         ``nbytes`` at address ``root`` (one flight per queue and array: the hull of its bytes in flight, until the
         last of them retires). A frame is traced when it holds a variable over any byte of such an array, so a
@@ -133,11 +136,12 @@ class LocalWatch:
             old = self.flights.get(key)
             span = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
             self.flights[key] = (span[0], span[1], end & _M32)
-            changed = old is None or span != old[:2]
-            if changed:
-                self.spans = tuple((a, b) for a, b, _ in self.flights.values())
-                self.gen += 1
-        if changed or getattr(self._tls, "gen", 0) != self.gen:
+            if old is None:  # another flight: the threads look at their frames again (a kernel posts many WQEs
+                self.spans = tuple((a, b) for a, b, _ in self.flights.values())  # from one array: walking the
+                self.gen += 1  # stack, or rebuilding the spans, for each of them cost more than the kernel)
+            elif span != old[:2]:
+                self._stale = True  # a flight grew: the spans are rebuilt when a line looks them up (_hulls)
+        if getattr(self._tls, "gen", 0) != self.gen:
             self.arm(frame)
 
     def retire(self, queue: int, tail: int) -> None:
@@ -148,6 +152,7 @@ class LocalWatch:
                 del self.flights[k]
             if done:
                 self.spans = tuple((a, b) for a, b, _ in self.flights.values())
+                self._stale = False
                 self.gen += 1
                 live = {k[1] for k in self.flights}
                 if len(live) != len(self.roots):
@@ -156,9 +161,17 @@ class LocalWatch:
         if done and not self.spans:
             self._disarm()
 
+    def _hulls(self) -> tuple:
+        """The flights' [lo, hi), up to date."""
+        if self._stale:
+            with self._lock:
+                self._stale = False
+                self.spans = tuple((a, b) for a, b, _ in self.flights.values())
+        return self.spans
+
     # --- tracing -------------------------------------------------------------------------------------------------
 
-    def sync(self, frame) -> None:
+    def sync(self, frame: FrameType) -> None:
         """A checker event of this thread: start (or stop) tracing if the flights changed since its last one."""
         tls = self._tls
         if getattr(tls, "gen", 0) != self.gen:
@@ -167,7 +180,7 @@ class LocalWatch:
             else:
                 self._disarm()
 
-    def arm(self, frame) -> None:
+    def arm(self, frame: FrameType) -> None:
         tls = self._tls
         tls.gen = self.gen
         if not getattr(tls, "on", False):
@@ -204,7 +217,7 @@ class LocalWatch:
         if not isinstance(value, np.ndarray) or not value.size:
             return False
         lo, hi = _extent(value)
-        return any(lo < fhi and flo < hi for flo, fhi in self.spans)
+        return any(lo < fhi and flo < hi for flo, fhi in self._hulls())
 
     def _holds(self, frame) -> bool:
         """Whether a frame has a variable bound to an array over bytes of an array in flight."""
@@ -248,7 +261,7 @@ class LocalWatch:
             except (IndexError, TypeError, ValueError):
                 whole = True
         lo, hi = _extent(value)
-        for flo, fhi in self.spans:
+        for flo, fhi in self._hulls():
             a, b = max(lo, flo), min(hi, fhi)
             if a < b:
                 self.emit(write, a, b - a, code, line, whole)
