@@ -114,7 +114,7 @@ class Heap:
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
-    def attach_peers(self, local=None) -> None:
+    def attach_peers(self, local: range | None = None) -> None:
         """Map every peer's heap (they exist once every PE passed init's barrier); with ``local`` (the PEs of this
         host, a job of several hosts), only those: another host's heap is reached through its NIC only."""
         for pe in range(self.n_pes) if local is None else local:

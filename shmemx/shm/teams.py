@@ -16,6 +16,7 @@ written by the team's leader (its team PE 0) before a meeting of the team and re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class Mailbox:
     result: int
 
 
-def claim(ctl: np.ndarray, start: int, stride: int, size: int, hosts=None) -> TeamShape | None:
+def claim(ctl: np.ndarray, start: int, stride: int, size: int, hosts: Any = None) -> TeamShape | None:
     """A free team slot for the team ``start + i * stride`` (i < size), with a new job-wide id; None when every
     slot is taken. Its barrier counter is zero (a released slot's is: its last barrier completed). In a job of
     several hosts (``hosts``, a ``shm.hosts.HostMap``) each host claims from its own share of the slots

@@ -38,11 +38,13 @@ import random
 import struct
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
 from ..shm import atomics
-from ..shm.control import HEADER_SIZE, MAX_TEAMS, PE_STRIDE, PeStatus
+from ..shm.control import HEADER_SIZE, MAX_TEAMS, PE_STRIDE, Control, PeStatus
+from ..shm.hosts import HostMap
 from ..shm.teams import slot_host
 from ..shm.futex import futex_wake
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
@@ -239,7 +241,7 @@ class Nic:
     """The NIC of this host (see the module docstring). ``comm``: an mpi4py communicator of one rank per host,
     rank = host index."""
 
-    def __init__(self, job_id: str, hosts, ctl, comm, heap_size: int, chaos: int | None = None):
+    def __init__(self, job_id: str, hosts: HostMap, ctl: Control, comm: Any, heap_size: int, chaos: int | None = None):
         self.job_id = job_id
         self.hosts = hosts
         self.ctl = ctl
