@@ -63,15 +63,15 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
         except ValueError:
             raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
     if hosts or hostfile:
-        from shmemx.launcher.hosts import HostRun, parse_hosts, run_hosts
+        from shmemx.launcher.hosts import parse_hosts, run_hosts
 
         try:
             host_map, names = parse_hosts(hosts, hostfile, n)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-        opts = HostRun(module=module is not None, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
-                       dump_dir=dump_dir, check=check, chaos=chaos, trace=trace, record=record, stats=stats)
-        sys.exit(run_hosts(n, host_map, names, target, args, opts))
+        sys.exit(run_hosts(n, host_map, names, target, args, module=module is not None, heap_size=heap_size,
+                           timeout=timeout, tag_output=tag_output, dump_dir=dump_dir, check=check, chaos=chaos,
+                           trace=trace, record=record, stats=stats))
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
                   tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
                   chaos=chaos)

@@ -29,12 +29,11 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 
 from shmemx.shm.hosts import HostMap, host_job_id
 from shmemx.shm.segment import SHM_DIR, segment_name
 
-__all__ = ["HostPart", "HostRun", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
+__all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
 HELLO = "\x1eshmemx-host"  # a host launcher's first line to the front: host, pid, node (not shown)
 _NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
@@ -74,31 +73,12 @@ def _mpiexec() -> str:
     return found
 
 
-@dataclass
-class HostRun:
-    """What ``shmemx run`` passes on to a job over hosts (its options, as ``job.launch`` takes them)."""
-
-    module: bool = False
-    heap_size: object = None
-    timeout: float | None = None
-    tag_output: bool = True
-    env: dict | None = None
-    dump_dir: str | None = None
-    check: bool = False
-    chaos: object = None
-    trace: str | None = None
-    record: str | None = None
-    stats: bool = False
-    job_id: str | None = None
-
-
-def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args: list, opts: HostRun) -> int:
+def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args, *, module: bool = False,
+              heap_size=None, timeout: float | None = None, tag_output: bool = True, env: dict | None = None,
+              dump_dir: str | None = None, check: bool = False, chaos=None, trace: str | None = None,
+              record: str | None = None, stats: bool = False, job_id: str | None = None) -> int:
     """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's)."""
     import secrets
-
-    module, heap_size, timeout, tag_output, env = opts.module, opts.heap_size, opts.timeout, opts.tag_output, opts.env
-    dump_dir, check, chaos, trace, record, job_id = opts.dump_dir, opts.check, opts.chaos, opts.trace, opts.record, \
-        opts.job_id
 
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
     trace, record = (os.path.abspath(p) if p else None for p in (trace, record))

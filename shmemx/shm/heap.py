@@ -17,6 +17,8 @@ job-wide VA map that WQEs carry.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import bisect
 import ctypes
 
@@ -114,7 +116,7 @@ class Heap:
         self._starts: list[int] = []  # sorted mapping addresses, for locate()
         self._pes: list[int] = []
 
-    def attach_peers(self, local: range | None = None) -> None:
+    def attach_peers(self, local: Iterable[int] | None = None) -> None:
         """Map every peer's heap (they exist once every PE passed init's barrier); with ``local`` (the PEs of this
         host, a job of several hosts), only those: another host's heap is reached through its NIC only."""
         for pe in range(self.n_pes) if local is None else local:

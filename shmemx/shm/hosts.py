@@ -12,6 +12,8 @@ one machine never share a segment and tools still find every segment of the job 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import bisect
 import os
 
@@ -37,7 +39,7 @@ class HostMap:
 
     __slots__ = ("counts", "index", "starts", "n_pes", "multi")
 
-    def __init__(self, counts: list[int], index: int = 0):
+    def __init__(self, counts: Iterable[int], index: int = 0):
         self.counts = [int(c) for c in counts]
         if not self.counts or min(self.counts) < 1:
             raise ValueError(f"host map {counts!r}: every host needs at least one PE")

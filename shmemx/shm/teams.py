@@ -15,8 +15,9 @@ written by the team's leader (its team PE 0) before a meeting of the team and re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from dataclasses import dataclass
 
 import numpy as np
 
