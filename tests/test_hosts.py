@@ -29,8 +29,8 @@ def _segments(job: str) -> list[str]:
     return glob.glob(f"/dev/shm/shmemx_{job}.h*")
 
 
-def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 90) -> subprocess.CompletedProcess:
-    cmd = SHMEMX + ["run", "-n", str(n), "--hosts", hosts, "--timeout", "60", str(HERE / script), *args]
+def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = SHMEMX + ["run", "-n", str(n), "--hosts", hosts, "--timeout", "240", str(HERE / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 

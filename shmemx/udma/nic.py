@@ -292,7 +292,9 @@ class Nic:
         self.meet = meet
         self.stopping = True
         if self._thread is not None:
-            self._thread.join()
+            # a NIC stuck in MPI on a host that died (a blocking receive of its payload) must not keep this
+            # launcher from cleaning up: it is a daemon thread, left behind after a bounded wait
+            self._thread.join(MEET_TIMEOUT + 5 if meet else 2.0)
             self._thread = None
 
     def abort(self, reason: str) -> None:

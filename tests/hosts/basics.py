@@ -142,6 +142,7 @@ assert statuses == [0] * bad_at + [0x05] + [0x0A] * (count - bad_at - 1), status
 aclshmem_barrier_all()
 assert (rows_dst[:bad_at] == pattern(far, count * 8).reshape(count, 8)[:bad_at]).all() and \
     (rows_dst[bad_at:] == -1).all(), f"pe {me}: run rows {rows_dst[:, 0]}"
+aclshmem_barrier_all()  # every PE checked its rows before any writes the last one again
 aclshmemx_udma_put_nbi(rows_dst[-1], rows_src[-1], 8, far)  # the queue runs again
 aclshmemx_udma_quiet(far)
 aclshmem_barrier_all()
