@@ -39,8 +39,12 @@ def main() -> None:
 @click.option("--chaos", default=None, metavar="SEED",
               help="Jitter kernel threads at waits, quiets and signal_op, every choice drawn from SEED "
                    "('random': pick one and print it).")
+@click.option("--deepep", is_flag=True,
+              help="DeepEP mode: run DeepEP's own scripts unchanged (import deep_ep is shmemx's, CUDA is the CPU, "
+                   "torch.multiprocessing.spawn runs on the job's ranks; docs/deepep.md).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, target_and_args) -> None:
+def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, deepep,
+        target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
@@ -59,7 +63,7 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
             raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
                   tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
-                  chaos=chaos)
+                  chaos=chaos, deepep=deepep)
     sys.exit(code)
 
 

@@ -60,6 +60,7 @@ from shmemx.udma.events import read_job_logs
 from shmemx.udma.check.recorder import CHECK_ENV
 from shmemx.udma.check.report import EXIT_FINDINGS
 
+from . import deepep
 from .reaper import Reaper
 
 __all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_FINDINGS"]
@@ -93,6 +94,7 @@ def launch(
     dump: bool = True,
     check: bool = False,
     chaos: int | str | None = None,
+    deepep: bool = False,
 ) -> int:
     """Run ``target`` on ``n`` PEs and return the job's exit status.
 
@@ -116,6 +118,8 @@ def launch(
             lines and written as JSON lines beside the dump; exit status 3 when the job otherwise succeeded.
         chaos: a seed (int) for the seeded jitter of kernel threads (``--chaos SEED``), or "random" to pick one
             (printed).
+        deepep: DeepEP mode (``--deepep``, ``launcher.deepep``): ``import deep_ep`` is shmemx's, CUDA is the
+            CPU, ``torch.multiprocessing.spawn`` runs on the job's ranks, DeepEP's variables are set.
     """
     job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
               env=env or {}, stdout=stdout, stderr=stderr)
@@ -126,6 +130,7 @@ def launch(
     job.dump = dump
     job.check = check
     job.chaos = chaos
+    job.deepep = deepep
     return job.run()
 
 
@@ -191,6 +196,8 @@ class Job:
         self.check = False  # --check: the ranks log events, the launcher analyses them (udma.check)
         self.chaos: int | str | None = None  # --chaos SEED
         self.check_findings = None  # the analysis' Findings once the ranks ended
+        self.deepep = False  # --deepep: DeepEP's scripts unchanged (launcher.deepep)
+        self.deepep_port: int | None = None  # its torch.distributed rendezvous port
         self._gone: set[int] = set()  # ids of output streams whose reader went away
 
     # --- the whole run -------------------------------------------------------------------------------------
@@ -222,6 +229,8 @@ class Job:
         try:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
+            if self.deepep:
+                self.deepep_port = deepep.free_port()  # one per job, chosen before the ranks fork
             self._start_ranks()
             self.ctl.header["state"] = JobState.RUNNING
             return self._supervise()
@@ -264,6 +273,8 @@ class Job:
             env[CHAOS_ENV] = str(self.chaos)
         if self.record_dir:
             env[record.RECORD_DIR_ENV] = self.record_dir
+        if self.deepep:
+            env.update(deepep.rank_env(rank, self.n, self.deepep_port))
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -625,6 +636,8 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
 
 def _run_target(rank: int, job: Job, ctl: Control) -> int:
     try:
+        if job.deepep:
+            deepep.install()
         if callable(job.target):
             job.target(*job.args)
         elif job.module:

@@ -16,6 +16,8 @@ tests use: ``calc_diff``, FP8 casts, ``inplace_unique``, ``bench``, collectives)
 Only the public ``shmemx`` API and ``shmemx.kernels.moe`` are used.
 """
 
+import sys as _sys
+
 import numpy as _np
 
 from .buffer import Buffer
@@ -23,7 +25,16 @@ from .config import Config
 from .event import EventHandle, EventOverlap
 from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
 
-topk_idx_t = _np.int64  # DeepEP's deep_ep.topk_idx_t (torch.int64 there; torch users pass torch.int64)
+
+
+def __getattr__(name: str):
+    """``topk_idx_t``: DeepEP's index dtype, ``torch.int64`` once torch is imported (tests call
+    ``.to(deep_ep.topk_idx_t)``), else ``numpy.int64`` (this package never imports torch)."""
+    if name == "topk_idx_t":
+        torch = _sys.modules.get("torch")
+        return torch.int64 if torch is not None else _np.int64
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "IntranodeHandle", "InternodeHandle",
            "LowLatencyHandle", "topk_idx_t"]
