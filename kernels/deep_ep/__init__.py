@@ -28,13 +28,23 @@ from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
 
 
 def __getattr__(name: str):
-    """``topk_idx_t``: DeepEP's index dtype, ``torch.int64`` once torch is imported (tests call
+    """``ElasticBuffer`` / ``EPHandle`` (DeepEP V2, ``elastic``), the domain-size helpers, and ``topk_idx_t``: DeepEP's index dtype, ``torch.int64`` once torch is imported (tests call
     ``.to(deep_ep.topk_idx_t)``), else ``numpy.int64`` (this package never imports torch)."""
     if name == "topk_idx_t":
         torch = _sys.modules.get("torch")
         return torch.int64 if torch is not None else _np.int64
+    if name in ("ElasticBuffer", "EPHandle"):  # DeepEP V2 (elastic.py), made on first use
+        from . import elastic
+
+        return getattr(elastic, name)
+    if name in ("get_physical_domain_size", "get_logical_domain_size"):
+        from .utils import envs
+
+        return getattr(envs, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "IntranodeHandle", "InternodeHandle",
+__version__ = "2.1.0"  # the DeepEP version whose API this follows (legacy Buffer and V2 ElasticBuffer)
+
+__all__ = ["Buffer", "ElasticBuffer", "EPHandle", "Config", "EventOverlap", "EventHandle", "IntranodeHandle", "InternodeHandle",
            "LowLatencyHandle", "topk_idx_t"]
