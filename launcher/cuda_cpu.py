@@ -5,7 +5,8 @@ Mapped (the only changes made to torch, all in this rank process, once):
 * devices: every ``device='cuda'`` / ``'cuda:N'`` / ``torch.device('cuda')`` / an integer device given to a torch
   function, ``Tensor.to('cuda')`` and ``Tensor.cuda()`` mean the CPU (a ``TorchFunctionMode``);
   ``torch.set_default_device('cuda')`` sets the CPU; ``Tensor.record_stream`` and ``Tensor.pin_memory`` return at
-  once (one memory, no streams).
+  once (one memory, no streams); a ``torch.zeros`` of 64 MiB or more is served by untouched zero pages (calloc),
+  as a GPU zeroes its own memory (DeepEP's tests allocate 16 GiB of scratch to flush caches).
 * ``torch.cuda``: ``synchronize``, ``set_device``, ``current_device`` (0), ``device_count`` (the job's ranks),
   ``get_device_name``, ``get_device_properties`` (a name and ``multi_processor_count``), ``empty_cache``,
   ``manual_seed`` / ``manual_seed_all`` (the CPU generator is torch's one), ``_sleep`` (no GPU to keep busy);
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
@@ -66,7 +68,33 @@ class _CudaOnCpu(TorchFunctionMode):
             kwargs["device"] = _cpu(kwargs["device"])
         if func is _TO:
             args = (args[0], *(_CPU if isinstance(a, (str, torch.device)) and _is_cuda(a) else a for a in args[1:]))
+        if func is torch.zeros:
+            big = _lazy_zeros(args, kwargs)
+            if big is not None:
+                return big
         return func(*args, **kwargs)
+
+
+def _lazy_zeros(args, kwargs):
+    """A large ``torch.zeros`` on untouched zero pages (calloc), or None for torch's own path: DeepEP's tests
+    allocate GPU-sized scratch (``torch.zeros((131072, 32768), dtype=torch.int)`` = 16 GiB, to flush caches) that a
+    GPU zeroes in its own memory; on the host torch would write every page. Same values, same dtype and shape."""
+    if set(kwargs) - {"dtype", "device"} or not args:
+        return None
+    shape = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * dtype.itemsize
+    if nbytes < _LAZY_ZEROS_BYTES:
+        return None
+    return torch.from_numpy(np.zeros(nbytes, np.uint8)).view(dtype).view(shape)
+
+
+_LAZY_ZEROS_BYTES = 64 << 20
 
 
 _RETURN_SELF = {torch.Tensor.cuda, torch.Tensor.pin_memory}

@@ -104,9 +104,15 @@ def check_torch_deterministic() -> None:
     assert not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory)
 
 
+# The per-rank port bandwidths of shmemx replay's default topology (observe/replay/topologies/ascend950.toml):
+# what the modelled time assumes, and what DeepEP's tests divide by (a 0 here is a ZeroDivisionError there).
+MODELLED_INTRA_GBPS = 150.0
+MODELLED_INTER_GBPS = 22.5
+
+
 def get_nvlink_gbs(factor: float = 0.9) -> float:
-    """0: no NVLink to measure (DeepEP answers 0 when its probe fails)."""
-    return 0
+    """The modelled intra-server bandwidth in GB/s (no NVLink to probe)."""
+    return MODELLED_INTRA_GBPS
 
 
 def check_fast_rdma_atomic_support(nic_name: str = "") -> bool:
@@ -114,5 +120,5 @@ def check_fast_rdma_atomic_support(nic_name: str = "") -> bool:
 
 
 def get_rdma_gbs(nic_name: str = "") -> float:
-    """0: no NIC to measure (DeepEP answers 0 when its probe fails)."""
-    return 0
+    """The modelled inter-server bandwidth in GB/s (no NIC to probe)."""
+    return MODELLED_INTER_GBPS
