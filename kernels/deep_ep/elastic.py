@@ -263,6 +263,7 @@ class ElasticBuffer:
         """
         self._check_alive("dispatch")
         event = _event(previous_event, async_with_compute_stream, allocate_on_comm_stream)
+        cached = handle is not None
         if handle is not None:
             if topk_idx is not None:
                 raise ValueError("dispatch: a cached dispatch (handle given) takes no topk_idx (the handle's is used)")
@@ -294,7 +295,7 @@ class ElasticBuffer:
                                     max_tokens, int(num_experts))
         with timed("dispatch_copy_epilogue_impl"):
             result = self._dispatch_outputs(out, int(num_experts), alignment, bool(do_expand),
-                                            do_cpu_sync is not False, bool(use_tma_aligned_col_major_sf),
+                                            do_cpu_sync is not False or cached, bool(use_tma_aligned_col_major_sf),
                                             topk_weights is not None)
         if cumulative_local_expert_recv_stats is not None:
             stats = to_numpy(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats")

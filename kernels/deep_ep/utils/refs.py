@@ -14,6 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..tensors import _to_torch, to_numpy
 from .envs import get_global_seed
 
 __all__ = ["dispatch", "generate_pre_combine_data", "ordered_accumulate", "combine"]
@@ -28,9 +29,10 @@ def dispatch(x, topk_idx: torch.Tensor, topk_weights, num_max_tokens_per_rank: i
     local = num_experts // num_ranks
     data, sf = x if isinstance(x, tuple) else (x, None)
     weights = topk_weights if topk_weights is not None else torch.zeros(topk_idx.shape, dtype=torch.float32)
-    mine = (data.cpu(), None if sf is None else sf.cpu().contiguous(), topk_idx.cpu(), weights.cpu())
-    everyone = [None] * num_ranks
-    dist.all_gather_object(everyone, mine)
+    mine = tuple(None if t is None else to_numpy(t).copy() for t in (data, sf, topk_idx, weights))
+    gathered = [None] * num_ranks
+    dist.all_gather_object(gathered, mine)  # (numpy arrays pickle with their bfloat16 / float8 dtypes)
+    everyone = [tuple(None if a is None else _to_torch(a) for a in part) for part in gathered]
     parts = {"x": [], "sf": [], "idx": [], "w": [], "src": []}
     counts = []
     lo, hi = rank * local, (rank + 1) * local
