@@ -529,7 +529,7 @@ class ElasticBuffer:
         if self._engram is None or self._engram.entries != len(data) or self._engram.row_bytes != rows.shape[1]:
             if self._engram is not None:
                 self._engram.close()
-            fetch_rows = max(self.num_max_tokens_per_rank, 1) * 64
+            fetch_rows = max((self.num_bytes - self.num_cpu_bytes) // rows.shape[1], 1)  # DeepEP's GPU part
             self._engram = Engram(self.rank_idx, self.num_ranks, len(data), rows.shape[1], fetch_rows)
         self._engram_dtype, self._engram_hidden, self._engram_sf = data.dtype, data.shape[1], \
             None if sf is None else to_numpy(sf, "sf")
@@ -537,19 +537,19 @@ class ElasticBuffer:
         self._engram.write(rows)
 
     def engram_fetch(self, indices, num_qps: int = 0, use_tma_aligned_col_major_sf: bool = False):
-        """READ the entries ``indices [T, k] int32`` from their ranks; returns a hook giving ``(data [T * k, hidden],
-        sf [T, k * packs] or None)``."""
+        """READ the entries ``indices [T, k] int32`` from their ranks; returns a hook giving ``(data [T, k * hidden]
+        (each token's entries concatenated), sf [T, k * packs] or None)``."""
         self._check_alive("engram_fetch")
         if self._engram is None:
             raise RuntimeError(f"pe {self.rank_idx}: engram_fetch: call engram_write first")
         idx = to_numpy(indices, "indices").astype(np.int64)
-        with timed("engram_fetch"):
+        with timed("engram_fetch_impl"):
             area = self._engram.fetch(idx.reshape(-1))
 
         def hook():
-            with timed("engram_fetch_wait"):
+            with timed("engram_fetch_wait_impl"):
                 self._engram.quiet()
-            data = area.copy().view(self._engram_dtype).reshape(-1, self._engram_hidden)
+            data = area.copy().view(self._engram_dtype).reshape(idx.shape[0], -1)
             sf = None
             if self._engram_sf is not None:
                 sf = self._engram_sf[idx.reshape(-1)].reshape(idx.shape[0], -1)
