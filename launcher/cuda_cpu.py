@@ -15,7 +15,7 @@ Mapped (the only changes made to torch, all in this rank process, once):
   completed when it returns, so waits return at once).
 * ``torch.distributed``: backend ``'nccl'`` (in ``init_process_group`` and ``new_group``) becomes ``'gloo'``;
   ``device_id`` is dropped; ``all_gather_into_tensor`` takes nccl's stacked output ``[P, *shape]`` too (gloo
-  only the concatenated one).
+  only the concatenated one), and float8 tensors (as their bytes: gloo has no float8).
 
 Refused, with ``NotImplementedError`` naming the call: CUDA graphs (``torch.cuda.CUDAGraph``, ``graph``,
 ``make_graphed_callables``) and the memory statistics (``memory_allocated``, ``max_memory_allocated``,
@@ -232,9 +232,15 @@ def _patch_distributed() -> None:
         if output_tensor.dim() == input_tensor.dim() + 1:  # the stacked form nccl takes: [P, *shape]
             output_tensor = output_tensor.view(-1, *input_tensor.shape[1:]) if input_tensor.dim() \
                 else output_tensor.view(-1)
+        if input_tensor.dtype in _BYTE_TYPES:  # gloo has no float8: gather the bytes (the same bytes)
+            output_tensor, input_tensor = output_tensor.view(torch.uint8), input_tensor.view(torch.uint8)
         return gather(output_tensor, input_tensor, group=group, async_op=async_op)
 
     dist.all_gather_into_tensor = all_gather_into_tensor
+
+
+_BYTE_TYPES = {getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+               if hasattr(torch, name)}
 
 
 def _gloo(backend):
