@@ -294,7 +294,7 @@ class ElasticBuffer:
                                     to_numpy(topk_idx, "topk_idx"), to_numpy(topk_weights, "topk_weights"),
                                     max_tokens, int(num_experts))
         with timed("dispatch_copy_epilogue_impl"):
-            result = self._dispatch_outputs(out, int(num_experts), alignment, bool(do_expand),
+            result = self._dispatch_outputs(out, int(num_experts), max_tokens, alignment, bool(do_expand),
                                             do_cpu_sync is not False or cached, bool(use_tma_aligned_col_major_sf),
                                             topk_weights is not None)
         if cumulative_local_expert_recv_stats is not None:
@@ -313,8 +313,8 @@ class ElasticBuffer:
             handle.per_rank, handle.local_slots = out["per_rank"], out["topk_idx"] >= 0
         return recv_x, recv_topk_idx, recv_w, handle, event
 
-    def _dispatch_outputs(self, out: dict, num_experts: int, alignment: int, expand: bool, exact: bool,
-                          col_major_sf: bool, with_weights: bool) -> dict:
+    def _dispatch_outputs(self, out: dict, num_experts: int, max_tokens: int, alignment: int, expand: bool,
+                          exact: bool, col_major_sf: bool, with_weights: bool) -> dict:
         """The V2 layout of the received rows (see ``dispatch``)."""
         local = num_experts // self.num_ranks
         idx, n = out["topk_idx"], len(out["topk_idx"])
@@ -329,7 +329,7 @@ class ElasticBuffer:
         metadata[:, 0] = out["src"]
         metadata[:, 1] = np.repeat(np.arange(self.num_ranks), per_rank)
         res = {"unaligned": unaligned, "aligned": aligned, "num_recv": n, "psum_rank": psum_rank.astype(np.int32)}
-        worst = self.num_ranks * self._ep_max_tokens(out)
+        worst = self.num_ranks * max_tokens  # the rows DeepEP allocates without the CPU sync
         if not expand:
             rows = n if exact else max(worst, n)
             res["x"] = _pad(out["x"], rows)
@@ -368,10 +368,6 @@ class ElasticBuffer:
         res.update(x=x, sf=sf, topk_idx=None, weights=weights, metadata=metadata,
                    psum_expert=psum.astype(np.int32), num_expanded=int(cursor))
         return res
-
-    @staticmethod
-    def _ep_max_tokens(out: dict) -> int:
-        return int(out["slot"].shape[0]) if "slot" in out else 0
 
     def combine(self, x, handle: EPHandle, topk_weights=None, bias=None, num_sms: int = 0, num_qps: int = 0,
                 previous_event=None, previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
