@@ -255,92 +255,118 @@ def _pick(rows, **match):
     return [r for r in rows if all(r[k] == v for k, v in match.items())]
 
 
+def _spread(row: dict) -> float:
+    """The slowest rank's dispatch time over the median rank's."""
+    return row["dispatch_ms_max"] / max(row["dispatch_ms_p50"], 1e-9)
+
+
+def _verdict_p0(rows: list) -> str:
+    """P0, the bandwidth figure or the tail misjudged: the max/p50 spread, Zipf against uniform, and H's effect."""
+    big = max(rows, key=lambda r: (r["n"], r["hidden"]))
+    ratio = [_spread(r) for r in rows]
+    skew_ratio = (np.mean([_spread(r) for r in _pick(rows, skew="zipf")]) /
+                  max(np.mean([_spread(r) for r in _pick(rows, skew="uniform")]), 1e-9))
+    small, large = min(r["hidden"] for r in rows), max(r["hidden"] for r in rows)
+    gain = (np.mean([r["eff_gbps_mean"] for r in _pick(rows, hidden=large)]) /
+            max(np.mean([r["eff_gbps_mean"] for r in _pick(rows, hidden=small)]), 1e-12))
+    tail = "supported" if skew_ratio > 1.1 else "not supported at these sizes"
+    return (f"P0 (the bandwidth figure or the tail is misjudged): the numerator is the received hidden bytes; "
+            f"the slowest rank is {min(ratio):.2f}-{max(ratio):.2f}x the median rank, and Zipf routing changes "
+            f"that max/p50 ratio {skew_ratio:.2f}x against uniform: the tail hypothesis is {tail}. Effective "
+            f"bandwidth is {gain:.1f}x higher at H={large} than at H={small} with the same WQE counts "
+            f"(largest case P={big['n']}: {big['wqes']} WQEs per call), so per-WQE and per-peer costs, not bytes, "
+            f"dominate small H, as the seed expects.")
+
+
+def _verdict_p1(rows: list) -> str:
+    """P1, peer fan-out the bottleneck: the in-degree and rounds per group width, and the fastest width."""
+    best = min(rows, key=lambda r: r["dispatch_ms_max"])
+    full = max(rows, key=lambda r: r["group_width"])
+    return (f"P1 (peer fan-out is the bottleneck): the group width sets the in-degree exactly (max in-degree "
+            f"{', '.join(str(r['max_in_degree']) for r in rows)} for widths "
+            f"{', '.join(str(r['group_width']) for r in rows)}) at the price of rounds "
+            f"({', '.join(str(r['rounds']) for r in rows)}) and credit writes. Fastest here: width "
+            f"{best['group_width']} ({best['dispatch_ms_max']} ms max-rank vs {full['dispatch_ms_max']} ms at "
+            f"width {full['group_width']}). The emulator has no congested links, so a middle width lowering the "
+            f"max latency (the seed's supporting observation) can only show as fewer simultaneous peers here, "
+            f"not as link relief: the counts support the mechanism, the time does not test it.")
+
+
+def _verdict_p2(rows: list) -> str:
+    """P2, the 3:1 QP split shape-specific: per-QP byte ratios of the policies and the fastest."""
+    t31 = _pick(rows, qp_policy="two_3_1")[0]
+    t11 = _pick(rows, qp_policy="two_1_1")[0]
+    by = _pick(rows, qp_policy="bytes")[0]
+    best = min(rows, key=lambda r: r["dispatch_ms_max"])
+    return (f"P2 (the 3:1 QP split does not fit the shape): with equal QPs, 3:1 by channel gives a per-QP byte "
+            f"ratio of {t31['qp_bytes_max_min']} (WQEs {t31['qp_wqes']}), 1:1 gives {t11['qp_bytes_max_min']} "
+            f"and the byte-weighted policy {by['qp_bytes_max_min']}: a channel count is not a byte count, as the "
+            f"seed says. Here the fastest policy by max-rank dispatch is {best['qp_policy']} "
+            f"({best['dispatch_ms_max']} ms; two_3_1 {t31['dispatch_ms_max']} ms); since emulated QPs serve at "
+            f"equal rates, a 3:1 benefit would need QPs of unequal speed, which nothing here models: the "
+            f"hypothesis that 3:1 is shape-specific is supported, its hardware cause is not testable here.")
+
+
+def _verdict_p3(rows: list) -> str:
+    """P3, the [S,P] route scan heavy at large P: the reads and route time of scan and compact plans per P."""
+    lines = []
+    for n in sorted({r["n"] for r in rows}):
+        s, c = _pick(rows, n=n, routing="scan")[0], _pick(rows, n=n, routing="compact")[0]
+        lines.append(f"P={n}: reads {s['route_reads']} -> {c['route_reads']}, route {s['route_ms_max']} -> "
+                     f"{c['route_ms_max']} ms")
+    top = max(r["n"] for r in rows)
+    faster = (_pick(rows, n=top, routing="compact")[0]["route_ms_max"] <
+              _pick(rows, n=top, routing="scan")[0]["route_ms_max"])
+    return (f"P3 (the [S,P] route scan is heavy at large P): the compact plan reads S x K instead of S x P "
+            f"elements ({'; '.join(lines)}), plan time included; the reads grow with P only for the scan, which "
+            f"supports the hypothesis in counts; in route time the compact plan is "
+            f"{'faster' if faster else 'not faster'} at the largest P here (numpy scans a mask quickly, and the "
+            f"plan pays a sort): the time gain the seed expects is a device cost model's to show.")
+
+
+def _verdict_p4(rows: list) -> str:
+    """P4, the AIV split unbalanced: per token:weight ratio the time, and how busy the weight blocks are."""
+    parts = [f"{r['token_blocks']}:{r['weight_blocks']} -> {r['dispatch_ms_max']} ms"
+             + (f" (token blocks {r['token_block_ms']} ms, weight blocks {r['weight_block_ms']} ms)"
+                if "token_block_ms" in r else "") for r in rows]
+    fr = [r["weight_block_ms"] / max(r["token_block_ms"], 1e-9) for r in rows if "token_block_ms" in r]
+    lo, hi = (min(fr), max(fr)) if fr else (0.0, 0.0)
+    return (f"P4 (the AIV split is unbalanced): {'; '.join(parts)}. Blocks are threads under one interpreter "
+            f"lock here, so extra weight blocks add hand-offs rather than parallel engines. The weight blocks "
+            f"are busy {lo:.0%}-{hi:.0%} of the token blocks' time: a static split leaves the metadata side "
+            f"{'idle part of the time, which supports' if hi < 0.95 else 'as busy as the rows, which does not support'}"
+            f" the seed's remark that 16:16 is workload-specific.")
+
+
+def _verdict_p5(rows: list) -> str:
+    """P5, topology-aware schedules beat the flat one: cross-server bytes, active peers and time per schedule."""
+    lines = []
+    for skew in ("uniform", "zipf"):
+        g = {r["schedule"]: r for r in _pick(rows, skew=skew)}
+        if len(g) == 3:
+            lines.append(f"{skew}: cross-server MB fullmesh {g['fullmesh']['cross_server_mb']}, groups "
+                         f"{g['groups']['cross_server_mb']}, hierarchy {g['hierarchy']['cross_server_mb']}; max "
+                         f"active peers {g['fullmesh']['max_active_peers']}/{g['groups']['max_active_peers']}/"
+                         f"{g['hierarchy']['max_active_peers']}; max-rank ms {g['fullmesh']['dispatch_ms_max']}/"
+                         f"{g['groups']['dispatch_ms_max']}/{g['hierarchy']['dispatch_ms_max']}")
+    return (f"P5 (topology-aware schedules beat the flat one): {'; '.join(lines)}. The hierarchy sends each "
+            f"token across servers once per server, so it moves the fewest cross-server bytes and talks to the "
+            f"fewest remote peers, paying an intra-server copy; groups cap the in-degree at the width. Which "
+            f"wins in time on hardware depends on the relative cost of the cross-server link, which the "
+            f"emulator does not model: the byte and fan-out reductions are supported, the end-to-end gain is "
+            f"not testable here.")
+
+
+_VERDICTS = {"P0": _verdict_p0, "P1": _verdict_p1, "P2": _verdict_p2, "P3": _verdict_p3, "P4": _verdict_p4, "P5": _verdict_p5}
+_NOTE = ("Wall times are an emulator's CPU times on a shared 2-core machine: they rank what costs host work "
+         "(WQE building, copies, waits), not link or engine speed; the counts are exact.")
+
+
 def verdict(name: str, rows: list) -> str:
     """One paragraph: which of the seed's hypotheses (its P0-P5 table) these numbers support, and which not."""
-    note = ("Wall times are an emulator's CPU times on a shared 2-core machine: they rank what costs host work "
-            "(WQE building, copies, waits), not link or engine speed; the counts are exact.")
-    if name == "P0":
-        big = max(rows, key=lambda r: (r["n"], r["hidden"]))
-        ratio = [r["dispatch_ms_max"] / max(r["dispatch_ms_p50"], 1e-9) for r in rows]
-        sk = _pick(rows, skew="zipf")
-        un = _pick(rows, skew="uniform")
-        skew_ratio = (np.mean([r["dispatch_ms_max"] / max(r["dispatch_ms_p50"], 1e-9) for r in sk]) /
-                      max(np.mean([r["dispatch_ms_max"] / max(r["dispatch_ms_p50"], 1e-9) for r in un]), 1e-9))
-        small, large = min(r["hidden"] for r in rows), max(r["hidden"] for r in rows)
-        gain = (np.mean([r["eff_gbps_mean"] for r in _pick(rows, hidden=large)]) /
-                max(np.mean([r["eff_gbps_mean"] for r in _pick(rows, hidden=small)]), 1e-12))
-        tail = "supported" if skew_ratio > 1.1 else "not supported at these sizes"
-        return (f"P0 (the bandwidth figure or the tail is misjudged): the numerator is the received hidden bytes; "
-                f"the slowest rank is {min(ratio):.2f}-{max(ratio):.2f}x the median rank, and Zipf routing changes "
-                f"that max/p50 ratio {skew_ratio:.2f}x against uniform: the tail hypothesis is {tail}. Effective "
-                f"bandwidth is {gain:.1f}x higher at H={large} than at H={small} with the same WQE counts "
-                f"(largest case P={big['n']}: {big['wqes']} WQEs per call), so per-WQE and per-peer costs, not bytes, "
-                f"dominate small H, as the seed expects. {note}")
-    if name == "P1":
-        best = min(rows, key=lambda r: r["dispatch_ms_max"])
-        full = max(rows, key=lambda r: r["group_width"])
-        return (f"P1 (peer fan-out is the bottleneck): the group width sets the in-degree exactly (max in-degree "
-                f"{', '.join(str(r['max_in_degree']) for r in rows)} for widths "
-                f"{', '.join(str(r['group_width']) for r in rows)}) at the price of rounds "
-                f"({', '.join(str(r['rounds']) for r in rows)}) and credit writes. Fastest here: width "
-                f"{best['group_width']} ({best['dispatch_ms_max']} ms max-rank vs {full['dispatch_ms_max']} ms at "
-                f"width {full['group_width']}). The emulator has no congested links, so a middle width lowering the "
-                f"max latency (the seed's supporting observation) can only show as fewer simultaneous peers here, "
-                f"not as link relief: the counts support the mechanism, the time does not test it. {note}")
-    if name == "P2":
-        t31 = _pick(rows, qp_policy="two_3_1")[0]
-        t11 = _pick(rows, qp_policy="two_1_1")[0]
-        by = _pick(rows, qp_policy="bytes")[0]
-        best = min(rows, key=lambda r: r["dispatch_ms_max"])
-        return (f"P2 (the 3:1 QP split does not fit the shape): with equal QPs, 3:1 by channel gives a per-QP byte "
-                f"ratio of {t31['qp_bytes_max_min']} (WQEs {t31['qp_wqes']}), 1:1 gives {t11['qp_bytes_max_min']} "
-                f"and the byte-weighted policy {by['qp_bytes_max_min']}: a channel count is not a byte count, as the "
-                f"seed says. Here the fastest policy by max-rank dispatch is {best['qp_policy']} "
-                f"({best['dispatch_ms_max']} ms; two_3_1 {t31['dispatch_ms_max']} ms); since emulated QPs serve at "
-                f"equal rates, a 3:1 benefit would need QPs of unequal speed, which nothing here models: the "
-                f"hypothesis that 3:1 is shape-specific is supported, its hardware cause is not testable here. {note}")
-    if name == "P3":
-        lines = []
-        for n in sorted({r["n"] for r in rows}):
-            s, c = _pick(rows, n=n, routing="scan")[0], _pick(rows, n=n, routing="compact")[0]
-            lines.append(f"P={n}: reads {s['route_reads']} -> {c['route_reads']}, route {s['route_ms_max']} -> "
-                         f"{c['route_ms_max']} ms")
-        top = max(r["n"] for r in rows)
-        faster = (_pick(rows, n=top, routing="compact")[0]["route_ms_max"] <
-                  _pick(rows, n=top, routing="scan")[0]["route_ms_max"])
-        return (f"P3 (the [S,P] route scan is heavy at large P): the compact plan reads S x K instead of S x P "
-                f"elements ({'; '.join(lines)}), plan time included; the reads grow with P only for the scan, which "
-                f"supports the hypothesis in counts; in route time the compact plan is "
-                f"{'faster' if faster else 'not faster'} at the largest P here (numpy scans a mask quickly, and the "
-                f"plan pays a sort): the time gain the seed expects is a device cost model's to show. {note}")
-    if name == "P4":
-        parts = [f"{r['token_blocks']}:{r['weight_blocks']} -> {r['dispatch_ms_max']} ms"
-                 + (f" (token blocks {r['token_block_ms']} ms, weight blocks {r['weight_block_ms']} ms)"
-                    if "token_block_ms" in r else "") for r in rows]
-        fr = [r["weight_block_ms"] / max(r["token_block_ms"], 1e-9) for r in rows if "token_block_ms" in r]
-        lo, hi = (min(fr), max(fr)) if fr else (0.0, 0.0)
-        return (f"P4 (the AIV split is unbalanced): {'; '.join(parts)}. Blocks are threads under one interpreter "
-                f"lock here, so extra weight blocks add hand-offs rather than parallel engines. The weight blocks "
-                f"are busy {lo:.0%}-{hi:.0%} of the token blocks' time: a static split leaves the metadata side "
-                f"{'idle part of the time, which supports' if hi < 0.95 else 'as busy as the rows, which does not support'}"
-                f" the seed's remark that 16:16 is workload-specific. {note}")
-    if name == "P5":
-        lines = []
-        for skew in ("uniform", "zipf"):
-            g = {r["schedule"]: r for r in _pick(rows, skew=skew)}
-            if len(g) == 3:
-                lines.append(f"{skew}: cross-server MB fullmesh {g['fullmesh']['cross_server_mb']}, groups "
-                             f"{g['groups']['cross_server_mb']}, hierarchy {g['hierarchy']['cross_server_mb']}; max "
-                             f"active peers {g['fullmesh']['max_active_peers']}/{g['groups']['max_active_peers']}/"
-                             f"{g['hierarchy']['max_active_peers']}; max-rank ms {g['fullmesh']['dispatch_ms_max']}/"
-                             f"{g['groups']['dispatch_ms_max']}/{g['hierarchy']['dispatch_ms_max']}")
-        return (f"P5 (topology-aware schedules beat the flat one): {'; '.join(lines)}. The hierarchy sends each "
-                f"token across servers once per server, so it moves the fewest cross-server bytes and talks to the "
-                f"fewest remote peers, paying an intra-server copy; groups cap the in-degree at the width. Which "
-                f"wins in time on hardware depends on the relative cost of the cross-server link, which the "
-                f"emulator does not model: the byte and fan-out reductions are supported, the end-to-end gain is "
-                f"not testable here. {note}")
-    raise ValueError(name)
+    if name not in _VERDICTS:
+        raise ValueError(name)
+    return f"{_VERDICTS[name](rows)} {_NOTE}"
 
 
 EXPERIMENTS = {

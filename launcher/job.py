@@ -196,6 +196,7 @@ class Job:
         self.check = False  # --check: the ranks log events, the launcher analyses them (udma.check)
         self.chaos: int | str | None = None  # --chaos SEED
         self.check_findings = None  # the analysis' Findings once the ranks ended
+        self.check_failed = False  # the analysis itself raised: a clean job must not pass unchecked
         self.deepep = False  # --deepep: DeepEP's scripts unchanged (launcher.deepep)
         self.deepep_port: int | None = None  # its torch.distributed rendezvous port
         self._gone: set[int] = set()  # ids of output streams whose reader went away
@@ -206,7 +207,7 @@ class Job:
         code = self._run()
         if code == 0 and self.check_findings is not None and self.check_findings.errors:
             code = EXIT_FINDINGS
-        if code == 0 and self.record_failed:
+        if code == 0 and (self.record_failed or self.check_failed):
             code = 1
         return code
 
@@ -486,8 +487,9 @@ class Job:
             heap = int(self.ctl.pes[0]["heap_size"]) or self.heap_size or rt_module.DEFAULT_HEAP_SIZE
             logs, full = read_job_logs(self.job_id, self.n)
             findings = self.check_findings = analyze(logs, heap)
-        except Exception:  # the job's own result stands; say why there is no analysis
+        except Exception:  # say why there is no analysis; a job that succeeded exits 1, never passes unchecked
             self._message(f"--check: the analysis failed (a shmemx bug):\n{traceback.format_exc()}")
+            self.check_failed = True
             return
         for line in findings.lines():
             self._write(self.err, line + "\n")

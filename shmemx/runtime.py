@@ -329,6 +329,8 @@ def _start(rt: Runtime, init_timeout: float) -> None:
     _check_agreement(rt)
     rt.heap.attach_peers()
     plane.start(rt)
+    if rt.events is not None and rt.events.checker is not None:  # told of every local array the plane registers
+        rt.events.checker.attach(rt.udma.registry, rt.udma.poster)
 
 
 def _observers(rt: Runtime) -> None:

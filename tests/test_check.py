@@ -367,3 +367,26 @@ def test_a_wait_keeps_its_met_words_when_another_thread_logs_in_between(run_job,
     look met by the word's initial value, and its reads of the payload slot-reuse findings)."""
     result, found = _findings(run_job, tmp_path, 2, _met_after_another_threads_record)
     assert result.code == 0 and not found, [f["text"] for f in found]
+
+
+def _quiet_put() -> None:
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    x = shmemx.zeros(4, np.int64, name="x")
+    shmemx.aclshmemx_udma_put_nbi(x, x, 4, (me + 1) % n)
+    shmemx.aclshmemx_udma_quiet((me + 1) % n)
+    shmemx.aclshmem_barrier_all()
+    shmemx.finalize()
+
+
+def test_an_analysis_that_fails_fails_the_job(run_job, monkeypatch, no_leak):
+    """A clean job whose --check analysis raises exits 1 with the traceback: it never passes unchecked."""
+    import shmemx.launcher.job as job
+
+    def broken(logs, heap):
+        raise RuntimeError("analysis bug")
+
+    monkeypatch.setattr(job, "analyze", broken)
+    result = run_job(2, _quiet_put, check=True)
+    assert result.code == 1, result.report()
+    assert "--check: the analysis failed (a shmemx bug)" in result.err and "analysis bug" in result.err

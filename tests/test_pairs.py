@@ -187,11 +187,13 @@ class _Job:
         out = []
         for row in r.tolist():
             ts, kind, block, flags, site, a, b, c, d, e, f, g = row
-            if kind in (Kind.SITE,):
+            if kind in (Kind.SITE, Kind.REGISTER):  # (a registration is made once: by whichever run comes first)
                 continue
             if kind == Kind.POST:  # BB positions differ run by run (the heads move on), and so do local VAs
                 a &= ~M32
                 c = c if flags >> 15 & 1 else 0
+            if kind == Kind.FETCH:
+                b = 0  # the BB position of the atomic it read
             if kind == Kind.QUIET:
                 b = c = d = 0  # the tail and CQE count it reached (positions), its start time
             if kind == Kind.DOORBELL:

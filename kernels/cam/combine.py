@@ -30,8 +30,9 @@ import numpy as np
 import shmemx
 
 from .constants import FLOAT_NUM_PER_ALIGN, TOKEN_SRC_INFO_LEN, UB_32_ALIGN
-from .dispatch import _out
-from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, split
+from .dispatch import _out, cost_stats
+from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, op_attrs, split
+from .window import flip_half
 
 __all__ = ["CombineOutput", "moe_combine_normal"]
 
@@ -60,7 +61,10 @@ class CombineOutput(NamedTuple):
 
 
 class _Run:
-    def __init__(self, ctx, recv_x, src_info, weights, info, layout, rows, diagnose, x_out):
+    """Everything the blocks of one combine call share (read-only, except the per-block results)."""
+
+    def __init__(self, ctx, recv_x: np.ndarray, src_info: np.ndarray, weights: np.ndarray,
+                 info: MoeCombineNormalInfo, layout: DispatchLayout, rows: int, x_out: np.ndarray | None):
         self.ctx, self.info, self.layout = ctx, info, layout
         self.recv_x = recv_x
         self.src_info = src_info[:rows * TOKEN_SRC_INFO_LEN].reshape(rows, TOKEN_SRC_INFO_LEN).astype(np.int64)
@@ -70,7 +74,7 @@ class _Run:
         self.slots = info.bs * info.k  # own (t, k) slots this call waits for
         self.max_slots = info.global_bs // self.R * info.k  # rows a combine data area holds
         self.out = _out(x_out, "x_out", (info.bs, info.h), recv_x.dtype, self.me)
-        self.diagnose = diagnose
+        self.diagnose = info.is_enable_diagnose
         self.stats = np.zeros(self.R, np.float64)
         self.lock = threading.Lock()
         self.states: list[int | None] = [None] * info.aiv_num
@@ -91,10 +95,7 @@ class _Run:
 
 
 def _init_magic(run: _Run, b: int) -> int:
-    word = run.ctx.magic_word(b)
-    magic = int(word[0])
-    word[0] = 1 if magic == 0 else 0
-    run.states[b] = magic
+    run.states[b] = magic = flip_half(run.ctx.magic_word(b))
     return magic
 
 
@@ -221,6 +222,20 @@ def _kernel(run: _Run) -> None:
     _read_buffer_from_remote(run, b, B, magic)
 
 
+def _check_rows(info: MoeCombineNormalInfo, recv_x: np.ndarray, token_src_info: np.ndarray, rows: int) -> None:
+    """That recv_x holds the ``rows`` rows combine sends and each of their (rank, token, topk) triples in
+    ``token_src_info`` is inside ``[0, R) x [0, maxBs) x [0, K)``."""
+    me, R = info.ep_rank_id, info.ep_world_size
+    if recv_x.shape[0] < rows:
+        raise ValueError(f"pe {me}: moe_combine_normal: recv_x has {recv_x.shape[0]} rows, ep_recv_counts[E-1] "
+                         f"says {rows}")
+    src = token_src_info[:rows * 3].reshape(rows, 3)
+    bounds = np.array([R, info.global_bs // R, info.k])
+    if rows and ((src.min(axis=0) < 0).any() or (src.max(axis=0) >= bounds).any()):
+        raise ValueError(f"pe {me}: moe_combine_normal: token_src_info holds a (rank, token, topk) triple outside "
+                         f"[0, {R}) x [0, maxBs={info.global_bs // R}) x [0, {info.k})")
+
+
 def moe_combine_normal(ctx, recv_x: np.ndarray, token_src_info: np.ndarray, ep_recv_counts: np.ndarray,
                        recv_topk_weights: np.ndarray, *, moe_expert_num: int, global_bs: int = 0,
                        diagnose: bool = False, send_cost_stats: np.ndarray | None = None,
@@ -258,35 +273,20 @@ def moe_combine_normal(ctx, recv_x: np.ndarray, token_src_info: np.ndarray, ep_r
     E = int(moe_expert_num)
     rows = int(ep_recv_counts[E - 1]) if 0 < E <= len(ep_recv_counts) else 0
     info = MoeCombineNormalInfo(
-        ep_world_size=ctx.ep_world_size if ep_world_size is None else ep_world_size,
-        tp_world_size=ctx.tp_world_size if tp_world_size is None else tp_world_size,
-        ep_rank_id=me if ep_rank_id is None else ep_rank_id,
-        tp_rank_id=ctx.tp_rank_id if tp_rank_id is None else tp_rank_id,
+        **op_attrs(ctx, ep_world_size, ep_rank_id, tp_world_size, tp_rank_id),
         moe_expert_num=E, global_bs=int(global_bs), bs=weights.shape[0], k=weights.shape[1], h=recv_x.shape[1],
         aiv_num=ctx.aiv_num, total_win_size=ctx.total_win_size, recv_x_dtype=recv_x.dtype,
         ep_recv_counts_len=len(ep_recv_counts), token_src_info_len=len(token_src_info), recv_rows=rows,
         is_enable_diagnose=diagnose or send_cost_stats is not None)
     info.global_bs = check_combine_tiling(info)
     check_context(ctx, info, "moe_combine_normal")
-    if recv_x.shape[0] < rows:
-        raise ValueError(f"pe {me}: moe_combine_normal: recv_x has {recv_x.shape[0]} rows, ep_recv_counts[E-1] "
-                         f"says {rows}")
-    src = token_src_info[:rows * 3].reshape(rows, 3)
-    if rows and (src[:, 0].min() < 0 or src[:, 0].max() >= info.ep_world_size or src[:, 1].min() < 0
-                 or src[:, 1].max() >= info.global_bs // info.ep_world_size or src[:, 2].min() < 0
-                 or src[:, 2].max() >= info.k):
-        raise ValueError(f"pe {me}: moe_combine_normal: token_src_info holds a (rank, token, topk) triple outside "
-                         f"[0, {info.ep_world_size}) x [0, maxBs={info.global_bs // info.ep_world_size}) x "
-                         f"[0, {info.k})")
+    _check_rows(info, recv_x, token_src_info, rows)
     layout = DispatchLayout(info.h, recv_x.itemsize, recv_x.itemsize)
     run = _Run(ctx, np.ascontiguousarray(recv_x), token_src_info, weights.astype(np.float32), info, layout, rows,
-               info.is_enable_diagnose, x_out)
+               x_out)
     shmemx.launch(_kernel, ctx.aiv_num, run)
     if len(set(run.states)) != 1:
         raise RuntimeError(f"pe {me}: moe_combine_normal: AIV blocks read different magic words {run.states}: "
                            f"aiv_num changed between calls on this WindowContext")
-    stats = None
-    if info.is_enable_diagnose:
-        stats = send_cost_stats if send_cost_stats is not None else np.zeros(info.ep_world_size, np.int32)
-        stats += run.stats.astype(np.int32)
+    stats = cost_stats(send_cost_stats, run.stats) if info.is_enable_diagnose else None
     return CombineOutput(run.out, stats, int(run.states[0]), sum(run.flags_written), sum(run.bytes_copied))

@@ -36,7 +36,8 @@ import shmemx
 
 from .constants import COMM_EP_IDX, EXPAND_IDX_INFO, FLOAT_NUM_PER_ALIGN, QUANT_MODE_DYNAMIC, STATE_OFFSET
 from .quant import dynamic_quant
-from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, split
+from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, op_attrs, split
+from .window import flip_half
 
 __all__ = ["DispatchOutput", "moe_dispatch_normal"]
 
@@ -73,18 +74,28 @@ class DispatchOutput(NamedTuple):
     bytes_copied: int
 
 
-class _Run:
-    """Everything the blocks of one dispatch call share (read-only, except the per-block results)."""
+class Routing(NamedTuple):
+    """The routing inputs of ``notify_dispatch`` (checked integer vectors): ``send_offset [E]``,
+    ``send_token_idx [bs*K]``, ``recv_offset [E]``, ``recv_count [E]`` (inclusive prefix by status)."""
 
-    def __init__(self, ctx, x, topk_idx, send_offset, send_token_idx, recv_offset, recv_count, info, layout,
-                 diagnose, outs):
+    send_offset: np.ndarray
+    send_token_idx: np.ndarray
+    recv_offset: np.ndarray
+    recv_count: np.ndarray
+
+
+class _Run:
+    """Everything the blocks of one dispatch call share (read-only, except the per-block results).
+
+    ``outs``: the caller's (recv_x_out, x_scales_out, assist_info_out), each None or a buffer of >= A rows."""
+
+    def __init__(self, ctx, x: np.ndarray, topk_idx: np.ndarray, routing: Routing, info: MoeDispatchNormalInfo,
+                 layout: DispatchLayout, outs: tuple):
         self.ctx, self.info, self.layout = ctx, info, layout
         self.x = x
         self.topk_flat = np.ascontiguousarray(topk_idx).reshape(-1).astype(np.int64)
-        self.send_offset = send_offset.astype(np.int64)
-        self.send_token_idx = send_token_idx.astype(np.int64)
-        self.recv_offset = recv_offset.astype(np.int64)
-        self.recv_count = recv_count.astype(np.int64)
+        self.send_offset, self.send_token_idx, self.recv_offset, self.recv_count = (
+            v.astype(np.int64) for v in routing)
         self.me, self.R, self.E = info.ep_rank_id, info.ep_world_size, info.moe_expert_num
         self.e_loc = self.E // self.R
         self.quant = info.quant_mode == QUANT_MODE_DYNAMIC
@@ -98,7 +109,7 @@ class _Run:
         self.x_scales = _out(x_scales_out, "x_scales_out", (A,), np.float32, self.me) if self.quant else None
         self.expand_idx = _out(assist_info_out, "assist_info_out", (A * EXPAND_IDX_INFO,), np.int32, self.me)
         self.recv_counts = np.zeros(self.E, np.int32)
-        self.diagnose = diagnose
+        self.diagnose = info.is_enable_diagnose
         self.stats = np.zeros(self.R, np.int64)
         self.lock = threading.Lock()
         self.states: list[int | None] = [None] * info.aiv_num
@@ -123,10 +134,7 @@ class _Run:
 
 
 def _init(run: _Run, b: int) -> int:
-    word = run.ctx.data_state_word(b)
-    data_state = int(word[0])
-    word[0] = 1 if data_state == 0 else 0
-    run.states[b] = data_state
+    run.states[b] = data_state = flip_half(run.ctx.data_state_word(b))
     return data_state
 
 
@@ -291,12 +299,40 @@ def _out(given, name: str, shape: tuple, dtype, me: int) -> np.ndarray:
 # --- the op --------------------------------------------------------------------------------------------------
 
 
+def cost_stats(given: np.ndarray | None, costs: np.ndarray) -> np.ndarray:
+    """The ``[R] int32`` diagnose output: ``costs`` (microseconds per rank) added into ``given`` (CAM's optional
+    output) or into a new array."""
+    stats = given if given is not None else np.zeros(len(costs), np.int32)
+    stats += costs.astype(np.int32)
+    return stats
+
+
 def _int32_vector(name: str, arr, length: int, me: int) -> np.ndarray:
     arr = np.asarray(arr)
     if arr.ndim != 1 or arr.shape[0] != length or arr.dtype.kind not in "iu":
         raise ValueError(f"pe {me}: moe_dispatch_normal: {name} must be a [{length}] integer vector, got "
                          f"{arr.dtype}{list(arr.shape)}")
     return arr
+
+
+def _routing(info: MoeDispatchNormalInfo, topk_idx: np.ndarray, *vectors) -> Routing:
+    """The routing inputs checked: every expert id of ``topk_idx [bs, K]`` in ``[0, E)`` and the four vectors'
+    lengths (``Routing``'s order)."""
+    me, E = info.ep_rank_id, info.moe_expert_num
+    if topk_idx.min() < 0 or topk_idx.max() >= E:
+        raise ValueError(f"pe {me}: moe_dispatch_normal: expert id outside [0, {E}) in topk_idx (the window path "
+                         f"has no -1 masking, README A24)")
+    return Routing(*(_int32_vector(name, arr, n, me) for name, arr, n in zip(
+        Routing._fields, vectors, (E, info.bs * info.k, E, E))))
+
+
+def _output(run: _Run, recv_count: np.ndarray, wait_recv_cost_stats: np.ndarray | None) -> DispatchOutput:
+    """The call's ``DispatchOutput`` once its blocks have run (the diagnose costs added into the caller's array)."""
+    stats = cost_stats(wait_recv_cost_stats, run.stats) if run.diagnose else None
+    recv_counts = run.recv_counts.reshape(run.e_loc, run.R)
+    return DispatchOutput(run.recv_x, run.x_scales, run.expand_idx, np.asarray(recv_count, np.int32).copy(),
+                          recv_counts, recv_counts.sum(axis=1, dtype=np.int64), stats, int(run.states[0]),
+                          sum(run.flags_written), sum(run.bytes_copied))
 
 
 def moe_dispatch_normal(ctx, x: np.ndarray, topk_idx: np.ndarray, send_offset: np.ndarray,
@@ -339,39 +375,21 @@ def moe_dispatch_normal(ctx, x: np.ndarray, topk_idx: np.ndarray, send_offset: n
         WaitTimeoutError: a sender's flags did not arrive (the message lists the missing slots).
     """
     me = ctx.ep_rank_id
-    x = np.asarray(x)
-    topk_idx = np.asarray(topk_idx)
+    x, topk_idx = np.asarray(x), np.asarray(topk_idx)
     if x.ndim != 2 or topk_idx.ndim != 2:
         raise ValueError(f"pe {me}: moe_dispatch_normal: x must be [bs, H] and topk_idx [bs, K], got "
                          f"{list(x.shape)} and {list(topk_idx.shape)}")
     info = MoeDispatchNormalInfo(
-        ep_world_size=ctx.ep_world_size if ep_world_size is None else ep_world_size,
-        tp_world_size=ctx.tp_world_size if tp_world_size is None else tp_world_size,
-        ep_rank_id=me if ep_rank_id is None else ep_rank_id,
-        tp_rank_id=ctx.tp_rank_id if tp_rank_id is None else tp_rank_id,
+        **op_attrs(ctx, ep_world_size, ep_rank_id, tp_world_size, tp_rank_id),
         moe_expert_num=int(moe_expert_num), quant_mode=int(quant_mode), global_bs=int(global_bs),
         bs=x.shape[0], k=topk_idx.shape[1], h=x.shape[1], aiv_num=ctx.aiv_num, total_win_size=ctx.total_win_size,
         is_enable_diagnose=diagnose or wait_recv_cost_stats is not None, topk_rows=topk_idx.shape[0],
         x_dtype=x.dtype)
     check_dispatch_tiling(info)
     check_context(ctx, info, "moe_dispatch_normal")
-    E, K = info.moe_expert_num, info.k
-    if topk_idx.min() < 0 or topk_idx.max() >= E:
-        raise ValueError(f"pe {me}: moe_dispatch_normal: expert id outside [0, {E}) in topk_idx (the window path "
-                         f"has no -1 masking, README A24)")
-    vectors = [_int32_vector(name, arr, n, me) for name, arr, n in (
-        ("send_offset", send_offset, E), ("send_token_idx", send_token_idx, info.bs * K),
-        ("recv_offset", recv_offset, E), ("recv_count", recv_count, E))]
+    routing = _routing(info, topk_idx, send_offset, send_token_idx, recv_offset, recv_count)
     layout = DispatchLayout(info.h, 1 if info.is_quant else x.dtype.itemsize, x.dtype.itemsize)
-    run = _Run(ctx, np.ascontiguousarray(x), topk_idx, *vectors, info, layout, info.is_enable_diagnose,
+    run = _Run(ctx, np.ascontiguousarray(x), topk_idx, routing, info, layout,
                (recv_x_out, x_scales_out, assist_info_out))
     shmemx.launch(_kernel, ctx.aiv_num, run)
-    stats = None
-    if info.is_enable_diagnose:
-        stats = wait_recv_cost_stats if wait_recv_cost_stats is not None else np.zeros(run.R, np.int32)
-        stats += run.stats.astype(np.int32)
-    e_loc = E // run.R
-    recv_counts = run.recv_counts.reshape(e_loc, run.R)
-    return DispatchOutput(run.recv_x, run.x_scales, run.expand_idx, np.asarray(recv_count, np.int32).copy(),
-                          recv_counts, recv_counts.sum(axis=1, dtype=np.int64), stats, int(run.states[0]),
-                          sum(run.flags_written), sum(run.bytes_copied))
+    return _output(run, routing.recv_count, wait_recv_cost_stats)

@@ -106,21 +106,37 @@ def tiling_key(quant_mode: int, tp_world_size: int) -> int:
 
 
 @dataclass
-class MoeDispatchNormalInfo:
-    """The dispatch tiling data (seed 8.1, ``MoeDispatchNormalInfo``), plus what the host checks need."""
+class _OpInfo:
+    """What both ops' tiling data hold: the op attributes (EP / TP domains) and the shapes the host checks."""
 
     ep_world_size: int
     tp_world_size: int
     ep_rank_id: int
     tp_rank_id: int
     moe_expert_num: int
-    quant_mode: int
     global_bs: int
     bs: int
     k: int
     h: int
     aiv_num: int
     total_win_size: int
+
+
+def op_attrs(ctx, ep_world_size: int | None, ep_rank_id: int | None, tp_world_size: int | None,
+             tp_rank_id: int | None) -> dict[str, int]:
+    """The four domain attributes of an op call, each the context's where the caller gave None (a value that
+    differs from the context is checked by the tiling and then rejected)."""
+    return dict(ep_world_size=ctx.ep_world_size if ep_world_size is None else ep_world_size,
+                tp_world_size=ctx.tp_world_size if tp_world_size is None else tp_world_size,
+                ep_rank_id=ctx.ep_rank_id if ep_rank_id is None else ep_rank_id,
+                tp_rank_id=ctx.tp_rank_id if tp_rank_id is None else tp_rank_id)
+
+
+@dataclass
+class MoeDispatchNormalInfo(_OpInfo):
+    """The dispatch tiling data (seed 8.1, ``MoeDispatchNormalInfo``), plus what the host checks need."""
+
+    quant_mode: int
     is_enable_diagnose: bool = False
     topk_rows: int | None = None  # rows of topk_idx (must equal bs)
     x_dtype: np.dtype | None = None
@@ -131,20 +147,9 @@ class MoeDispatchNormalInfo:
 
 
 @dataclass
-class MoeCombineNormalInfo:
+class MoeCombineNormalInfo(_OpInfo):
     """The combine tiling data, plus what the host checks need (``global_bs`` 0 means ``bs * epWorldSize``)."""
 
-    ep_world_size: int
-    tp_world_size: int
-    ep_rank_id: int
-    tp_rank_id: int
-    moe_expert_num: int
-    global_bs: int
-    bs: int
-    k: int
-    h: int
-    aiv_num: int
-    total_win_size: int
     recv_x_dtype: np.dtype | None = None
     ep_recv_counts_len: int | None = None
     token_src_info_len: int | None = None

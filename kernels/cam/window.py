@@ -37,11 +37,19 @@ import numpy as np
 
 import shmemx
 
-from .constants import (COMBINE_STATE_WIN_OFFSET, COMM_EP_IDX, COMM_TP_IDX, HCCL_BUFFSIZE_DEFAULT_MB,
+from .constants import (COMBINE_STATE_WIN_OFFSET, COMM_EP_IDX, HCCL_BUFFSIZE_DEFAULT_MB,
                         MAGIC_WIN_OFFSET, MAX_AIV_NUM, MB, NOTIFY_DISPATCH_BUFF_OFFSET, STATE_WIN_OFFSET,
                         WIN_ADDR_ALIGN, WIN_EXP_SIZE, WIN_STATE_OFFSET)
 
-__all__ = ["HcclRankRelationResV2", "HcclOpResParam", "WindowContext", "hccl_buffsize_mb"]
+__all__ = ["HcclRankRelationResV2", "HcclOpResParam", "WindowContext", "flip_half", "hccl_buffsize_mb"]
+
+
+def flip_half(word: np.ndarray) -> int:
+    """The ping-pong half (0 or 1) a block uses in this call, read from ``word[0]`` (``[1] int32``: its dataState
+    or magic word), which is flipped for its next call (the seeds' Init / InitMagic)."""
+    half = int(word[0])
+    word[0] = 1 if half == 0 else 0
+    return half
 
 
 def hccl_buffsize_mb(value: int | None = None) -> int:

@@ -8,14 +8,21 @@ C is the kernel's channel count (``Buffer.num_channels``), not ``Config.num_sms 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
 
+from shmemx.kernels.moe.records import DispatchHandle
+
 __all__ = ["IntranodeHandle", "InternodeHandle", "LowLatencyHandle"]
 
 
-class IntranodeHandle(NamedTuple):
+# DeepEP's intranode handle is the moe handle's routing: its first six fields, in order, declared once there
+_INTRANODE_FIELDS = [(f.name, np.ndarray) for f in dataclasses.fields(DispatchHandle)[:6]]
+
+
+class IntranodeHandle(NamedTuple("IntranodeHandle", _INTRANODE_FIELDS)):
     """DeepEP's intranode handle (6 fields).
 
     Attributes:
@@ -30,12 +37,12 @@ class IntranodeHandle(NamedTuple):
         send_head: ``[T, P] int32``, the row of token t among the rows sent to rank r, -1 if not sent.
     """
 
-    rank_prefix_matrix: np.ndarray
-    channel_prefix_matrix: np.ndarray
-    recv_channel_prefix_matrix: np.ndarray
-    recv_src_idx: np.ndarray
-    is_token_in_rank: np.ndarray
-    send_head: np.ndarray
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, handle: DispatchHandle) -> "IntranodeHandle":
+        """DeepEP's 6-tuple of a ``moe`` dispatch handle (its first six fields)."""
+        return cls(*(getattr(handle, name) for name in cls._fields))
 
 
 class InternodeHandle(NamedTuple):

@@ -35,6 +35,7 @@ Buffer reuse: a region a peer writes is written again only after its reader SET 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -65,6 +66,29 @@ SO = shmemx.OpConfig(cqe=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO).flag  # a chunk's 
 def _tail(seq: int, chunks: int) -> int:
     """A dispatch lane's signal after ``chunks`` chunks of call ``seq`` landed (monotone over calls)."""
     return seq << 20 | chunks
+
+
+class LaneWrites(NamedTuple):
+    """The WRITEs of one RDMA lane: ``rmt`` offsets from the peer's ``base``, ``sge`` offsets from this rank's
+    ``local`` base, ``length`` bytes each (empty lists: none)."""
+
+    base: np.uint64
+    local: np.uint64
+    rmt: list[int]
+    sge: list[int]
+    length: list[int]
+
+
+class LaneRecord(NamedTuple):
+    """What closes an RDMA lane after its WRITEs: this rank's ``records[dst_slot, q]`` = (rows, seq) put into the
+    peer's ``signal[src_slot, q]`` slot, whose signal becomes ``seq``."""
+
+    signal: str
+    records: str
+    src_slot: int
+    dst_slot: int
+    rows: int
+    seq: int
 
 
 class RowLayout:
@@ -371,18 +395,18 @@ class Internode:
             for q in range(self.rdma_qps):
                 self.lanes.quiet(((a + i) % n) * s + self.lane, q)
 
-    def _post(self, peer, q, base, local, rmt, sge, length, signal: str, records: str, src_slot: int,
-              dst_slot: int, rows: int, seq: int) -> None:
+    def _post(self, peer: int, q: int, writes: LaneWrites, record: LaneRecord) -> None:
         """The WRITEs of one RDMA lane, then its record (rows, seq) and signal ``signal[src_slot, q]`` = seq on
         the peer after them (RO WRITEs, an SO put + signal: no fence, no acknowledgement round trip): one
         doorbell."""
-        rec = self.views[records][dst_slot, q]
-        rec[:] = (rows, seq)
-        slot = self.offsets[signal] + (src_slot * self.rdma_qps + q) * SLOT * 8
-        src = self.offsets[records] + (dst_slot * self.rdma_qps + q) * 16
-        self.lanes.post(peer, q, base + np.array(rmt, np.uint64), local + np.array(sge, np.uint64),
-                        np.array(length, np.uint64),
-                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, seq), flag=RO,
+        rec = self.views[record.records][record.dst_slot, q]
+        rec[:] = (record.rows, record.seq)
+        slot = self.offsets[record.signal] + (record.src_slot * self.rdma_qps + q) * SLOT * 8
+        src = self.offsets[record.records] + (record.dst_slot * self.rdma_qps + q) * 16
+        base, local = writes.base, writes.local
+        self.lanes.post(peer, q, base + np.array(writes.rmt, np.uint64), local + np.array(writes.sge, np.uint64),
+                        np.array(writes.length, np.uint64),
+                        close=(int(base) + slot + 16, int(local) + src, 16, int(base) + slot, record.seq), flag=RO,
                         close_flag=SO)
 
     def _signal_self(self, signal: str, slot: int, seq: int) -> None:
@@ -586,9 +610,10 @@ class Internode:
         rmt = [self.offsets["rdma_combine_recv"] + a * self.max_tokens * cb] if rows else []
         sge = [self.offsets["rdma_combine_send"] + b * self.max_tokens * cb] if rows else []
         length = [rows * cb] if rows else []
-        for q in range(self.rdma_qps):
-            self._post(peer, q, base, local, rmt if q == 0 else [], sge if q == 0 else [], length if q == 0 else [],
-                       "rdma_combine_signal", "rdma_records", a, b, rows if q == 0 else 0, seq)
+        writes = LaneWrites(base, local, rmt, sge, length)
+        for q in range(self.rdma_qps):  # the block on lane 0; every lane its record and signal
+            record = LaneRecord("rdma_combine_signal", "rdma_records", a, b, rows if q == 0 else 0, seq)
+            self._post(peer, q, writes if q == 0 else writes._replace(rmt=[], sge=[], length=[]), record)
 
     def _server_sum(self, b: int, sent: np.ndarray, out: np.ndarray, with_weights: bool) -> None:
         """The rows this forwarder holds from server b (``sent [rows, S]``: forwarded to rank j): per row, the

@@ -96,10 +96,8 @@ class Intranode:
         res = buf.dispatch(x, num_tokens_per_rank=num_tokens_per_rank, is_token_in_rank=is_token_in_rank,
                            num_tokens_per_expert=num_tokens_per_expert, topk_idx=topk_idx, topk_weights=topk_weights,
                            expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens)
-        h = res.handle
-        out = IntranodeHandle(h.rank_prefix_matrix, h.channel_prefix_matrix, h.recv_channel_prefix_matrix,
-                              h.recv_src_idx, h.is_token_in_rank, h.send_head)
-        return res.recv_x, res.recv_topk_idx, res.recv_topk_weights, res.num_recv_tokens_per_expert_list, out
+        return (res.recv_x, res.recv_topk_idx, res.recv_topk_weights, res.num_recv_tokens_per_expert_list,
+                IntranodeHandle.of(res.handle))
 
     def combine(self, x: np.ndarray, handle: IntranodeHandle, topk_weights, bias):
         """DeepEP's intranode combine; returns (combined_x, combined_topk_weights)."""

@@ -185,14 +185,11 @@ def combine_kernel(a: CombineArgs) -> None:
     rounds, the waits, the reduction and the credits. Where block 0 does every block's work (``Lanes.one_block``)
     the others return at once; where it posts and waits for every block (``Lanes.one_poster``) the others copy
     only their own rows, then each reduces its channel's tokens."""
-    c = shmemx.get_block_idx()
-    n_blocks = len(a.bounds) - 1
-    solo = a.lanes.one_block(a.plan)
-    if solo and c:
+    role = a.lanes.block_role(a.plan, a.stats)
+    if role is None:
         return
-    timer = a.stats.timer(c)
-    t = timer.mark()
-    one = a.lanes.one_poster(a.plan)
+    c, solo, one, timer, t = role
+    n_blocks = len(a.bounds) - 1
     for k in range(a.plan.rounds):
         t = _send_round(a, c, k, one, solo, timer, t)
     everyone = [r for r in range(a.n_pes) if r != a.me]

@@ -308,13 +308,10 @@ def dispatch_kernel(a: DispatchArgs) -> None:
     rounds, then of the receiving and the credits. Where block 0 does every block's work (``Lanes.one_block``)
     the others return at once; where it posts and receives for every block (``Lanes.one_poster``) the others
     copy only their own rows."""
-    c = shmemx.get_block_idx()
-    solo = a.lanes.one_block(a.plan)
-    if solo and c:
+    role = a.lanes.block_role(a.plan, a.stats)
+    if role is None:
         return
-    timer = a.stats.timer(c)
-    t = timer.mark()
-    one = a.lanes.one_poster(a.plan)
+    c, solo, one, timer, t = role
     rounds = [a.lanes.round_units(a.plan, c, k, one) for k in range(a.plan.rounds)]
     scan = _Scan(a, 0 if solo else c, len(a.bounds) - 1 if solo else c + 1, [u for r in rounds for u in r], timer)
     t = timer.lap("route", t)

@@ -15,16 +15,30 @@ at all, hence one signal per (peer, QP), and the receiver waits for all of them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 import shmemx
 
 from .workspace import RECORD_WORD, SIGNAL_WORDS
 
-__all__ = ["Lanes", "FENCE_SO"]
+__all__ = ["BlockRole", "Lanes", "FENCE_SO"]
 
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
+
+
+class BlockRole(NamedTuple):
+    """What one block of a dispatch or combine kernel does: ``c`` its index; ``solo``: it does every block's work
+    (``Lanes.one_block``); ``one``: block 0 posts and waits for every block (``Lanes.one_poster``); ``timer`` its
+    phase timer and ``t`` the timer's start mark."""
+
+    c: int
+    solo: bool
+    one: bool
+    timer: object
+    t: float
 
 
 class Lanes:
@@ -112,6 +126,17 @@ class Lanes:
         whose cores the PEs already fill, the blocks' Python runs one at a time, so per-block copies of these fixed
         costs are time."""
         return plan.batched and len(plan.by_block) > 1
+
+    def block_role(self, plan, stats) -> "BlockRole | None":
+        """The calling block's role in a kernel of ``plan``, its phase timer (``stats.timer``) started; None for
+        a block that returns at once because block 0 does every block's work (``one_block``)."""
+        c = shmemx.get_block_idx()
+        solo = self.one_block(plan)
+        if solo and c:
+            return None
+        timer = stats.timer(c)
+        t = timer.mark()
+        return BlockRole(c, solo, self.one_poster(plan), timer, t)
 
     def one_block(self, plan) -> bool:
         """Whether block 0 does the whole kernel of ``plan``, every block's share included (its own rows, for

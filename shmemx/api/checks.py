@@ -56,16 +56,20 @@ def check_config(rt, what: str, config) -> OpConfig:
     return config
 
 
+def check_contiguous(rt, where: str, role: str, arr, why: str) -> None:
+    """That ``arr`` is a C-contiguous numpy array (``why``: the reason the call needs it, for the message)."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"pe {rt.my_pe}: {where}: {role} must be a numpy array, got {type(arr).__name__}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"pe {rt.my_pe}: {where}: {role} must be C-contiguous {why}")
+
+
 def transfer_bytes(rt, where: str, nelems, arrays: dict) -> int:
     """Bytes moved by a transfer of ``nelems`` elements between ``arrays`` (``{role: array}``): numpy arrays,
     C-contiguous (one SGE covers one range), of one dtype, each holding ``nelems``; at most 256 MiB."""
     nelems = as_index(rt, where, "nelems", nelems)
     for role, arr in arrays.items():
-        if not isinstance(arr, np.ndarray):
-            raise TypeError(f"pe {rt.my_pe}: {where}: {role} must be a numpy array, got {type(arr).__name__}")
-        if not arr.flags.c_contiguous:
-            raise ValueError(f"pe {rt.my_pe}: {where}: {role} must be C-contiguous (one SGE covers one contiguous "
-                             f"range); pass a contiguous slice")
+        check_contiguous(rt, where, role, arr, "(one SGE covers one contiguous range); pass a contiguous slice")
         if arr.size < nelems:
             raise ValueError(f"pe {rt.my_pe}: {where}: nelems {nelems} but {role} has only {arr.size} elements")
     if len({arr.dtype for arr in arrays.values()}) > 1:

@@ -10,10 +10,13 @@ hosts, and a byte array is what a kernel passes for it. Words of ``S1`` arrays c
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterable
+
 import ml_dtypes
 import numpy as np
 
-__all__ = ["RMA_TYPES", "P2P_TYPES", "SIZES", "SIZE_DTYPES", "check_type", "type_name", "SIZE_MAX"]
+__all__ = ["RMA_TYPES", "P2P_TYPES", "SIZES", "SIZE_DTYPES", "check_type", "type_name", "SIZE_MAX", "install"]
 
 SIZE_MAX = (1 << 64) - 1  # what CANN's size_t results hold for "none" (an empty wait_until_any)
 
@@ -58,3 +61,13 @@ def type_name(dtype: np.dtype) -> str:
         if name != "char" and _matches(name, dtype):
             return name
     return str(dtype)
+
+
+def install(module: str, made: Iterable[tuple[str, Callable]], names: list[str]) -> None:
+    """Bind a typed family's functions ``(name, fn)`` in ``module`` under their CANN names and list each in
+    ``names`` (the module's ``__all__``)."""
+    target = sys.modules[module]
+    for name, fn in made:
+        fn.__name__ = fn.__qualname__ = name
+        setattr(target, name, fn)
+        names.append(name)

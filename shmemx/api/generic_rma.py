@@ -24,14 +24,13 @@ a note naming the high-level call and the engine.
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 from ..runtime import runtime
 from . import mte_strided
 from .checks import check_pe
-from .elements import RMA_TYPES, SIZE_DTYPES, SIZES, check_type
+from .elements import RMA_TYPES, SIZE_DTYPES, SIZES, check_type, install
 from .engines import Engine, engine_for
 from .mte_strided import non_contiguous_copy_param
 from .rma import (aclshmemx_mte_get_nbi, aclshmemx_mte_put_nbi, aclshmemx_mte_quiet, aclshmemx_udma_get_nbi,
@@ -201,15 +200,7 @@ def _sized(bits: int, op: str):
     return what, fn
 
 
-def _install() -> None:
-    module = sys.modules[__name__]
-    made = [_typed(t, op) for t in RMA_TYPES for op in ("put", "put_nbi", "get", "get_nbi", "p", "g", "iput",
-                                                          "iget")]
-    made += [_sized(bits, op) for bits in SIZES for op in ("put", "put_nbi", "get", "get_nbi", "iput", "iget")]
-    for name, fn in made:
-        fn.__name__ = fn.__qualname__ = name
-        setattr(module, name, fn)
-        __all__.append(name)
-
-
-_install()
+install(__name__, [_typed(t, op) for t in RMA_TYPES
+                   for op in ("put", "put_nbi", "get", "get_nbi", "p", "g", "iput", "iget")]
+        + [_sized(bits, op) for bits in SIZES for op in ("put", "put_nbi", "get", "get_nbi", "iput", "iget")],
+        __all__)

@@ -23,14 +23,13 @@ complete at that quiet (the signal itself says the payload is there).
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 from ..runtime import runtime
 from ..udma.layout import Opcode, OpConfig
 from .checks import check_pe
-from .elements import RMA_TYPES, SIZE_DTYPES, SIZES, check_type
+from .elements import RMA_TYPES, SIZE_DTYPES, SIZES, check_type, install
 from .engines import Engine, engine_for
 from .generic_rma import as_bytes, copy
 from .mte_strided import non_contiguous_copy_param
@@ -90,36 +89,36 @@ def _udma(what: str, dst, src, nelems, sig: np.ndarray, signal: int, sig_op: int
         t.post(Opcode.FAA, t.bits(signal), flag=_FENCED.flag)
 
 
-def aclshmem_putmem_signal(dst, src, nbytes, sig_addr, signal, sig_op, pe) -> None:
+def _putmem_signal(what: str, wait: bool, dst, src, nbytes: int, sig_addr: np.ndarray, signal: int, sig_op: int,
+                   pe: int) -> None:
+    """A byte-wise put + signal: ``dst`` and ``src`` checked and viewed as bytes; ``wait``: complete on return."""
+    rt = runtime()
+    put_signal(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), nbytes, sig_addr, signal,
+               sig_op, pe, wait)
+
+
+def aclshmem_putmem_signal(dst: np.ndarray, src: np.ndarray, nbytes: int, sig_addr: np.ndarray, signal: int,
+                           sig_op: int, pe: int) -> None:
     """Put ``nbytes`` bytes of ``src`` into ``dst`` on ``pe`` and update its signal word; complete on return."""
-    rt = runtime()
-    what = "aclshmem_putmem_signal"
-    put_signal(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), nbytes, sig_addr, signal,
-               sig_op, pe, True)
+    _putmem_signal("aclshmem_putmem_signal", True, dst, src, nbytes, sig_addr, signal, sig_op, pe)
 
 
-def aclshmem_putmem_signal_nbi(dst, src, nbytes, sig_addr, signal, sig_op, pe) -> None:
+def aclshmem_putmem_signal_nbi(dst: np.ndarray, src: np.ndarray, nbytes: int, sig_addr: np.ndarray, signal: int,
+                               sig_op: int, pe: int) -> None:
     """``aclshmem_putmem_signal`` without the final quiet."""
-    rt = runtime()
-    what = "aclshmem_putmem_signal_nbi"
-    put_signal(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), nbytes, sig_addr, signal,
-               sig_op, pe, False)
+    _putmem_signal("aclshmem_putmem_signal_nbi", False, dst, src, nbytes, sig_addr, signal, sig_op, pe)
 
 
-def aclshmemx_putmem_signal(dst, src, elem_size, sig_addr, signal, sig_op, pe) -> None:
+def aclshmemx_putmem_signal(dst: np.ndarray, src: np.ndarray, elem_size: int, sig_addr: np.ndarray, signal: int,
+                            sig_op: int, pe: int) -> None:
     """The host header's name of ``aclshmem_putmem_signal`` (``elem_size``: bytes)."""
-    rt = runtime()
-    what = "aclshmemx_putmem_signal"
-    put_signal(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), elem_size, sig_addr, signal,
-               sig_op, pe, True)
+    _putmem_signal("aclshmemx_putmem_signal", True, dst, src, elem_size, sig_addr, signal, sig_op, pe)
 
 
-def aclshmemx_putmem_signal_nbi(dst, src, elem_size, sig_addr, signal, sig_op, pe) -> None:
+def aclshmemx_putmem_signal_nbi(dst: np.ndarray, src: np.ndarray, elem_size: int, sig_addr: np.ndarray, signal: int,
+                                sig_op: int, pe: int) -> None:
     """The host header's name of ``aclshmem_putmem_signal_nbi``."""
-    rt = runtime()
-    what = "aclshmemx_putmem_signal_nbi"
-    put_signal(what, as_bytes(rt, what, "dst", dst), as_bytes(rt, what, "src", src), elem_size, sig_addr, signal,
-               sig_op, pe, False)
+    _putmem_signal("aclshmemx_putmem_signal_nbi", False, dst, src, elem_size, sig_addr, signal, sig_op, pe)
 
 
 def _typed(t: str, nbi: bool):
@@ -146,14 +145,5 @@ def _sized(bits: int, nbi: bool):
     return what, fn
 
 
-def _install() -> None:
-    module = sys.modules[__name__]
-    made = [_typed(t, nbi) for t in RMA_TYPES for nbi in (False, True)]
-    made += [_sized(bits, nbi) for bits in SIZES for nbi in (False, True)]
-    for name, fn in made:
-        fn.__name__ = fn.__qualname__ = name
-        setattr(module, name, fn)
-        __all__.append(name)
-
-
-_install()
+install(__name__, [_typed(t, nbi) for t in RMA_TYPES for nbi in (False, True)]
+        + [_sized(bits, nbi) for bits in SIZES for nbi in (False, True)], __all__)

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..runtime import runtime
-from .checks import check_pe, symmetric_offset
+from .checks import check_contiguous, check_pe, symmetric_offset
 
 __all__ = ["non_contiguous_copy_param", "put", "get", "rows_needed"]
 
@@ -52,11 +52,7 @@ def rows_needed(repeat: int, length: int, ld: int) -> int:
 
 
 def _side(rt, where: str, role: str, arr, need: int) -> np.ndarray:
-    if not isinstance(arr, np.ndarray):
-        raise TypeError(f"pe {rt.my_pe}: {where}: {role} must be a numpy array, got {type(arr).__name__}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"pe {rt.my_pe}: {where}: {role} must be C-contiguous (rows are counted from its first "
-                         f"element)")
+    check_contiguous(rt, where, role, arr, "(rows are counted from its first element)")
     if arr.size < need:
         raise ValueError(f"pe {rt.my_pe}: {where}: {role} has {arr.size} elements, the copy spans {need}")
     return arr.view(np.ndarray).reshape(-1)

@@ -20,14 +20,13 @@ those of the two engines (``api.mte_atomics`` says what is atomic with respect t
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 from ..runtime import runtime
 from . import udma_atomics as udma
 from .checks import check_pe
-from .elements import check_type
+from .elements import check_type, install
 from .engines import engine_for, ranks_per_server
 from .mte_atomics import mte_atomic
 
@@ -108,14 +107,4 @@ def _make(t: str, op: str):
     return what, fn
 
 
-def _install() -> None:
-    module = sys.modules[__name__]
-    for op, (types, *_) in _OPS.items():
-        for t in types:
-            name, fn = _make(t, op)
-            fn.__name__ = fn.__qualname__ = name
-            setattr(module, name, fn)
-            __all__.append(name)
-
-
-_install()
+install(__name__, (_make(t, op) for op, (types, *_) in _OPS.items() for t in types), __all__)

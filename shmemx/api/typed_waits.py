@@ -20,12 +20,11 @@ uint8 or ``S1`` (compared as uint8).
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 from ..runtime import runtime
-from .elements import P2P_TYPES, SIZE_MAX, check_type
+from .elements import P2P_TYPES, SIZE_MAX, check_type, install
 from .signals import (ACLSHMEM_CMP_NE, aclshmem_test, aclshmem_test_all, aclshmem_test_any, aclshmem_test_some,
                       aclshmem_wait_until, aclshmem_wait_until_all, aclshmem_wait_until_any,
                       aclshmem_wait_until_some)
@@ -115,14 +114,4 @@ _OPS = ("wait_until", "wait", "wait_until_all", "wait_until_any", "wait_until_so
         "test_any_vector", "test_some_vector")
 
 
-def _install() -> None:
-    module = sys.modules[__name__]
-    for t in P2P_TYPES:
-        for op in _OPS:
-            name, fn = _make(t, op)
-            fn.__name__ = fn.__qualname__ = name
-            setattr(module, name, fn)
-            __all__.append(name)
-
-
-_install()
+install(__name__, (_make(t, op) for t in P2P_TYPES for op in _OPS), __all__)

@@ -64,6 +64,7 @@ class _Target:
         if self.va % self.size:
             raise ValueError(f"pe {rt.my_pe}: {what} to pe {pe}: dst is not {self.size}-byte aligned")
         self.mask = (1 << 8 * self.size) - 1
+        self.pos = None  # BB position of the last WQE posted (for --check: the fetch it retires)
 
     def bits(self, value) -> int:
         """``value`` as the word's unsigned bits; ValueError quoting it when it does not fit the dtype."""
@@ -81,15 +82,19 @@ class _Target:
         """Post the atomic WQE (``flag``: its flag byte; a CQE always, a fence when a caller orders it)."""
         qp = self.qp
         wqe = qp.build(opcode, flag, self.va, sge_len=self.size, sge_va=qp.amo_va, operand=operand, compare=compare)
-        qp.post_bytes(wqe, flag, Api.ATOMIC, self.what)
+        self.pos = qp.post_bytes(wqe, flag, Api.ATOMIC, self.what)
 
     def read(self) -> None:
-        self.qp.post_rw(Opcode.READ, _CQE, self.va, self.size, self.qp.amo_va, Api.ATOMIC, self.what)
+        self.pos = self.qp.post_rw(Opcode.READ, _CQE, self.va, self.size, self.qp.amo_va, Api.ATOMIC, self.what)
 
     def quiet(self) -> int:
         qp = self.qp
         qp.poll(qp.cqe_cnt, self.what, call=WaitCall.QUIET)
-        return int(qp.amo[0]) & self.mask
+        old = int(qp.amo[0]) & self.mask
+        ev = self.rt.events
+        if ev is not None and ev.checker is not None and self.pos is not None:  # the value read: an acquire
+            ev.checker.fetched(qp, self.pos, old)
+        return old
 
     def cas_loop(self, update) -> int:
         """Replace the word by ``update(old bits)`` atomically; returns the old bits."""

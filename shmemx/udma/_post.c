@@ -53,6 +53,7 @@ typedef struct {
     PyObject_HEAD
     Engine *engine;
     Events *ev;                       /* the event log while observed (set_events), else NULL */
+    PyObject *on_local, *on_retire;   /* --check's watch of local arrays in flight (set_watch), or NULL */
     Pins *pins;                       /* per queue, while the log fingerprints sources */
     FpCache fp;                       /* chunk fingerprints of the current native call (fp_range) */
     PyObject *ndarray;                /* numpy.ndarray */
@@ -286,6 +287,15 @@ static void check_pins(Poster *p, uint32_t q, uint32_t tail, int64_t ts, long sl
     }
 }
 
+/* Tell --check's watch (Checker.in_flight / retired) of a local array in flight or retired: the interpreter lock
+ * is held (every caller posts or quiets under it); an exception in the hook is reported, never raised here. */
+static void watch_call(PyObject *hook, uint32_t q, uint32_t a, uint64_t b, uint64_t c) {
+    PyObject *r = c ? PyObject_CallFunction(hook, "IIKK", q, a, (unsigned long long)b, (unsigned long long)c)
+                    : PyObject_CallFunction(hook, "II", q, a);
+    if (!r) PyErr_WriteUnraisable(hook);
+    Py_XDECREF(r);
+}
+
 /* One WQE of queue q at BB ``pos`` (``w``: its bytes, two BBs unwrapped): its POST record, its pin, its value. */
 static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int64_t ts, long api, long slot,
                      uint32_t site) {
@@ -340,6 +350,11 @@ static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int6
         events_put(ev, ts, ev->k.value, (int)slot, 0, site, pos, len, words[0], words[1], words[2],
                    (uint32_t)words[3], (uint32_t)(words[3] >> 32));
     }
+    /* a source read, or a get's (or fetching atomic's) destination written */
+    int local_side = write || amo || op == (uint32_t)L->op_read;
+    if (p->on_local && local_side && len && !(flags & ev->k.local_heap)
+        && !(lva >= e->amo_va && lva - e->amo_va < e->amo_len))
+        watch_call(p->on_local, q, pos + bbs, lva, len);
 }
 
 /* The events of ``bbs`` BBs of queue q from ``head``, written and about to be doorbelled with ``cqes`` CQEs. */
@@ -385,6 +400,7 @@ static void emit_quiet(Poster *p, uint32_t q, long call, uint32_t target, int64_
     events_put(ev, ts, ev->k.quiet, (int)slot, 0, site,
                (q / e->qp_num) | (uint64_t)(q % e->qp_num) << 16 | (uint64_t)(call & 0xFF) << 24, tail, target,
                (uint64_t)t0, consumed, 0, 0);
+    if (p->on_retire) watch_call(p->on_retire, q, tail, 0, 0);
 }
 
 /* Words 0-11 of a WQE of this queue (the SQE base: what every opcode shares). */
@@ -779,6 +795,23 @@ static PyObject *Poster_set_events(Poster *p, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* set_watch(on_local, on_retire) or set_watch(None, None): --check's hooks (check/recorder.py Checker): every
+ * WQE whose local side is a registered array (a WRITE's or NOTIFY's source, a READ's or fetching atomic's
+ * destination; not the heap,
+ * not the atomics' scratch) calls on_local(queue, end BB, local VA, bytes) after its POST record; every quiet
+ * calls on_retire(queue, tail) after its QUIET record. */
+static PyObject *Poster_set_watch(Poster *p, PyObject *args) {
+    PyObject *on_local, *on_retire;
+    if (!PyArg_ParseTuple(args, "OO", &on_local, &on_retire)) return NULL;
+    if ((on_local != Py_None && !PyCallable_Check(on_local)) || (on_retire != Py_None && !PyCallable_Check(on_retire))) {
+        PyErr_SetString(PyExc_TypeError, "set_watch: two callables or None");
+        return NULL;
+    }
+    Py_XSETREF(p->on_local, on_local == Py_None ? NULL : Py_NewRef(on_local));
+    Py_XSETREF(p->on_retire, on_retire == Py_None ? NULL : Py_NewRef(on_retire));
+    Py_RETURN_NONE;
+}
+
 static int event_args(Poster *p, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
     if (nargs != want) { PyErr_Format(PyExc_TypeError, "takes %zd arguments", want); return -1; }
     for (Py_ssize_t k = 0; k < nargs; k++) {
@@ -910,6 +943,7 @@ static void Poster_dealloc(Poster *p) {
     free(p->pins);
     free(p->fp.slot);
     Py_XDECREF(p->ev);
+    Py_XDECREF(p->on_local); Py_XDECREF(p->on_retire);
     Py_XDECREF(p->alt);
     Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
     forget(p);
@@ -931,6 +965,7 @@ static PyMethodDef Poster_methods[] = {
     {"seen", (PyCFunction)Poster_seen, METH_O, "The Python path used this registration: remember it."},
     {"accept", (PyCFunction)Poster_accept, METH_O, "Post arrays of this ndarray subclass as ndarrays."},
     {"set_events", (PyCFunction)Poster_set_events, METH_O, "The event log posts and quiets write into, or None."},
+    {"set_watch", (PyCFunction)Poster_set_watch, METH_VARARGS, "--check's hooks for local arrays in flight."},
     {"emit_posted", (PyCFunction)(void (*)(void))Poster_emit_posted, METH_FASTCALL,
      "The events of WQEs the Python path wrote, before their doorbell."},
     {"emit_quiet", (PyCFunction)(void (*)(void))Poster_emit_quiet, METH_FASTCALL,

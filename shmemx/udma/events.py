@@ -125,6 +125,19 @@ class Kind(enum.IntEnum):
     SDMA = 28  # an SDMA copy posted on the calling block's channel: a = pe, b = heap offset, c = bytes, d = 1 put
     SDMA_QUIET = 29  # the calling block's SDMA channel is done (aclshmemx_sdma_quiet)
     SDMA_NOTIFY = 30  # a notify record on the calling block's SDMA channel
+    # (31-33: local buffers and fetching atomics, under --check; check/recorder.py writes them)
+    # a local (non-heap) array registered for the data plane (``LocalRegistry``): a = its local VA (what POST's c
+    # holds for it), b = the process address of its first byte, c = bytes, d = blob offset of its name (the
+    # kernel's variable that held it, or "local array at 0x..."), e = name length. Written when the registration
+    # is made, before the POST that uses it
+    REGISTER = 31
+    # a kernel thread's load (or store: a & 1) of a registered local array while a WQE that uses it may still run
+    # (seen by line tracing, ``check.watch``): b = process address, c = bytes; a & 2: the line's access was taken
+    # as the whole array (a subscript that is not a constant)
+    LOCAL_ACCESS = 32
+    # a fetching atomic's old value, read by its thread after the quiet that retired the WQE (an acquire of the
+    # write it read): a = LANE_A (peer, qp), b = the WQE's BB position, e = the value (the word's bits)
+    FETCH = 33
 
 
 LOCAL_HEAP = 1 << 15  # POST flags bit: c is a heap offset of this PE
@@ -264,7 +277,7 @@ class EventLog:
         """One record of the calling thread: ``fields`` are a..g (missing ones 0); ``site`` -1: its kernel line,
         when the log has sites; ``ts`` 0: now."""
         if self.checker is not None:
-            self.checker.flush()
+            self.checker.event()
         a, b, c, d, e, f, g = fields + (0,) * (7 - len(fields))
         self._put(ts, kind, thread_slot() & 0xFF, flags, site, a & _U64, b & _U64, c & _U64, d & _U64, e & _U64,
                   f & 0xFFFF_FFFF, g & 0xFFFF_FFFF)

@@ -60,6 +60,7 @@ class LocalRegistry:
         self._last: Registration | None = None  # the registration va_of returned last (a kernel sends its rows)
         self.sink = None  # the engine's set_locals(vas, lengths, addresses): told of every change
         self.seen = None  # the native posting path's Poster.seen(reg): told of every registration va_of returns
+        self.watch = None  # --check's Checker.registered(reg): told of every new registration (a REGISTER record)
 
     def va_of(self, arr: np.ndarray, writable: bool, what: str, pin: tuple[int, int] | None = None,
               addr: int | None = None) -> tuple[int, Registration | None]:
@@ -126,6 +127,8 @@ class LocalRegistry:
         self._next_tid = (self._next_tid + 1) & 0xFFFFF or 1
         self._by_address[(root_addr, root.nbytes)] = reg
         self._publish()
+        if self.watch is not None:
+            self.watch(reg)
         return reg
 
     def _publish(self) -> None:

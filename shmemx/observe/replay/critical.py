@@ -141,7 +141,7 @@ class _Walk:
 
     def _x(self, gid: int):
         sim = self.sim
-        kind, tier = sim.w_kind[gid], sim.w_tier[gid]
+        tier = sim.w_tier[gid]
         pred = sim.w_pred_egr[gid]  # set only when the egress was still busy when this one wanted it
         if pred >= 0:
             self.add(sim.w_x[pred], sim.w_x[gid], "bytes " + _TIER[tier], self._wqe_name(pred),

@@ -18,7 +18,9 @@ The document (``--json``), schema ``shmemx-replay/1``; times in microseconds of 
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 
 from ...udma.layout import opcode_name
 from .critical import critical_path
@@ -123,7 +125,7 @@ def render(doc: dict, *, top: int = 8) -> str:
         for name, r in doc["regions"].items():
             lines.append(f"  {name:<24} max {r['max_us']:12.3f} us (pe {r['max_pe']})   mean {r['mean_us']:12.3f} us")
     slow = sorted(doc["pes"], key=lambda p: (-p["end_us"], p["pe"]))[:top]
-    lines.append(f"slowest PEs: " + ", ".join(f"pe {p['pe']} {p['end_us']:.3f} us" for p in slow))
+    lines.append("slowest PEs: " + ", ".join(f"pe {p['pe']} {p['end_us']:.3f} us" for p in slow))
     if doc["links"]:
         lines.append("ports (utilisation = bytes / (bandwidth x makespan)):")
         for name, link in doc["links"].items():
@@ -171,61 +173,73 @@ def _blocked_slice(sim: Sim, cause) -> tuple[str, dict]:
     return _BLOCKED.get(kind, kind), args
 
 
+_REGIONS_TRACK, _ENGINE_TRACK = 99998, 99999  # tids (within a PE's 100000) of the regions and engine tracks
+
+
+def _tid(pe: int, track: int) -> int:
+    """The trace tid of a PE's track: blocks are tracks 0.., queues 1000+index, then regions and engine."""
+    return (pe + 1) * 100000 + track
+
+
+def _thread_events(sim: Sim, pe: int, slot: int, th) -> Iterator[dict]:
+    """One block's track: its name, then its blocked stretches and its compute slices."""
+    pid, tid = pe + 1, _tid(pe, slot)
+    yield {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"block {slot}"}}
+    for release, since, cause in th.releases:
+        if release > since:
+            name, args = _blocked_slice(sim, cause)
+            yield {"ph": "X", "pid": pid, "tid": tid, "ts": since, "dur": release - since,
+                   "name": name, "cat": "wait", "args": args}
+    for a, b in th.computes:
+        yield {"ph": "X", "pid": pid, "tid": tid, "ts": a, "dur": b - a, "name": "compute", "cat": "compute"}
+
+
+def _pe_events(sim: Sim, pe: int) -> Iterator[dict]:
+    """A PE's process: its name and order, a track per block, its regions, and the names of the two fixed tracks."""
+    pid = pe + 1
+    yield {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"pe {pe}"}}
+    yield {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pe}}
+    for slot, th in sim.threads[pe].items():
+        yield from _thread_events(sim, pe, slot, th)
+    regions = _tid(pe, _REGIONS_TRACK)
+    for name, ivs in sim.region_iv[pe].items():
+        for a, b in ivs:
+            yield {"ph": "X", "pid": pid, "tid": regions, "ts": a, "dur": b - a,
+                   "name": sim.prog.names[pe][name], "cat": "region"}
+    yield {"ph": "M", "pid": pid, "tid": regions, "name": "thread_name", "args": {"name": "regions"}}
+    yield {"ph": "M", "pid": pid, "tid": _tid(pe, _ENGINE_TRACK), "name": "thread_name", "args": {"name": "engine"}}
+
+
+def _wqe_events(sim: Sim) -> Iterator[dict]:
+    """Per WQE on a queue: a slice on its PE's engine track (executing) and one on its queue's track (from engine
+    to acknowledgement); a queue's track is named before its first slice."""
+    named = set()
+    for gid in range(len(sim.w_kind)):
+        kind, pe = sim.w_kind[gid], sim.w_pe[gid]
+        if kind in (W_SIGNAL, W_MTE, W_SDMA) or sim.w_queue[gid] is None:
+            continue
+        pid, i, wq, q = pe + 1, gid - sim.base[pe], sim.prog.wqes[pe], sim.w_queue[gid]
+        op = opcode_name(int(wq.opcode[i]))
+        args = {"peer": int(wq.peer[i]), "qp": int(wq.qp[i]), "pos": int(wq.pos[i]), "bytes": sim.w_bytes[gid],
+                "ready": sim.w_ready[gid], "done": sim.w_done[gid]}
+        yield {"ph": "X", "pid": pid, "tid": _tid(pe, _ENGINE_TRACK), "ts": sim.w_s[gid],
+               "dur": sim.w_T[gid] - sim.w_s[gid], "name": op, "cat": "engine", "args": args}
+        tid = _tid(pe, 1000 + q.index)
+        if (pe, q.index) not in named:
+            named.add((pe, q.index))
+            yield {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                   "args": {"name": f"-> pe {q.peer} qp {q.qp}"}}
+        yield {"ph": "X", "pid": pid, "tid": tid, "ts": sim.w_s[gid], "dur": sim.w_ack[gid] - sim.w_s[gid],
+               "name": op, "cat": "wqe", "args": args}
+
+
 def write_perfetto(sim: Sim, path: str) -> None:
     """A Chrome trace-event JSON of the replay in virtual time: per PE a process with a track per block (waits,
     quiets, barriers, regions, compute), the engine (one slice per WQE) and one per queue (from engine to
     acknowledgement)."""
-    names = sim.prog.names
+    events = itertools.chain(itertools.chain.from_iterable(_pe_events(sim, pe) for pe in range(sim.n_pes)),
+                             _wqe_events(sim))
     with open(path, "w") as f:
         f.write('{"traceEvents":[\n')
-        first = [True]
-
-        def emit(ev: dict) -> None:
-            f.write(("" if first[0] else ",\n") + json.dumps(ev, separators=(",", ":")))
-            first[0] = False
-
-        for pe in range(sim.n_pes):
-            pid = pe + 1
-            emit({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"pe {pe}"}})
-            emit({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pe}})
-            for slot, th in sim.threads[pe].items():
-                tid = pid * 100000 + slot
-                emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"block {slot}"}})
-                for release, since, cause in th.releases:
-                    if release > since:
-                        name, args = _blocked_slice(sim, cause)
-                        emit({"ph": "X", "pid": pid, "tid": tid, "ts": since, "dur": release - since,
-                              "name": name, "cat": "wait", "args": args})
-                for a, b in th.computes:
-                    emit({"ph": "X", "pid": pid, "tid": tid, "ts": a, "dur": b - a, "name": "compute",
-                          "cat": "compute"})
-            for name, ivs in sim.region_iv[pe].items():
-                for a, b in ivs:
-                    emit({"ph": "X", "pid": pid, "tid": pid * 100000 + 99998, "ts": a, "dur": b - a,
-                          "name": names[pe][name], "cat": "region"})
-            emit({"ph": "M", "pid": pid, "tid": pid * 100000 + 99998, "name": "thread_name",
-                  "args": {"name": "regions"}})
-            emit({"ph": "M", "pid": pid, "tid": pid * 100000 + 99999, "name": "thread_name",
-                  "args": {"name": "engine"}})
-        queues = set()
-        for gid in range(len(sim.w_kind)):
-            kind, pe = sim.w_kind[gid], sim.w_pe[gid]
-            if kind in (W_SIGNAL, W_MTE, W_SDMA) or sim.w_queue[gid] is None:
-                continue
-            pid = pe + 1
-            i = gid - sim.base[pe]
-            wq = sim.prog.wqes[pe]
-            op = opcode_name(int(wq.opcode[i]))
-            args = {"peer": int(wq.peer[i]), "qp": int(wq.qp[i]), "pos": int(wq.pos[i]), "bytes": sim.w_bytes[gid],
-                    "ready": sim.w_ready[gid], "done": sim.w_done[gid]}
-            emit({"ph": "X", "pid": pid, "tid": pid * 100000 + 99999, "ts": sim.w_s[gid],
-                  "dur": sim.w_T[gid] - sim.w_s[gid], "name": op, "cat": "engine", "args": args})
-            q = sim.w_queue[gid]
-            tid = pid * 100000 + 1000 + q.index
-            if (pe, q.index) not in queues:
-                queues.add((pe, q.index))
-                emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                      "args": {"name": f"-> pe {q.peer} qp {q.qp}"}})
-            emit({"ph": "X", "pid": pid, "tid": tid, "ts": sim.w_s[gid], "dur": sim.w_ack[gid] - sim.w_s[gid],
-                  "name": op, "cat": "wqe", "args": args})
+        f.write(",\n".join(json.dumps(ev, separators=(",", ":")) for ev in events))
         f.write('\n],"displayTimeUnit":"ns","otherData":{"clock":"virtual time (us) of shmemx replay"}}\n')

@@ -410,8 +410,7 @@ class Sim(Collectives):
         if pe == th.pe:
             th.clock += topo.post_us
             t = th.clock
-            for name in ("w_ready", "w_s", "w_T", "w_x", "w_arr", "w_done", "w_ack"):
-                getattr(self, name)[gid] = t
+            self._stamp(gid, t)
         else:
             th.clock += topo.post_us + topo.doorbell_us
             t = th.clock
@@ -422,19 +421,29 @@ class Sim(Collectives):
         self.at(self.w_done[gid], self._deliver, gid)
         return True
 
-    def _op_mte(self, th: Thread, op) -> bool:
+    def _copy(self, th: Thread, op) -> tuple:
+        """An MTE or SDMA copy's (pe, offset, nbytes, put, effect): a put into watched memory carries its bytes
+        (or, unrecorded, the range it covers) as the effect its delivery applies; None otherwise."""
         pe, offset, nbytes, put = op[1:5]
         data = op[5] if len(op) > 5 else None
-        w = self.watched.get(pe if put else th.pe)
         effect = None
-        if put and w:
+        if put and self.watched.get(pe):
             effect = [("bytes", pe, offset, data) if data is not None else ("cover", pe, offset, offset + nbytes)]
+        return pe, offset, nbytes, put, effect
+
+    def _stamp(self, gid: int, t: float) -> None:
+        """Every time of record ``gid`` (ready, start, executed, arrived, done, acknowledged) at ``t``: a local
+        operation, complete as it is issued."""
+        for name in ("w_ready", "w_s", "w_T", "w_x", "w_arr", "w_done", "w_ack"):
+            getattr(self, name)[gid] = t
+
+    def _op_mte(self, th: Thread, op) -> bool:
+        pe, offset, nbytes, put, effect = self._copy(th, op)
         if pe == th.pe:  # a local copy: free (annotate it with compute when it matters), visible at once
             if effect:
                 gid = self._new_record(W_MTE, th.pe, th.pe, pe, nbytes, effect)
                 self.w_poster[gid] = th
-                for name in ("w_ready", "w_s", "w_T", "w_x", "w_arr", "w_done", "w_ack"):
-                    getattr(self, name)[gid] = th.clock
+                self._stamp(gid, th.clock)
                 self._deliver(gid, th.clock)
             return True
         src, dst = (th.pe, pe) if put else (pe, th.pe)
@@ -465,12 +474,7 @@ class Sim(Collectives):
 
     def _op_sdma(self, th: Thread, op) -> bool:
         """An SDMA copy on the thread's channel (see the module docstring); the thread goes on."""
-        pe, offset, nbytes, put = op[1:5]
-        data = op[5] if len(op) > 5 else None
-        w = self.watched.get(pe if put else th.pe)
-        effect = None
-        if put and w:
-            effect = [("bytes", pe, offset, data) if data is not None else ("cover", pe, offset, offset + nbytes)]
+        pe, offset, nbytes, put, effect = self._copy(th, op)
         src, dst = (th.pe, pe) if put else (pe, th.pe)
         gid = self._new_record(W_SDMA, th.pe, src, dst, nbytes, effect)
         self.w_poster[gid] = th

@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
 from ...shm.control import WaitCall
-from ..layout import Odr
+from ..layout import REDUCE_FLAG, Odr
+from ..rings import Api
 from .clocks import (CAS, FAA, NOTIFY, READ, WRITE, Entry, Lane, Rel, Thread, Word, Wqe, apply_op, compact, order_matters,
                      same_bytes, word_value)
-from ..events import LOCAL_HEAP, MET_WORD, POST_A, POST_FLAGS, QUIET_A, SIGNAL_A, WAIT_A, Access, Kind, Log
+from ..events import LANE_A, LOCAL_HEAP, MET_WORD, POST_A, POST_FLAGS, QUIET_A, SIGNAL_A, WAIT_A, Access, Kind, Log
 from .report import Finding, Findings, Side, describe_wqe
 from .rules import OPS, Rules
 from .shadow import ReadRec, Shadow, State, WriteRec
@@ -51,6 +53,41 @@ _M32 = 0xFFFF_FFFF
 _U64 = (1 << 64) - 1
 _HISTORY = 256  # writes remembered per synchronisation word
 _FINALIZE = int(WaitCall.FINALIZE)
+_ATOMIC_API = int(Api.ATOMIC)
+LOCAL = 1 << 20  # shadow key of a PE's registered local arrays (by process address): pe | LOCAL
+
+
+class SyncWrite(NamedTuple):
+    """A write of a synchronisation word, as the analysis checks and records it.
+
+    ``by``: the Wqe that writes it, or (thread index, clock) of a kernel thread's signal_op or store. ``kind`` of
+    its shadow record: "signal" (a WQE's signal or atomic), "signal_op", "store", "wqe" (a payload over the word);
+    None: "signal" for a WQE's, "signal_op" for a thread's.
+    """
+
+    pe: int
+    off: int
+    size: int
+    op: str  # "set", "add" or "cas"
+    value: int | None
+    by: object
+    rel: Rel
+    site: int
+    kind: str | None = None
+
+
+def _mixed(a: WriteRec, b: WriteRec) -> bool:
+    """Two atomics over common bytes that the hardware does not make atomic with each other: another width or
+    another first byte (a 32-bit add on half of a 64-bit word)."""
+    return bool(a.width and b.width) and (a.at, a.width) != (b.at, b.width)
+
+
+def _atomic_vs_plain(a: WriteRec, b: WriteRec) -> bool:
+    """An atomic of the engine and a plain write of the same bytes (a store, a payload; a signal_op is the
+    signalling store the atomics are atomic with), neither an atomic that changes nothing."""
+    if bool(a.width) == bool(b.width) or a.reads_only or b.reads_only:
+        return False
+    return "signal_op" not in (a.kind, b.kind)
 
 
 class Analyzer(Rules):
@@ -67,6 +104,8 @@ class Analyzer(Rules):
         self.words: dict[tuple[int, int], Word] = {}
         self.word_offsets: dict[int, list] = defaultdict(list)  # pe -> sorted offsets of its words
         self.shadow = {pe: Shadow(heap_size) for pe in range(self.n_pes)}
+        self.shadow.update({pe | LOCAL: Shadow(1 << 64) for pe in range(self.n_pes)})  # registered local arrays
+        self.regs: dict[int, tuple[list, list]] = {}  # pe -> (sorted local VAs, [(va, address, bytes)])
         self.barriers: dict[int, Rel] = {}
         self.launches: dict[tuple[int, int], Rel] = {}
         self.launch_end: dict[tuple[int, int], list] = defaultdict(list)
@@ -95,6 +134,9 @@ class Analyzer(Rules):
                 ts, kind, block, flags, site, a, b, c, d, e, f, g = r
                 if kind == Kind.SITE:
                     continue
+                if kind == Kind.REGISTER:
+                    self._register(pe, a, b, c, log.string(d, e))
+                    continue
                 threads.add((pe, block))
                 if kind == Kind.MET:  # the MET records of a wait follow its WAIT record in its own thread; other
                     # threads of the PE share the log and may have written records in between
@@ -112,7 +154,7 @@ class Analyzer(Rules):
                     lanes.add((pe, peer, qp))
                     if op == NOTIFY:
                         sync[peer].add((d, 8))
-                    elif op in (FAA, CAS):
+                    elif op in (FAA, CAS) or op == WRITE and flags & REDUCE_FLAG:
                         sync[peer].add((b, f))
                 elif kind == Kind.QUIET:
                     lanes.add((pe, *QUIET_A.unpack(a)[:2]))
@@ -136,6 +178,10 @@ class Analyzer(Rules):
                     last.pop(block, None)
                 self.events.append((ts, pe, idx, r))
         self.events.sort(key=lambda x: (x[0], x[1], x[2]))
+        self._index(threads, lanes, sync)
+
+    def _index(self, threads: set, lanes: set, sync: dict) -> None:
+        """The clocks' entries (threads, then lanes) and the synchronisation words the prepass found."""
         self.thread_index = {key: i for i, key in enumerate(sorted(threads))}
         nt = len(self.thread_index)
         self.lane_index = {key: nt + i for i, key in enumerate(sorted(lanes))}
@@ -151,6 +197,17 @@ class Analyzer(Rules):
                     self.shadow[pe].mark_sync(off, off + max(size, 1))
                     self.words.setdefault((pe, off), Word(size, None))
                 self.word_offsets[pe] = sorted(off for (wpe, off) in self.words if wpe == pe)
+
+    def _register(self, pe: int, va: int, address: int, nbytes: int, name: str) -> None:
+        """A REGISTER record: local VAs [va, va + nbytes) of ``pe`` are the array at ``address`` named ``name``."""
+        vas, regs = self.regs.setdefault(pe, ([], []))
+        i = bisect.bisect_left(vas, va)
+        vas.insert(i, va)
+        regs.insert(i, (va, address, nbytes))
+        key = pe | LOCAL
+        if address not in self.allocs[key]:
+            bisect.insort(self.alloc_starts[key], address)
+        self.allocs[key][address] = (nbytes, name)
 
     # --- helpers --------------------------------------------------------------------------------------------
 
@@ -179,8 +236,8 @@ class Analyzer(Rules):
             start = starts[i]
             size, name = self.allocs[pe][start]
             if off < start + max(size, 1):
-                return f"'{name}'+{off - start:#x}"
-        return f"heap+{off:#x}"
+                return f"{'local array ' if pe & LOCAL else ''}'{name}'+{off - start:#x}"
+        return f"local array at {off:#x}" if pe & LOCAL else f"heap+{off:#x}"
 
     def side(self, pe: int, block: int, site: int, what: str) -> Side:
         return Side(pe, block, self.sites.get((pe, site)), what)
@@ -196,6 +253,8 @@ class Analyzer(Rules):
     def add(self, finding: Finding) -> None:
         pe, off = finding.mem[0], finding.mem[1]
         finding.memory = self.alloc_name(pe, off) if off is not None else "a local (non-heap) array"
+        if pe & LOCAL:  # a registered local array: named by its variable, no heap offset
+            finding.mem = (pe & (LOCAL - 1), None, finding.mem[2])
         self.findings.add(finding)
 
     # --- the replay -----------------------------------------------------------------------------------------
@@ -207,7 +266,8 @@ class Analyzer(Rules):
                     Kind.ARRIVE: self.on_arrive, Kind.DEPART: self.on_depart, Kind.LAUNCH: self.on_launch,
                     Kind.JOIN: self.on_join, Kind.BLOCK_BEGIN: self.on_block_begin, Kind.BLOCK_END: self.on_block_end,
                     Kind.SYNC_ARRIVE: self.on_sync_arrive, Kind.SYNC_DEPART: self.on_sync_depart,
-                    Kind.ACCESS: self.on_access, Kind.SRC_CHANGED: self.on_src_changed}
+                    Kind.ACCESS: self.on_access, Kind.SRC_CHANGED: self.on_src_changed,
+                    Kind.LOCAL_ACCESS: self.on_local_access, Kind.FETCH: self.on_fetch}
         for ts, pe, idx, r in self.events:
             handler = handlers.get(r[1])
             if handler is not None:
@@ -249,34 +309,63 @@ class Analyzer(Rules):
         w.end = w.pos + (2 if opcode in (NOTIFY, FAA, CAS) else 1)
         w.target, w.dst, w.length = peer, b, f
         w.local_heap, w.local = bool(flags & LOCAL_HEAP), c
+        w.laddr = None if w.local_heap else self._local_address(pe, c, f)
         w.sig_off, w.value = d, e
         w.crc = g if opcode in (WRITE, NOTIFY) and (flags & LOCAL_HEAP or c) else None
         w.reaped = w.reported = False
         w.cqe = bool(w.flag >> 5 & 1)
+        reduce = opcode == WRITE and bool(w.flag & REDUCE_FLAG)
+        w.atomic = f if opcode in (FAA, CAS) or reduce or (opcode == READ and w.api == _ATOMIC_API) else 0
         lane.wqes.append(w)
         w.seq = len(lane.wqes)
         lane.by_pos[w.pos] = w
         self._order(lane, w)
         self._submitter(t, lane, w)
-        w.rel = self._wqe_rel(t, w) if opcode in (NOTIFY, FAA, CAS) else None
+        w.rel = self._wqe_rel(t, w) if opcode in (NOTIFY, FAA, CAS) or reduce else None
+        self._local_side(t, w)
         if peer not in self.shadow or w.dst + w.length > self.heap_size and opcode != NOTIFY:
             return
         if opcode == READ:
             self._engine_read(t, w, peer, w.dst, w.length)
-            if w.local_heap:
-                self._engine_write(t, w, pe, w.local, w.length, "get")
             return
-        if opcode in (WRITE, NOTIFY) and w.local_heap and w.length:
-            self._engine_read(t, w, pe, w.local, w.length)
-        if opcode in (WRITE, NOTIFY) and w.length:
+        if opcode in (WRITE, NOTIFY) and w.length and not reduce:
             self._engine_write(t, w, peer, w.dst, w.length, "wqe")
         if opcode == NOTIFY:
-            self._sync_write(t, ts, peer, w.sig_off, 8, "set", w.value, w, w.rel, site)
+            self._sync_write(t, ts, SyncWrite(peer, w.sig_off, 8, "set", w.value, w, w.rel, site))
             self._release(t, ts, "signal", w, site)
-        elif opcode in (FAA, CAS):
-            self._sync_write(t, ts, peer, w.dst, w.length, "add" if opcode == FAA else "cas",
-                             w.value if opcode == FAA else None, w, w.rel, site)
+        elif opcode in (FAA, CAS) or reduce:
+            self._sync_write(t, ts, SyncWrite(peer, w.dst, w.length, "cas" if opcode == CAS else "add",
+                                              None if opcode == CAS or reduce else w.value, w, w.rel, site))
             self._release(t, ts, "atomic", w, site)
+
+    def _local_side(self, t: Thread, w: Wqe) -> None:
+        """The WQE's access to its own PE's memory: a put's source (read when it executes), a get's destination
+        or a fetching atomic's (written): this PE's heap, or a registered local array (its own shadow)."""
+        if w.local_heap:
+            key, off = w.pe, w.local
+        elif w.laddr is not None:
+            key, off = w.pe | LOCAL, w.laddr
+        else:
+            return  # the atomics' scratch, or memory the log does not describe
+        if not w.length or (w.opcode == WRITE and w.flag & REDUCE_FLAG):
+            return
+        if w.opcode in (WRITE, NOTIFY):
+            self._engine_read(t, w, key, off, w.length)
+        elif w.opcode == READ and not w.atomic:
+            self._engine_write(t, w, key, off, w.length, "get")
+        elif w.opcode in (FAA, CAS):
+            self._engine_write(t, w, key, off, w.length, "get")
+
+    def _local_address(self, pe: int, va: int, length: int):
+        """The process address of local VA ``va`` (a registered array of ``pe``), or None."""
+        regs = self.regs.get(pe)
+        if not regs or not va:
+            return None
+        i = bisect.bisect_right(regs[0], va) - 1
+        if i < 0:
+            return None
+        rva, addr, nbytes = regs[1][i]
+        return addr + (va - rva) if va + length <= rva + max(nbytes, 1) else None
 
     def _order(self, lane: Lane, w: Wqe) -> None:
         """What ``w``'s completion implies on its QP (``w.prefix``, ``w.extra``), and the lane's SO state."""
@@ -323,14 +412,30 @@ class Analyzer(Rules):
 
         def fn(s: State, start: int) -> State:
             for rec in s.writes:
-                if not s.sync and not self._knows_write(t, rec):
+                if self._knows_write(t, rec):
+                    continue
+                if s.sync:
+                    self._atomic_read(reader, rec, w, pe, start)
+                else:
                     self._read_finding(t, rec, pe, start, reader, w)
-            return s.replace(pins=s.live_pins() + (w,))
+                    w.reported = True  # its source conflicts already: the checksum at the quiet need not say so
+            return s.replace(pins=self._pins_after(t, s.pins, w) + (w,))
 
         self.shadow[pe].update(off, off + n, fn)
 
+    def _pins_after(self, t: Thread, pins: tuple, w: Wqe | None) -> tuple:
+        """The pins that stay after an access by ``t`` (or its WQE ``w``): those ``t`` does not know complete.
+        A pin ``t`` knows complete is implied by whatever comes next: knowing the next access means knowing ``t``'s
+        clock (a quiet of the lane covers every earlier WQE). Decided by happens-before alone, never by whether the
+        WQE happened to be retired already in this run."""
+        if not pins:
+            return pins
+        return tuple(p for p in pins if not (self.known(t, p) or (w is not None and self._ordered(p, w))))
+
     def _engine_write(self, t: Thread, w: Wqe, pe: int, off: int, n: int, kind: str) -> None:
-        """A WQE will write ``[off, off+n)`` of PE ``pe``: its poster must know of every earlier access there."""
+        """A WQE will write ``[off, off+n)`` of PE ``pe``: its poster must know of every earlier access there.
+        What it does not know of stays recorded (and is found again by a later access), so the findings do not
+        depend on which of two unordered accesses this run logged first."""
         writer = self.wqe_side(w, lambda: f"posts {describe_wqe(w)}, which writes")
 
         sync_hit = []
@@ -340,21 +445,23 @@ class Analyzer(Rules):
                 sync_hit.append(start)
                 return s
             prev = None
+            unordered = []
             for rec in s.writes:
                 if self._knows_write(t, rec) or (isinstance(rec.by, Wqe) and (self._ordered(rec.by, w)
                                                                                or same_bytes(rec.by, w))):
                     prev = prev or rec
                     continue
                 self._waw(writer, rec, pe, start, w=w)
+                unordered.append(rec)
                 prev = prev or rec
-            for rd in s.reads:
-                if not t.vc[rd.ti] >= rd.clock:
-                    self._war(writer, rd, pe, start, w, s)
+            reads = tuple(rd for rd in s.reads if not t.vc[rd.ti] >= rd.clock)
+            for rd in reads:
+                self._war(writer, rd, pe, start, w, s)
             for p in s.pins:
-                if p is not w and not p.reaped and not self.known(t, p) and not self._ordered(p, w):
-                    self._overwrite(writer, p, pe, start, w)
+                if p is not w and not self.known(t, p) and not self._ordered(p, w):
+                    self._overwrite(writer, p, pe, start, w, t)
             rec = WriteRec(w, kind, w.site, w.pe, prev=prev)
-            return s.replace(writes=(rec,), reads=(), pins=s.live_pins())
+            return s.replace(writes=tuple(unordered) + (rec,), reads=reads, pins=self._pins_after(t, s.pins, w))
 
         self.shadow[pe].update(off, off + n, fn)
         if sync_hit:
@@ -362,7 +469,7 @@ class Analyzer(Rules):
             value = w.value if kind == "wqe" and w.opcode == WRITE and n <= 8 else None
             for woff, word in self._words_in(pe, off, off + n):
                 v = None if value is None else value >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
-                self._sync_write(t, w.ts, pe, woff, word.size, "set", v, w, rel, w.site, writer, kind="wqe")
+                self._sync_write(t, w.ts, SyncWrite(pe, woff, word.size, "set", v, w, rel, w.site, "wqe"), writer)
             self._release(t, w.ts, "signal", w, w.site)
 
     def _wqe_rel(self, t: Thread, w: Wqe) -> Rel:
@@ -385,40 +492,56 @@ class Analyzer(Rules):
 
     # --- signals, stores and waits on synchronisation words --------------------------------------------------
 
-    def _sync_write(self, t: Thread, ts: int, pe: int, off: int, size: int, op: str, value, by, rel: Rel,
-                    site: int, side: Side | None = None, kind: str | None = None) -> None:
+    def _sync_write(self, t: Thread, ts: int, sw: SyncWrite, side: Side | None = None) -> None:
         """A write of a synchronisation word (signal_op, a put_signal's signal, an atomic, a store, a payload):
-        checked against the unordered writes whose order matters, then recorded for the waits. ``kind`` of the
-        record: "signal" (a WQE's signal or atomic), "signal_op", "store", "wqe" (a payload over the word)."""
-        if pe not in self.shadow:
+        checked against the unordered writes whose order matters, then recorded for the waits."""
+        if sw.pe not in self.shadow:
             return
-        kind = kind or ("signal" if isinstance(by, Wqe) else "signal_op")
-        rec = WriteRec(by, kind, site, t.pe, op, value, rel=rel)
-        me = side or (self.wqe_side(by, lambda: f"posts {describe_wqe(by)}") if isinstance(by, Wqe)
-                      else self.side(t.pe, t.block, site, "signals"))
+        kind = sw.kind or ("signal" if isinstance(sw.by, Wqe) else "signal_op")
+        width = sw.size if kind == "signal" else 0  # the engine's atomics (FAA, CAS, fp32 add, a put_signal's signal)
+        rec = WriteRec(sw.by, kind, sw.site, t.pe, sw.op, sw.value, rel=sw.rel, width=width, at=sw.off if width else -1)
+        me = side or (self.wqe_side(sw.by, lambda: f"posts {describe_wqe(sw.by)}") if isinstance(sw.by, Wqe)
+                      else self.side(t.pe, t.block, sw.site, "signals"))
+        wqe = sw.by if isinstance(sw.by, Wqe) else None
+        self.shadow[sw.pe].update(sw.off, sw.off + sw.size,
+                                  lambda s, start: self._sync_state(t, me, rec, wqe, sw.pe, s, start))
+        self._sync_history(t, ts, sw)
 
-        def fn(s: State, start: int) -> State:
-            keep = []
-            for old in s.writes:
-                if isinstance(by, Wqe) and isinstance(old.by, Wqe) and self._ordered(old.by, by):
-                    continue
-                if self.known(t, old.by):
-                    continue
-                if order_matters(old, op, value):
-                    self._waw(me, old, pe, start, w=by if isinstance(by, Wqe) else None, sync=True)
-                elif old.op == "add" or op == "add":
-                    keep.append(old)
-            return s.replace(writes=tuple(keep) + (rec,))
+    def _sync_state(self, t: Thread, me: Side, rec: WriteRec, wqe: Wqe | None, pe: int, s: State,
+                    start: int) -> State:
+        """The shadow interval after the synchronisation write ``rec`` (by ``wqe`` if a WQE's): the unordered
+        writes it conflicts with reported, the adds whose order does not matter kept, and it appended."""
+        keep = []
+        for old in s.writes:
+            if (wqe is not None and isinstance(old.by, Wqe) and self._ordered(old.by, wqe)) or self.known(t, old.by):
+                continue  # ordered before this write, or known to its writer
+            if _mixed(old, rec):
+                self._mixed_width(me, old, rec, pe, start)
+            elif order_matters(old, rec.op, rec.value):
+                self._waw(me, old, pe, start, w=wqe, sync=True)
+            elif _atomic_vs_plain(old, rec):
+                self._atomic_race(me, old, rec, pe, start)
+            elif old.op == "add" or rec.op == "add":
+                keep.append(old)
+        if rec.width and not rec.reads_only:
+            for rd in s.reads:
+                if not t.vc[rd.ti] >= rd.clock:
+                    self._atomic_race_read(me, rd, rec, pe, start)
+        for p in s.pins:
+            if p is not wqe and not self.known(t, p) and not (wqe is not None and self._ordered(p, wqe)):
+                self._pin_conflict(me, p, rec, pe, start)
+        return s.replace(writes=tuple(keep) + (rec,), pins=self._pins_after(t, s.pins, wqe))
 
-        self.shadow[pe].update(off, off + size, fn)
-        word = self.words.get((pe, off))
+    def _sync_history(self, t: Thread, ts: int, sw: SyncWrite) -> None:
+        """The write appended to its word's history (the last ``_HISTORY``), with the word's value after it."""
+        word = self.words.get((sw.pe, sw.off))
         if word is None:
-            word = self.words[(pe, off)] = Word(size, None)
-            bisect.insort(self.word_offsets[pe], off)
-        entry = Entry(ts, op, value, by, rel, site, t.pe, t.ti)
+            word = self.words[(sw.pe, sw.off)] = Word(sw.size, None)
+            bisect.insort(self.word_offsets[sw.pe], sw.off)
+        entry = Entry(ts, sw.op, sw.value, sw.by, sw.rel, sw.site, t.pe, t.ti)
         entries = word.entries
         prev = entries[-1].cur if entries else word.initial
-        entry.cur = apply_op(prev, op, value, word.size)
+        entry.cur = apply_op(prev, sw.op, sw.value, word.size)
         entries.append(entry)
         if len(entries) > _HISTORY:
             del entries[:len(entries) - _HISTORY]
@@ -426,9 +549,9 @@ class Analyzer(Rules):
     def on_signal(self, t: Thread, ts, pe, idx, r) -> None:
         a, off, value = r[5], r[6], r[9]
         tpe, op, size = SIGNAL_A.unpack(a)
-        self._sync_write(t, ts, tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(),
-                         r[4], self.side(t.pe, t.block, r[4], f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} "
-                                                              f"{word_value(value, size)})"))
+        sw = SyncWrite(tpe, off, size, "add" if op == 1 else "set", value, (t.ti, t.clock), t.release(), r[4])
+        what = f"signals (aclshmemx_signal_op {'ADD' if op else 'SET'} {word_value(value, size)})"
+        self._sync_write(t, ts, sw, self.side(t.pe, t.block, r[4], what))
         self._release(t, ts, "signal_op", None, r[4])
 
     def on_wait(self, t: Thread, ts, pe, idx, r) -> None:
@@ -463,6 +586,11 @@ class Analyzer(Rules):
             return
         if entries[j].op == "set":
             self._skipped(t, entries, j, op, target, site, pe, off)
+        self._take(t, entries, j, (cmp, target))
+
+    def _take(self, t: Thread, entries: list, j: int, cond) -> None:
+        """Thread ``t`` read the value of write ``entries[j]``: it acquires that write (and, for an add, the adds
+        before it back to the last set, whose sum it saw); ``cond``: the wait's condition, recorded as consumed."""
         chain = [entries[j]]
         if entries[j].op == "add":
             i = j - 1
@@ -474,7 +602,8 @@ class Analyzer(Rules):
         for entry in chain:
             if entry.rel is not None:
                 self.join(t, entry.rel)
-            entry.consumed.setdefault(t.ti, set()).add((cmp, target))
+            if cond is not None:
+                entry.consumed.setdefault(t.ti, set()).add(cond)
 
     # --- barriers, launches, blocks -------------------------------------------------------------------------
 
@@ -535,6 +664,40 @@ class Analyzer(Rules):
         else:
             self._load(t, ts, acc, off, n, site, poll=(pe, idx) in self.polls)
 
+    def on_local_access(self, t: Thread, ts, pe, idx, r) -> None:
+        """A kernel thread's load or store of a registered local array (line tracing, ``watch``): checked against
+        the WQEs that read or write the array, in the PE's local shadow."""
+        a, address, n, site = r[5], r[6], r[7], r[4]
+        acc = Access(pe | LOCAL, bool(a & 1), False, False, False)
+        if a & 1:
+            self._store(t, ts, acc, address, n, None, site)
+        else:
+            self._load(t, ts, acc, address, n, site, poll=False)
+
+    def on_fetch(self, t: Thread, ts, pe, idx, r) -> None:
+        """A fetching atomic's old value, read after its quiet: an acquire of the write it read (a write of
+        another thread whose value it is, as a wait's; which one the engines ran first is not in the log, so every
+        write posted while the atomic was in flight and the last one posted before it): a lock taken with a CAS
+        orders what the previous holder did before its release."""
+        a, pos, value = r[5], r[6], r[9]
+        lane = self.lanes.get((pe, *LANE_A.unpack(a)))
+        if lane is None:
+            return
+        w = lane.by_pos.get(pos) or next((x for x in reversed(lane.wqes) if x.pos & _M32 == pos), None)
+        if w is None or w.opcode == READ:  # a CAS loop's read: its CAS's value is what the loop acts on
+            return
+        word = self.words.get((w.target, w.dst))
+        if word is None:
+            return
+        value = word_value(value, word.size)
+        entries = word.entries
+        for j in range(len(entries) - 1, -1, -1):  # every write it may have read: those posted while it was in
+            entry = entries[j]  # flight, and the last one posted before it (the engines run the two unordered)
+            if entry.ts < ts and entry.ti != t.ti and (entry.cur is None or entry.cur == value):
+                self._take(t, entries, j, None)
+                if entry.ts < w.ts:
+                    return
+
     def _load(self, t: Thread, ts: int, acc: Access, off: int, n: int, site: int, poll: bool) -> None:
         pe = acc.pe
         skips = self.skips.get(t.ti)
@@ -543,12 +706,14 @@ class Analyzer(Rules):
                 skips.remove(item)
                 self.add(item[3])
         me = self.side(t.pe, t.block, site, "reads")
-        acquired = []
+        acquired, raced = [], []
 
         def fn(s: State, start: int) -> State:
             for rec in s.writes:
                 if self._knows_write(t, rec):
                     continue
+                if s.sync and rec.width and not rec.reads_only and not acc.approx:
+                    raced.append((rec, start))  # a plain load of a word the engine writes atomically
                 if s.sync or poll or not isinstance(rec.by, Wqe):  # a flag, or a thread's store: an acquire
                     acquired.append(rec)
                     continue
@@ -561,10 +726,12 @@ class Analyzer(Rules):
             return s.replace(reads=reads)
 
         self.shadow[pe].update(off, off + n, fn)
+        for rec, start in raced:
+            self._atomic_race(me, rec, None, pe, start)
         for rec in acquired:  # a plain load of a flag: take what its writer released
             self._acquire_rec(t, pe, rec)
         signalled = any(rec.kind in ("signal", "signal_op") for rec in acquired)
-        if (poll or signalled) and (t.pe, site) not in self.warned:
+        if (poll or signalled) and not raced and (t.pe, site) not in self.warned:
             self.warned.add((t.pe, site))
             self.add(Finding(
                 "raw-poll", me.with_what(f"polls {self.alloc_name(pe, off)} with plain loads" if poll else
@@ -596,6 +763,7 @@ class Analyzer(Rules):
         clock to whoever loads it, and only stores whose order matters conflict with each other. Against UDMA
         work every rule holds: a store over memory a WQE still writes or will read is a finding."""
         pe = acc.pe
+        remote = (pe & (LOCAL - 1)) != t.pe
         me = self.side(t.pe, t.block, site, "writes" if not acc.direct else "stores directly to")
         by = (t.ti, t.clock)
         sync_parts = []
@@ -607,17 +775,20 @@ class Analyzer(Rules):
                 return s
             if acc.approx:  # a hull: nothing is decided on it (and no finding can be made against it)
                 return s
+            unordered = []
             for rec in s.writes:
                 if self._knows_write(t, rec):
                     continue
                 if isinstance(rec.by, Wqe) or (value is None or order_matters(rec, "set", value)):
                     self._waw(me, rec, pe, start, store=t)
+                unordered.append(rec)
             for p in s.pins:
-                if not p.reaped and not acc.approx and not self.known(t, p):
-                    self._overwrite(me, p, pe, start, None)
-            rec = WriteRec(by, "direct" if acc.direct or pe != t.pe else "store", site, t.pe, "set",
+                if not self.known(t, p):
+                    self._overwrite(me, p, pe, start, None, t)
+            rec = WriteRec(by, "direct" if acc.direct or remote else "store", site, t.pe, "set",
                            value if n <= 8 else None, rel=rel)
-            return s.replace(writes=(rec,), reads=(), pins=s.live_pins())
+            reads = tuple(rd for rd in s.reads if not t.vc[rd.ti] >= rd.clock)
+            return s.replace(writes=tuple(unordered) + (rec,), reads=reads, pins=self._pins_after(t, s.pins, None))
 
         self.shadow[pe].update(off, off + n, fn)
         if sync_parts:  # stores into synchronisation words: checked and recorded as signals
@@ -625,8 +796,8 @@ class Analyzer(Rules):
                 v = value if n <= 8 else (0 if value == 0 else None)
                 if v is not None and n <= 8:
                     v = v >> 8 * (woff - off) & ((1 << 8 * word.size) - 1)
-                self._sync_write(t, ts, pe, woff, word.size, "set", v, by, rel, site, me, kind="store")
-        if sync_parts or acc.direct or pe != t.pe:
+                self._sync_write(t, ts, SyncWrite(pe, woff, word.size, "set", v, by, rel, site, "store"), me)
+        if sync_parts or acc.direct or remote:
             self._release(t, ts, "store", None, site)
 
     def _words_in(self, pe: int, lo: int, hi: int):

@@ -75,7 +75,7 @@ class Lane:
 class Wqe:
     __slots__ = ("lane", "seq", "ti", "clock", "ts", "site", "pe", "opcode", "flag", "api", "pos", "end", "target",
                  "dst", "length", "local_heap", "local", "sig_off", "value", "prefix", "extra", "rel", "reaped",
-                 "reported", "cqe", "crc")
+                 "reported", "cqe", "crc", "atomic", "laddr")
 
     @property
     def odr(self) -> int:
@@ -88,6 +88,11 @@ class Wqe:
     @property
     def qp(self) -> int:
         return self.lane.qp
+
+    @property
+    def atomic_read(self) -> bool:
+        """A READ of an atomic (the CAS loop's read of ``aclshmemx_udma_atomic_set`` and kin): an atomic load."""
+        return self.opcode == READ and bool(self.atomic)
 
 
 class Word:

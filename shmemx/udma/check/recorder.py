@@ -18,7 +18,9 @@ import weakref
 import numpy as np
 
 from ..events import ACCESS_A, CLASSIFY, LANE_A, Kind, EventLog
+from ...shm.heap import data_address
 from ...shm.waits import thread_slot
+from .watch import LocalWatch
 
 __all__ = ["Checker", "CHECK_ENV"]
 
@@ -42,6 +44,7 @@ class Checker:
         self._site_of = log.native.site_of
         self._kinds: dict = {}  # code -> 0 (numpy, array.py: look further), -1 (shmemx: internal), 1 (kernel)
         self._tls = _Thread()
+        self.watch = LocalWatch(self._local_access)  # loads and stores of local arrays while WQEs use them
 
     def _record(self, ts: int, kind: int, site: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0) -> None:
         self._put(ts, kind, thread_slot() & 0xFF, 0, site, a & _U64, b & _U64, c & _U64, d & _U64, 0, 0, 0)
@@ -137,6 +140,53 @@ class Checker:
                 self._record(_now(), Kind.UNSUBMITTED, site, LANE_A.pack(peer=peer, qp=qp_idx), pending)
             batches.clear()
 
+    # --- local arrays and fetching atomics ------------------------------------------------------------------
+
+    def event(self) -> None:
+        """A Python-side event of this thread: flush the derived views; start (or stop) watching local arrays if
+        the ones in flight changed since this thread's last event (``watch``)."""
+        self.flush()
+        if self.watch.gen:
+            self.watch.sync(sys._getframe(2))
+
+    def attach(self, registry, poster) -> None:
+        """Be told of every local array ``registry`` registers (``LocalRegistry.watch``), and by the native posting
+        path (``poster``) of every WQE over one and of every quiet."""
+        registry.watch = self.registered
+        self._registry = registry
+        poster.set_watch(self.in_flight, self.retired)
+
+    def registered(self, reg) -> None:
+        """A REGISTER record for a new registration, named by the kernel variable that holds the array."""
+        name = _name_of(sys._getframe(2), reg.address, reg.nbytes) or f"local array at {reg.address:#x}"
+        at, n = self.log.string(name)
+        self._put(_now(), Kind.REGISTER, thread_slot() & 0xFF, 0, self.log.site(), reg.va, reg.address,
+                  reg.nbytes, at, n, 0, 0)
+
+    def in_flight(self, queue: int, end: int, va: int, length: int) -> None:
+        """The native posting path posted a WQE of ``queue`` ending at BB ``end`` whose local side is
+        ``[va, va + length)`` of a registered local array: watch the array until the quiet retires it."""
+        found = self._registry.resolve(va, length)
+        if found is None or found[0] is self._registry.amo_bytes:
+            return
+        buf, off = found
+        root = data_address(buf)
+        self.watch.add(queue, end, root, buf.nbytes, root + off, root + off + length, sys._getframe(1))
+
+    def retired(self, queue: int, tail: int) -> None:
+        """A quiet of ``queue`` returned with every WQE before BB ``tail`` retired."""
+        if self.watch.spans:
+            self.watch.retire(queue, tail)
+
+    def _local_access(self, write: bool, address: int, nbytes: int, code, line: int, whole: bool) -> None:
+        self._put(_now(), Kind.LOCAL_ACCESS, thread_slot() & 0xFF, 0, self._site_of(code, line),
+                  int(write) | int(whole) << 1, address, nbytes, 0, 0, 0, 0)
+
+    def fetched(self, qp, pos: int, value: int) -> None:
+        """A fetching atomic's old value, read after the quiet that retired its WQE at BB ``pos`` of ``qp``."""
+        self._put(_now(), Kind.FETCH, thread_slot() & 0xFF, 0, self.log.site(), LANE_A.pack(peer=qp.peer, qp=qp.qp_idx),
+                  pos & 0xFFFF_FFFF, 0, 0, value & _U64, 0, 0)
+
     def begin_block(self) -> None:
         self._tls.pending = None
 
@@ -147,6 +197,25 @@ class Checker:
     def close(self) -> None:
         self.flush()
         self._unsubmitted()
+
+
+def _name_of(frame, address: int, nbytes: int) -> str | None:
+    """The name of the innermost kernel variable bound to an array over [address, address + nbytes)."""
+    f = frame
+    while f is not None:
+        name = _array_in(f, address, nbytes) if CLASSIFY(f.f_code) > 0 else None
+        if name is not None:
+            return name
+        f = f.f_back
+    return None
+
+
+def _array_in(frame, address: int, nbytes: int) -> str | None:
+    """The first local of ``frame`` bound to a non-empty array starting inside [address, address + nbytes)."""
+    for name, value in list(frame.f_locals.items()):
+        if isinstance(value, np.ndarray) and value.nbytes and address <= data_address(value) < address + max(nbytes, 1):
+            return name
+    return None
 
 
 def _address(arr) -> int:

@@ -34,6 +34,8 @@ KINDS = {
     "block-race": "two AIV blocks of a PE access one range with no sync_all between",
     "two-submitters": "two AIV blocks post to one send queue with nothing ordering them",
     "unfinished-work": "a kernel returned (or the job finalized) with WQEs no quiet retired",
+    "atomic-race": "an atomic and a plain access of the same bytes, unordered",
+    "mixed-width-atomics": "two atomics of different widths over common bytes, unordered",
     "raw-poll": "a flag polled with plain loads (a warning)",
 }
 

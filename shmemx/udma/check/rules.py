@@ -17,7 +17,7 @@ import bisect
 import operator
 
 from ..events import LANE_A
-from .clocks import NOTIFY, READ, Lane, Thread, Word, Wqe, apply_op, odr_text, word_value
+from .clocks import CAS, FAA, NOTIFY, READ, Lane, Thread, Word, Wqe, apply_op, odr_text, word_value
 from .report import Finding, Side, describe_wqe
 from .shadow import ReadRec, State, WriteRec
 
@@ -162,6 +162,18 @@ class Rules:
             fix="signal a value that differs every round (the iteration or sequence number) and wait for it, or "
                 "reset the word before the acknowledgement that lets the writer signal again"))
 
+    def _unsynchronized_get(self, me: Side, p: Wqe, pe: int, off: int, t: Thread) -> None:
+        """A write of memory that a get (``p``) whose post the writer never learned of reads: the same finding as
+        when the get comes second (``_read_finding``), so the kind does not depend on which ran first."""
+        same = p.pe == t.pe
+        self.add(Finding(
+            "block-race" if same else "unsynchronized-read", me,
+            self.wqe_side(p, lambda: f"posted {describe_wqe(p)}, which reads it"), p.target, p.qp, (pe, off, 1), p,
+            why=(f"block {self.by_ti[p.ti].block} of pe {p.pe} gets it with nothing ordering the get and this write"
+                 if same else f"pe {p.pe}'s get reads it with no wait, quiet or barrier ordering it with this write"),
+            fix=("sync_all() between them" if same else
+                 "signal after the write (or its quiet) and wait for the signal before the get")))
+
     def _read_finding(self, t: Thread, rec: WriteRec, pe: int, off: int, me: Side, engine: Wqe | None) -> None:
         """Thread ``t`` (or a WQE it posts, ``engine``) reads memory that ``rec`` may still be writing."""
         by = rec.by
@@ -179,15 +191,16 @@ class Rules:
                      "signal after the store (aclshmemx_signal_op) and wait for the signal before reading")))
             return
         w = by
-        kind, why, fix = self._classify(t, w, me)
+        kind, why, fix = self._classify(t, w, me, engine)
         self.add(Finding(kind, me, self.wqe_side(w, f"posted {describe_wqe(w)}, which may still be writing it"),
                          w.target, w.qp, mem, w, engine=engine, why=why, fix=fix))
 
-    def _classify(self, t: Thread, w: Wqe, me: Side) -> tuple[str, str, str]:
+    def _classify(self, t: Thread, w: Wqe, me: Side, engine: Wqe | None = None) -> tuple[str, str, str]:
         pe_of = w.pe
         qtext = f"aclshmemx_udma_qp_quiet({w.target}, {w.qp})"
-        if w.opcode == READ:
-            return ("get-before-quiet", f"a get's destination is undefined until the quiet of its QP "
+        if w.opcode in (READ, FAA, CAS):
+            return ("get-before-quiet", f"a get's (or a fetching atomic's) destination is undefined until the quiet "
+                                        f"of its QP "
                                         f"(qp {w.qp} of pe {w.target}) returns",
                     f"{qtext} before reading it")
         if t.vc[w.ti] >= w.clock:  # t knows w was posted, not that it completed
@@ -229,7 +242,7 @@ class Rules:
                                            f"before the WQE completed",
                     f"{qtext} before the signal{where}, or send the flag with the payload "
                     f"(aclshmemx_udma_qp_put_signal_nbi)")
-        prev = self._prev_known(t, w)
+        prev = engine is None and self._prev_known(t, w)  # (a get's read of a reused slot: no credit is read)
         if prev:
             return ("slot-reuse", f"pe {pe_of} wrote the slot again before pe {t.pe} gave it back: the reader "
                                   f"consumed the previous write there, and the new one is not ordered after its read",
@@ -277,7 +290,7 @@ class Rules:
         by = rec.by
         other = (self.wqe_side(by, f"posted {describe_wqe(by)}") if isinstance(by, Wqe)
                  else self.side(rec.pe, self.by_ti[by[0]].block, rec.site, "stored to it"))
-        if isinstance(by, Wqe) and by.opcode == READ and store is not None:
+        if isinstance(by, Wqe) and by.opcode in (READ, FAA, CAS) and store is not None:
             self.add(Finding("get-before-quiet", me, other, by.target, by.qp, (pe, off, 1), by,
                              why="the get may still land in its destination and overwrite this store",
                              fix=f"aclshmemx_udma_qp_quiet({by.target}, {by.qp}) before touching the destination"))
@@ -313,21 +326,23 @@ class Rules:
             # nothing from elsewhere was there to consume: the read is not of a previous message in a reused slot
             # but of memory this WQE is the first to write, and it is unordered with it. The read may as well
             # come after the post (then the read-after-write path reports it): same kind either way.
-            self.add(Finding(
-                "unsynchronized-read", me, other, w.target, w.qp, (pe, off, 1), w,
-                why=f"pe {reader.pe} read it with no wait, quiet or barrier ordering the read after pe {w.pe}'s WQE, "
-                    f"which may land before or after the read",
-                fix=f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or aclshmemx_udma_qp_quiet({w.target}, "
-                    f"{w.qp}) then a signal) and wait for it before reading"))
-            return
-        self.add(Finding(
-            "slot-reuse", me, other, w.target, w.qp, (pe, off, 1), w,
-            why=f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while it "
-                f"still reads",
-            fix=f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, or "
-                f"use more slots"))
+            kind = "unsynchronized-read"
+            why = (f"pe {reader.pe} read it with no wait, quiet or barrier ordering the read after pe {w.pe}'s WQE, "
+                   f"which may land before or after the read")
+            fix = (f"signal the payload (aclshmemx_udma_qp_put_signal_nbi, or aclshmemx_udma_qp_quiet({w.target}, "
+                   f"{w.qp}) then a signal) and wait for it before reading")
+        else:
+            kind = "slot-reuse"
+            why = (f"pe {reader.pe}'s read of the slot is not ordered before this post: the new data may land while "
+                   f"it still reads")
+            fix = (f"wait for a credit from pe {reader.pe} (its signal_op after the read) before reusing the slot, "
+                   f"or use more slots")
+        self.add(Finding(kind, me, other, w.target, w.qp, (pe, off, 1), w, why=why, fix=fix))
 
-    def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None) -> None:
+    def _overwrite(self, me: Side, p: Wqe, pe: int, off: int, w: Wqe | None, t: Thread | None = None) -> None:
+        if p.opcode == READ and t is not None and not t.vc[p.ti] >= p.clock:
+            self._unsynchronized_get(me, p, pe, off, t)
+            return
         what = "the source of a get by" if p.opcode == READ else "the source of"
         p.reported = True  # the store was seen: the checksum at the quiet need not report it again
         self.add(Finding(
@@ -335,3 +350,59 @@ class Rules:
             (pe, off, 1), p,
             why=f"it is {what} a WQE not known complete here: the engine may read it after this write",
             fix=f"aclshmemx_udma_qp_quiet({p.target}, {p.qp}) on pe {p.pe} before rewriting it, or double-buffer"))
+
+    # --- atomics: an access with a width (issue 24) ----------------------------------------------------------------
+
+    def _rec_side(self, rec: WriteRec, what: str) -> Side:
+        by = rec.by
+        if isinstance(by, Wqe):
+            return self.wqe_side(by, lambda: f"posted {describe_wqe(by)}")
+        return self.side(rec.pe, self.by_ti[by[0]].block, rec.site, what)
+
+    def _atomic_finding(self, kind: str, me: Side, other: Side, w: Wqe | None, pe: int, off: int) -> None:
+        if kind == "mixed-width-atomics":
+            why = ("two atomics over common bytes with another width or first byte, with nothing ordering them: the "
+                   "engine makes its atomics atomic with each other only per word of one width (a 32-bit add on half "
+                   "of a 64-bit word is not)")
+            fix = "use one width for every atomic on the word, or order them (the quiet of the first, then a signal)"
+        else:
+            why = ("an atomic of the engine and a plain access (a load, a store, a get, a put) of the same bytes with "
+                   "nothing ordering them: atomics are atomic only with other atomics of their width")
+            fix = ("make the other access an atomic of the same width (aclshmemx_udma_atomic_fetch / _set, or "
+                   "aclshmem_wait_until to poll), or order the two (the quiet of the atomic's QP, then a signal the "
+                   "other side waits for)")
+        self.add(Finding(kind, me, other, w.target if w is not None else None, w.qp if w is not None else None,
+                         (pe, off, 1), w, why=why, fix=fix))
+
+    def _atomic_race(self, me: Side, old: WriteRec, new: WriteRec | None, pe: int, off: int) -> None:
+        """``me`` (doing ``new``, or a plain load when None) and the earlier write ``old``: one atomic, one not."""
+        atomic = old if old.width else new
+        w = atomic.by if atomic is not None and isinstance(atomic.by, Wqe) else None
+        self._atomic_finding("atomic-race", me, self._rec_side(old, "stored to it"), w, pe, off)
+
+    def _atomic_race_read(self, me: Side, rd: ReadRec, rec: WriteRec, pe: int, off: int) -> None:
+        reader = self.by_ti[rd.ti]
+        other = self.side(reader.pe, reader.block, rd.site, "read it with a plain load")
+        self._atomic_finding("atomic-race", me, other, rec.by if isinstance(rec.by, Wqe) else None, pe, off)
+
+    def _mixed_width(self, me: Side, old: WriteRec, new, pe: int, off: int) -> None:
+        w = old.by if isinstance(old.by, Wqe) else None
+        self._atomic_finding("mixed-width-atomics", me, self._rec_side(old, "wrote it"), w, pe, off)
+
+    def _atomic_read(self, me: Side, rec: WriteRec, w: Wqe, pe: int, off: int) -> None:
+        """A get ``w`` of a word that ``rec`` writes, unordered. The READ of an atomic's CAS loop finds nothing
+        itself: the CAS it is followed by conflicts with whatever the READ would have (one finding, the same
+        whichever of the two accesses this run logged first)."""
+        if rec.width and not w.atomic and not rec.reads_only:
+            self._atomic_race(me, rec, None, pe, off)
+
+    def _pin_conflict(self, me: Side, p: Wqe, rec: WriteRec, pe: int, off: int) -> None:
+        """A write ``rec`` of a word that the READ or put ``p`` (not known complete) reads."""
+        other = self.wqe_side(p, lambda: f"posted {describe_wqe(p)}, which reads it")
+        if p.atomic_read:
+            return  # (see _atomic_read: its CAS carries the conflict)
+        if rec.width:
+            if not rec.reads_only:
+                self._atomic_finding("atomic-race", me, other, p, pe, off)
+        else:
+            self._overwrite(me, p, pe, off, rec.by if isinstance(rec.by, Wqe) else None)

@@ -35,6 +35,13 @@ class WriteRec:
     value: int | None = None
     prev: "WriteRec | None" = None
     rel: object = None  # what a plain load of a synchronisation word acquires from a store (analyze.Rel)
+    width: int = 0  # an atomic (a WQE's FAA / CAS / fp32 add / signal, or a signal_op): its bytes; 0: a plain write
+    at: int = -1  # an atomic's first byte (atomics of one width at one address do not race with each other)
+
+    @property
+    def reads_only(self) -> bool:
+        """An atomic that changes nothing (an FAA of 0: aclshmemx_udma_atomic_fetch): it races with writes only."""
+        return self.width and self.op == "add" and self.value == 0
 
 
 @dataclass(eq=False, slots=True)
@@ -60,12 +67,6 @@ class State:
         return State(self.writes if writes is None else writes, self.reads if reads is None else reads,
                      self.pins if pins is None else pins, self.sync if sync is None else sync)
 
-    def live_pins(self) -> tuple:
-        """The pins whose WQE has not retired yet."""
-        pins = self.pins
-        if not pins:
-            return pins
-        return tuple(p for p in pins if not p.reaped)
 
 
 EMPTY = State()
