@@ -43,8 +43,11 @@ def main() -> None:
               help="Span hosts joined by MPI (shmemx[mpi]): a number H runs H emulated hosts on this machine; "
                    "host1:8,host2:8 starts the job on those hosts through mpiexec.")
 @click.option("--hostfile", default=None, metavar="FILE", help="Hosts one a line (host[:pes]), as --hosts.")
+@click.option("--deepep", is_flag=True,
+              help="DeepEP mode: run DeepEP's own scripts unchanged (import deep_ep is shmemx's, CUDA is the CPU, "
+                   "torch.multiprocessing.spawn runs on the job's ranks; docs/deepep.md).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, hosts, hostfile,
+def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, hosts, hostfile, deepep,
         target_and_args) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
@@ -65,6 +68,11 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
     if hosts or hostfile:
         from shmemx.launcher.hosts import parse_hosts, run_hosts
 
+        if deepep:
+            raise click.UsageError("--deepep runs on one host: DeepEP's torch.distributed rendezvous over several "
+                                   "hosts is not mapped (drop --hosts; test_internode.py runs as 2 nodes x 8 "
+                                   "ranks on one host)")
+
         try:
             host_map, names = parse_hosts(hosts, hostfile, n)
         except ValueError as exc:
@@ -74,7 +82,7 @@ def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_di
                            trace=trace, record=record, stats=stats))
     code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
                   tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
-                  chaos=chaos)
+                  chaos=chaos, deepep=deepep)
     sys.exit(code)
 
 

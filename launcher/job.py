@@ -61,6 +61,7 @@ from shmemx.udma.events import read_job_logs
 from shmemx.udma.check.recorder import CHECK_ENV
 from shmemx.udma.check.report import EXIT_FINDINGS
 
+from . import deepep
 from .reaper import Reaper
 
 __all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_FINDINGS"]
@@ -94,6 +95,7 @@ def launch(
     dump: bool = True,
     check: bool = False,
     chaos: int | str | None = None,
+    deepep: bool = False,
 ) -> int:
     """Run ``target`` on ``n`` PEs and return the job's exit status.
 
@@ -117,6 +119,8 @@ def launch(
             lines and written as JSON lines beside the dump; exit status 3 when the job otherwise succeeded.
         chaos: a seed (int) for the seeded jitter of kernel threads (``--chaos SEED``), or "random" to pick one
             (printed).
+        deepep: DeepEP mode (``--deepep``, ``launcher.deepep``): ``import deep_ep`` is shmemx's, CUDA is the
+            CPU, ``torch.multiprocessing.spawn`` runs on the job's ranks, DeepEP's variables are set.
     """
     job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
               env=env or {}, stdout=stdout, stderr=stderr)
@@ -127,6 +131,7 @@ def launch(
     job.dump = dump
     job.check = check
     job.chaos = chaos
+    job.deepep = deepep
     return job.run()
 
 
@@ -195,6 +200,8 @@ class Job:
         self.chaos: int | str | None = None  # --chaos SEED
         self.check_findings = None  # the analysis' Findings once the ranks ended
         self.check_failed = False  # the analysis itself raised: a clean job must not pass unchecked
+        self.deepep = False  # --deepep: DeepEP's scripts unchanged (launcher.deepep)
+        self.deepep_port: int | None = None  # its torch.distributed rendezvous port
         self._gone: set[int] = set()  # ids of output streams whose reader went away
         self._timed_out = False
 
@@ -227,6 +234,8 @@ class Job:
         try:
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
                                       timeout=self.timeout or 0.0, script=self._target_name())
+            if self.deepep:
+                self.deepep_port = deepep.free_port()  # one per job, chosen before the ranks fork
             self._start_ranks()
             if self.host is not None:
                 self.host.started(self)  # the NIC, once the ranks are forked (no MPI state in a rank)
@@ -277,6 +286,8 @@ class Job:
             env.update(self.host.hosts.env())
             if len(set(self.host.hosts.counts)) == 1:  # a host is a server of the topology model
                 env.setdefault(RANKS_PER_SERVER_ENV, str(self.host.hosts.counts[0]))
+        if self.deepep:
+            env.update(deepep.rank_env(rank, self.n, self.deepep_port))
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
@@ -668,6 +679,8 @@ def _rank_main(rank: int, job: Job, out_w: int, err_w: int, inherited: list[int]
 
 def _run_target(rank: int, job: Job, ctl: Control) -> int:
     try:
+        if job.deepep:
+            deepep.install()
         if callable(job.target):
             job.target(*job.args)
         elif job.module:

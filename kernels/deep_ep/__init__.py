@@ -1,4 +1,5 @@
-"""``shmemx.deep_ep``: DeepEP's legacy API (``deep_ep.Buffer``) on shmemx, for code written against DeepEP.
+"""``shmemx.deep_ep``: DeepEP's API on shmemx, for code written against DeepEP: the legacy ``deep_ep.Buffer`` and
+V2's ``ElasticBuffer`` / ``EPHandle``. ``shmemx run --deepep`` makes it ``import deep_ep`` (docs/deepep.md).
 
     from shmemx import deep_ep          # instead of: import deep_ep
     buffer = deep_ep.Buffer(None, num_nvl_bytes=int(1e9))   # group=None: the whole job (shmemx initialised here)
@@ -10,20 +11,40 @@
 
 Tensors are numpy arrays or torch CPU tensors (torch is optional: ``pip install -e '.[torch]'``); results come
 back in the kind they came in. Modules: ``buffer`` (``Buffer``), ``config`` (``Config``, size hints),
-``event`` (``EventOverlap``), ``handles``, ``intranode`` (on ``shmemx.kernels.moe``), ``internode`` (seed 003's
+``event`` (``EventOverlap``), ``handles``, ``elastic`` (V2; ``elastic_ep``, ``elastic_comm``), ``kernel_times``,
+``intranode`` (on ``shmemx.kernels.moe``), ``internode`` (seed 003's
 notify_dispatch and the two-tier kernels), ``low_latency``, ``reference`` (plain numpy), ``utils`` (what DeepEP's
-tests use: ``calc_diff``, FP8 casts, ``inplace_unique``, ``bench``, collectives), ``tensors`` (numpy / torch).
+tests use: ``calc_diff``, FP8 casts, ``inplace_unique``, ``bench``, collectives; with torch, DeepEP's ``math``,
+``envs``, ``testing``, ``refs``, ``gate``), ``tensors`` (numpy / torch).
 Only the public ``shmemx`` API and ``shmemx.kernels.moe`` are used.
 """
+
+import sys as _sys
 
 import numpy as _np
 
 from .buffer import Buffer
 from .config import Config
+from .elastic import ElasticBuffer, EPHandle
 from .event import EventHandle, EventOverlap
 from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
 
-topk_idx_t = _np.int64  # DeepEP's deep_ep.topk_idx_t (torch.int64 there; torch users pass torch.int64)
 
-__all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "IntranodeHandle", "InternodeHandle",
+def __getattr__(name: str):
+    """The domain-size helpers (``utils.envs``, torch) and ``topk_idx_t``: DeepEP's index dtype, ``torch.int64`` once torch is imported (tests call
+    ``.to(deep_ep.topk_idx_t)``), else ``numpy.int64`` (this package never imports torch)."""
+    if name == "topk_idx_t":
+        torch = _sys.modules.get("torch")
+        return torch.int64 if torch is not None else _np.int64
+    if name in ("get_physical_domain_size", "get_logical_domain_size"):
+        from .utils import envs  # (torch.distributed: only when asked for)
+
+        return getattr(envs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__version__ = "2.1.0"  # the DeepEP version whose API this follows (legacy Buffer and V2 ElasticBuffer)
+
+__all__ = ["Buffer", "ElasticBuffer", "EPHandle", "Config", "EventOverlap", "EventHandle", "IntranodeHandle",
+           "InternodeHandle",
            "LowLatencyHandle", "topk_idx_t"]

@@ -24,6 +24,7 @@ What differs from DeepEP, and why (see also the README's "Coming from DeepEP"):
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from .config import Config
 from .event import EventHandle, EventOverlap
 from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
 from .intranode import Intranode
+from .kernel_times import record, timed
 from .tensors import Converter, to_numpy
 
 __all__ = ["Buffer", "SERVER_SIZE_ENV"]
@@ -59,6 +61,19 @@ def _event(previous_event, async_finish: bool, allocate_on_comm_stream: bool) ->
     return EventOverlap(EventHandle())
 
 
+def _timed_hook(kernel: str, hook):
+    """A receive hook whose call is recorded as one more ``kernel`` (DeepEP's hooked receive is a kernel of its
+    own)."""
+    if hook is None:
+        return None
+
+    def timed_hook() -> None:
+        with timed(kernel):
+            hook()
+
+    return timed_hook
+
+
 class Buffer:
     """DeepEP's communication buffer. Collective: every rank of the job constructs it with the same arguments.
 
@@ -70,8 +85,12 @@ class Buffer:
         num_qps_per_rank: UDMA QPs per peer when this constructor initialises shmemx (at most 32). Low-latency
             mode wants one per local expert (DeepEP's docstring); experts beyond the job's QPs share them
             (local expert e on QP ``e % qp_num``).
-        allow_nvlink_for_low_latency_mode, allow_mnnvl, use_fabric, enable_shrink: accepted, no effect.
+        allow_nvlink_for_low_latency_mode, allow_mnnvl: accepted, no effect.
         explicitly_destroy: ``destroy()`` must be called (else the workspaces live until finalize).
+        enable_shrink: low-latency shrink mode: a rank that stops answering within ``SHMEMX_SHRINK_TIMEOUT``
+            seconds (default 3) of a dispatch, combine or clean is masked (``low_latency_query_mask_buffer``) and
+            skipped from then on, as DeepEP masks a failed rank, instead of a timeout error.
+        use_fabric: keyword-only (DeepEP's later constructors' flag); accepted, no effect.
         comm: an mpi4py communicator instead of ``group``.
         server_size: ranks per server (DeepEP's NUM_MAX_NVL_PEERS, 8); keyword-only; default: the
             ``SHMEMX_SERVER_SIZE`` environment variable, else 8. A job of more ranks runs internode.
@@ -86,9 +105,8 @@ class Buffer:
 
     def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
-                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
-                 enable_shrink: bool = False, comm=None, *, server_size: int | None = None,
-                 num_channels: int | None = None):
+                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False, comm=None,
+                 *, use_fabric: bool = False, server_size: int | None = None, num_channels: int | None = None):
         self.num_nvl_bytes = _check_bytes("num_nvl_bytes", num_nvl_bytes)
         self.num_rdma_bytes = _check_bytes("num_rdma_bytes", num_rdma_bytes)
         if isinstance(num_qps_per_rank, bool) or not isinstance(num_qps_per_rank, (int, np.integer)) \
@@ -96,6 +114,7 @@ class Buffer:
             raise ValueError(f"deep_ep.Buffer: num_qps_per_rank must be an integer >= 1, got {num_qps_per_rank!r}")
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy = bool(explicitly_destroy)
+        self.enable_shrink = bool(enable_shrink)
         self.num_qps_per_rank = int(num_qps_per_rank)
         size = self._server_size(server_size)
         self._attach(group, comm)
@@ -111,7 +130,11 @@ class Buffer:
         self.num_channels = num_channels
         self._normal = None
         self._low_latency = None
+        self._raw: dict = {}
+        self._mask = np.zeros(self.group_size, np.int32)  # shrink mode: 1 = a rank masked (never answers)
         self.destroyed = False
+        if self.enable_shrink:  # the low-latency workspace now: later calls must not be collective over the job
+            self._ll_engine()
 
     # --- construction ------------------------------------------------------------------------------------------
 
@@ -162,6 +185,9 @@ class Buffer:
             if engine is not None:
                 engine.close()
         self._normal = self._low_latency = None
+        for raw in self._raw.values():
+            shmemx.aclshmem_free(raw)
+        self._raw = {}
 
     def _check_alive(self) -> None:
         if self.destroyed:
@@ -203,6 +229,41 @@ class Buffer:
     def get_comm_stream(self):
         """None: there are no streams; every call completes before it returns."""
         return None
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+        """The raw communication buffer of this rank as a 1-D tensor of ``dtype`` from element ``offset`` on (a view
+        of the symmetric heap), or its first ``size`` elements shaped ``size``; ``use_rdma_buffer``: the
+        ``num_rdma_bytes`` buffer instead of the ``num_nvl_bytes`` one. Kind: a torch tensor for a torch dtype,
+        else a numpy array. Differs from DeepEP: the kernels' workspaces are allocations of their own, so these
+        bytes are a separate heap allocation of the buffer's size, made at the first call (collective then; the
+        heap must hold it beside the workspaces: ``--heap-size``)."""
+        self._check_alive()
+        from .tensors import torch_module  # (never imports torch)
+
+        nbytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        raw = self._raw_buffer(bool(use_rdma_buffer), nbytes)
+        torch = torch_module()
+        if torch is not None and isinstance(dtype, torch.dtype):
+            tensor = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+            tensor = tensor[:nbytes // dtype.itemsize * dtype.itemsize].view(dtype)[offset:]
+        else:
+            dt = np.dtype(dtype)
+            tensor = raw[:nbytes // dt.itemsize * dt.itemsize].view(dt)[offset:]
+        if size is None:
+            return tensor
+        shape = tuple(size)
+        count = int(np.prod(shape)) if shape else 1
+        if count > tensor.shape[0]:
+            raise ValueError(f"pe {self.rank}: get_local_buffer_tensor: {shape} needs {count} elements, the buffer "
+                             f"has {tensor.shape[0]} from offset {offset}")
+        return tensor[:count].view(*shape) if hasattr(tensor, "numel") else tensor[:count].reshape(shape)
+
+    def _raw_buffer(self, rdma: bool, nbytes: int) -> np.ndarray:
+        """The ``nbytes`` heap bytes behind ``get_local_buffer_tensor`` (allocated on first use; collective)."""
+        key = "rdma" if rdma else "nvl"
+        if key not in self._raw:
+            self._raw[key] = shmemx.aclshmem_malloc(max(nbytes, 1), name=f"deep_ep.{key}_buffer", prefault=False)
+        return self._raw[key]
 
     def get_num_rdma_ranks(self) -> int:
         return self.num_rdma_ranks
@@ -287,8 +348,11 @@ class Buffer:
                                       topk_weights)]
         if self.num_rdma_ranks > 1:
             args.insert(1, to_numpy(num_tokens_per_rdma_rank))
+        t0 = time.perf_counter()
         recv_x, recv_idx, recv_w, counts, new_handle = engine.dispatch(payload, handle, *args, int(expert_alignment),
                                                                         int(num_worst_tokens))
+        self._record_normal("dispatch", time.perf_counter() - t0, engine, "cached_notify" if handle is not None
+                            else "notify_dispatch")
         if handle is not None:
             return conv.out(recv_x), None, None, None, None, event
         return (conv.out(recv_x), conv.out(recv_idx), conv.out(recv_w), counts,
@@ -314,9 +378,21 @@ class Buffer:
         if bias is not None:
             bias_np = tuple(to_numpy(b, "bias") for b in bias) if isinstance(bias, (tuple, list)) \
                 else to_numpy(bias, "bias")
-        combined, weights = self._normal_engine().combine(to_numpy(x, "x"), self._numpy_handle(handle),
-                                                          to_numpy(topk_weights, "topk_weights"), bias_np)
+        engine, t0 = self._normal_engine(), time.perf_counter()
+        combined, weights = engine.combine(to_numpy(x, "x"), self._numpy_handle(handle),
+                                           to_numpy(topk_weights, "topk_weights"), bias_np)
+        self._record_normal("combine", time.perf_counter() - t0, engine, "cached_notify")
         return conv.out(combined), conv.out(weights), event
+
+    @staticmethod
+    def _record_normal(kernel: str, seconds: float, engine, notify: str) -> None:
+        """The kernel times of a normal-mode call (``kernel_times``): the notify part, where the engine times it
+        apart (internode), then the rest under ``kernel``."""
+        times = getattr(engine, "last_times", None) or {}
+        if "notify" in times:
+            record(notify, times["notify"])
+            seconds -= times["notify"]
+        record(kernel, max(seconds, 0.0))
 
     def internode_dispatch(self, *args, **kwargs):
         """DeepEP's internode entry point (``dispatch`` picks it when the job spans servers)."""
@@ -341,13 +417,15 @@ class Buffer:
 
     def _ll_engine(self):
         if self._low_latency is None:
-            from .low_latency import LowLatency
+            from .low_latency import SHRINK_TIMEOUT_ENV, LowLatency
 
             if self.num_rdma_ranks > 1 and self._normal is not None:  # both live in num_rdma_bytes: one at a time
                 self._normal.close()
                 self._normal = None
 
-            self._low_latency = LowLatency(self.rank, self.group_size, self.num_rdma_bytes)
+            timeout = float(os.environ.get(SHRINK_TIMEOUT_ENV) or 3.0) if self.enable_shrink else None
+            self._low_latency = LowLatency(self.rank, self.group_size, self.num_rdma_bytes, mask=self._mask,
+                                           shrink_timeout=timeout)
         return self._low_latency
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
@@ -371,11 +449,13 @@ class Buffer:
         if async_finish and return_recv_hook:
             raise ValueError("low_latency_dispatch: async_finish and return_recv_hook exclude each other")
         conv = Converter(x, topk_idx, cumulative_local_expert_recv_stats)
-        out = self._ll_engine().dispatch(
+        with timed("dispatch"):
+            out = self._ll_engine().dispatch(
             to_numpy(x, "x"), to_numpy(topk_idx, "topk_idx"), int(num_max_dispatch_tokens_per_rank), int(num_experts),
             stats=to_numpy(cumulative_local_expert_recv_stats), wait_stats=to_numpy(dispatch_wait_recv_cost_stats),
-            use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=return_recv_hook)
+                use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=return_recv_hook)
         recv_x, recv_count, handle, hook = out
+        hook = _timed_hook("dispatch", hook)
         handle = LowLatencyHandle(*conv.out(tuple(handle[:2])), *handle[2:])
         return conv.out(recv_x), conv.out(recv_count), handle, EventOverlap(EventHandle()), hook
 
@@ -392,12 +472,44 @@ class Buffer:
             raise ValueError("low_latency_combine: async_finish and return_recv_hook exclude each other")
         conv = Converter(x, topk_idx, topk_weights, out)
         h = LowLatencyHandle(*(to_numpy(f) if i < 2 else f for i, f in enumerate(handle)))
-        combined, hook = self._ll_engine().combine(
-            to_numpy(x, "x"), to_numpy(topk_idx, "topk_idx"), to_numpy(topk_weights, "topk_weights"), h,
-            use_logfmt=use_logfmt, zero_copy=zero_copy, return_recv_hook=return_recv_hook, out=to_numpy(out, "out"),
-            wait_stats=to_numpy(combine_wait_recv_cost_stats))
+        with timed("combine"):
+            combined, hook = self._ll_engine().combine(
+                to_numpy(x, "x"), to_numpy(topk_idx, "topk_idx"), to_numpy(topk_weights, "topk_weights"), h,
+                use_logfmt=use_logfmt, zero_copy=zero_copy, return_recv_hook=return_recv_hook,
+                out=to_numpy(out, "out"), wait_stats=to_numpy(combine_wait_recv_cost_stats))
+        hook = _timed_hook("combine", hook)
         result = out if out is not None else conv.out(combined)
         return result, EventOverlap(EventHandle()), hook
+
+    # --- shrink mode: the mask buffer --------------------------------------------------------------------------
+
+    def _check_shrink(self, call: str) -> None:
+        self._check_alive()
+        if not self.enable_shrink:
+            raise ValueError(f"pe {self.rank}: {call}: the Buffer was made without enable_shrink=True")
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Mask (``mask=True``: neither send to nor wait for it) or unmask a rank, on this rank (local)."""
+        self._check_shrink("low_latency_update_mask_buffer")
+        if not 0 <= int(rank_to_mask) < self.group_size:
+            raise ValueError(f"pe {self.rank}: low_latency_update_mask_buffer: rank {rank_to_mask} is not in 0.."
+                             f"{self.group_size - 1}")
+        self._mask[int(rank_to_mask)] = int(bool(mask))
+
+    def low_latency_query_mask_buffer(self, mask_status) -> None:
+        """Write the mask of every rank (1 = masked: it missed a shrink-mode deadline, or was masked by hand) into
+        ``mask_status [num_ranks] int32`` (in place)."""
+        self._check_shrink("low_latency_query_mask_buffer")
+        out = to_numpy(mask_status, "mask_status")
+        if out.shape != (self.group_size,):
+            raise ValueError(f"pe {self.rank}: low_latency_query_mask_buffer: mask_status must be [{self.group_size}],"
+                             f" got {out.shape}")
+        out[...] = self._mask
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Unmask every rank (local)."""
+        self._check_shrink("low_latency_clean_mask_buffer")
+        self._mask[...] = 0
 
     def get_next_low_latency_combine_buffer(self, handle):
         """The send buffer of the next ``low_latency_combine`` (``[E_loc, P * N_max, H] bfloat16``, a view of the

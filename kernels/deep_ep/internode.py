@@ -543,6 +543,7 @@ class Internode:
                              f"{int(gbl_prefix[-1])}")
         t0 = time.perf_counter()
         cached_notify(self.tiers)
+        self.last_times["notify"] = time.perf_counter() - t0
         seq = self._next()
         self._return_and_forward(seq, np.ascontiguousarray(x), handle, topk_weights, gbl_prefix)
         result = self._sum_servers(seq, handle, topk_weights is not None, bias)

@@ -32,6 +32,13 @@ Every rank sends to every (rank, local expert) pair, always, so that the receive
 The own rank is served by direct copies and stores (no QP), as DeepEP's NVLink path serves local peers.
 ``return_recv_hook=True`` posts from the calling thread and returns a hook that receives (the outputs are filled
 when it is called) and quiets the lanes.
+
+* **shrink mode** (``Buffer(enable_shrink=True)``): a rank may stop calling (it failed). The workspace is the
+  whole ``num_rdma_bytes``, allocated when the Buffer is made (so no later call is collective over the job), and
+  every wait for a peer (its signals, its credits, the clean barrier) has a deadline of ``shrink_timeout``
+  seconds: a peer that misses it is masked (``mask[peer] = 1``, DeepEP's mask buffer) and skipped from then on,
+  never sent to nor waited for; a combine drops the top-k slots of experts on masked ranks (they contribute 0).
+  A masked rank stays masked until ``Buffer.low_latency_clean_mask_buffer`` / ``update_mask_buffer``.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from shmemx.kernels.moe.workspace import WorkspaceLayout
 
 from .handles import LowLatencyHandle
 
-__all__ = ["LowLatency", "ll_layout", "cast_fp8_per_128", "LL_ALIGN_SLACK"]
+__all__ = ["LowLatency", "ll_layout", "cast_fp8_per_128", "LL_ALIGN_SLACK", "SHRINK_TIMEOUT_ENV"]
 
 bf16 = ml_dtypes.bfloat16
 FP8 = ml_dtypes.float8_e4m3fn
@@ -60,6 +67,7 @@ FP8_MARGIN = 1e-4
 FP8_MAX = 448.0
 _REDUCE_CHUNK = 64
 LL_ALIGN_SLACK = 9 * 512  # the workspace's regions are 512-byte aligned: tiny shapes may pass the hint by this
+SHRINK_TIMEOUT_ENV = "SHMEMX_SHRINK_TIMEOUT"  # seconds a shrink-mode wait gives a peer before masking it
 
 
 def _message_bytes(hidden: int) -> int:
@@ -122,8 +130,11 @@ class LowLatency:
             of the QP count up to it: one submitter per lane).
     """
 
-    def __init__(self, me: int, n_pes: int, budget: int, blocks: int = 8):
+    def __init__(self, me: int, n_pes: int, budget: int, blocks: int = 8, *, mask: np.ndarray | None = None,
+                 shrink_timeout: float | None = None):
         self.me, self.n_pes, self.budget, self.blocks = me, n_pes, budget, max(1, int(blocks))
+        self.mask = np.zeros(n_pes, np.int32) if mask is None else mask  # [P] int32, 1 = masked (shrink mode)
+        self.shrink_timeout = shrink_timeout  # None: no shrink mode (a silent peer is a timeout error)
         self.shape: tuple[int, int, int] | None = None
         self.block = None
         self.views: dict = {}
@@ -132,6 +143,45 @@ class LowLatency:
         self.seq = 0
         self.pending: dict[int, _Pending] = {}  # half -> the receive side of the last call on it
         self.unquieted: dict[int, set] = {}  # half -> the lanes its last call posted, not quieted yet
+        self.arena = self.barrier_words = None  # shrink mode: the whole budget, and the clean barrier's [P] words
+        self.barrier_epoch = 0
+        if shrink_timeout is not None:
+            self.arena = shmemx.aclshmem_malloc(budget + LL_ALIGN_SLACK, name="deep_ep.low_latency", prefault=False)
+            self.barrier_words = shmemx.zeros((n_pes,), np.int64)
+            shmemx.aclshmem_barrier_all()  # (every rank is alive while the Buffer is made)
+
+    # --- shrink mode: waits that mask a silent peer ------------------------------------------------------------
+
+    def live(self) -> list[int]:
+        """The peers not masked, this rank first, then in ring order."""
+        return [p for p in ((self.me + i) % self.n_pes for i in range(self.n_pes)) if not self.mask[p]]
+
+    def _wait_peers(self, words: np.ndarray, value: int, peers) -> None:
+        """Wait until ``words[p] >= value`` for every peer p in ``peers`` (``words``: one word per peer, a heap
+        view). Shrink mode: a peer that misses the deadline is masked, not an error."""
+        peers = [p for p in peers if p != self.me and not self.mask[p]]
+        if not peers:
+            return
+        status = np.ones(len(words), np.int32)
+        status[peers] = 0
+        if self.shrink_timeout is None:
+            shmemx.aclshmem_wait_until_all(words, GE, value, status=status)
+            return
+        try:
+            shmemx.aclshmem_wait_until_all(words, GE, value, status=status, timeout=self.shrink_timeout)
+        except shmemx.WaitTimeoutError:
+            for p in peers:
+                if not shmemx.aclshmem_test(words[p:p + 1], GE, value):
+                    self.mask[p] = 1
+
+    def _group_barrier(self) -> None:
+        """A barrier of the live ranks (shrink mode's clean): SET my epoch in every live peer's word for me, wait
+        for theirs; a rank that does not arrive is masked."""
+        self.barrier_epoch += 1
+        word = self.barrier_words[self.me:self.me + 1]
+        for pe in self.live()[1:]:
+            shmemx.aclshmemx_signal_op(word, self.barrier_epoch, SET, pe)
+        self._wait_peers(self.barrier_words, self.barrier_epoch, range(self.n_pes))
 
     # --- the workspace -----------------------------------------------------------------------------------------
 
@@ -144,14 +194,19 @@ class LowLatency:
                              f"{self.n_pes} ranks")
         if hidden % 128:
             raise ValueError(f"pe {self.me}: low-latency: hidden {hidden} must be a multiple of 128")
-        self.close()
+        if self.arena is None:
+            self.close()
         layout = ll_layout(self.n_pes, max_tokens, hidden, num_experts)
         if layout.total > self.budget + LL_ALIGN_SLACK:
             raise ValueError(f"pe {self.me}: low-latency mode with num_max_dispatch_tokens_per_rank={max_tokens}, "
                              f"hidden={hidden}, num_experts={num_experts} needs {layout.total} B, more than "
                              f"num_rdma_bytes={self.budget}: size it with Buffer.get_low_latency_rdma_size_hint("
                              f"{max_tokens}, {hidden}, {self.n_pes}, {num_experts})")
-        self.block = shmemx.aclshmem_malloc(layout.total, name="deep_ep.low_latency", prefault=False)
+        if self.arena is None:
+            self.block = shmemx.aclshmem_malloc(layout.total, name="deep_ep.low_latency", prefault=False)
+        else:
+            self._quiet_all()
+            self.block = self.arena[:layout.total]
         self.views = layout.views(self.block)
         self.offsets = {name: r.offset for name, r in layout.regions.items()}
         for name in ("signal0", "signal1", "credits"):
@@ -159,23 +214,34 @@ class LowLatency:
         local = num_experts // self.n_pes
         self.lanes = Lanes(self.block, self.me, self.n_pes, max(1, min(local, shmemx.qp_num())))
         self.shape, self.seq, self.pending, self.unquieted = shape, 0, {}, {}
-        shmemx.aclshmem_barrier_all()  # every rank zeroed its signals before anyone posts
+        self._barrier()  # every rank zeroed its signals before anyone posts
+
+    def _barrier(self) -> None:
+        if self.shrink_timeout is None:
+            shmemx.aclshmem_barrier_all()
+        else:
+            self._group_barrier()
+
+    def _quiet_all(self) -> None:
+        for half in sorted(self.unquieted):
+            self._quiet(half)
 
     def close(self) -> None:
         """Free the workspace (collective)."""
-        if self.block is not None:
-            for half in sorted(self.unquieted):
-                self._quiet(half)
-            shmemx.aclshmem_free(self.block)
-            self.block, self.shape, self.lanes = None, None, None
+        if self.block is not None or self.arena is not None:
+            if self.block is not None:
+                self._quiet_all()
+            for block in (self.arena, self.barrier_words) if self.arena is not None else (self.block,):
+                shmemx.aclshmem_free(block)
+            self.block, self.shape, self.lanes, self.arena, self.barrier_words = None, None, None, None, None
 
     def clean(self, max_tokens: int, hidden: int, num_experts: int) -> None:
         """DeepEP's ``clean_low_latency_buffer``: zero the signals of both halves (collective)."""
         self._ensure(max_tokens, hidden, num_experts)
-        shmemx.aclshmem_barrier_all()
+        self._barrier()
         for h in (0, 1):
             self.views[f"signal{h}"][...] = 0
-        shmemx.aclshmem_barrier_all()
+        self._barrier()
 
     def _begin(self) -> tuple[int, int]:
         """The next call's sequence number and half, after every peer consumed that half two calls ago."""
@@ -187,8 +253,7 @@ class LowLatency:
                                f"flight (call the older hook first)")
         self.seq += 1
         if self.seq > 2 and self.n_pes > 1:
-            shmemx.aclshmem_wait_until_all(self.views["credits"][half], GE, self.seq - 2,
-                                           status=(np.arange(self.n_pes) == self.me).astype(np.int32))
+            self._wait_peers(self.views["credits"][half], self.seq - 2, range(self.n_pes))
         return self.seq, half
 
     def _quiet(self, half: int) -> None:
@@ -197,9 +262,8 @@ class LowLatency:
 
     def _credit(self, seq: int, half: int) -> None:
         word = self.views["credits"][half, self.me:self.me + 1]
-        for pe in range(self.n_pes):
-            if pe != self.me:
-                shmemx.aclshmemx_signal_op(word, seq, SET, pe)
+        for pe in self.live()[1:]:
+            shmemx.aclshmemx_signal_op(word, seq, SET, pe)
 
     def _va(self, region: str, offset: int = 0) -> int:
         return self.offsets[region] + offset
@@ -283,8 +347,9 @@ class LowLatency:
         records = self.views[f"records{half}"]
         recv_view = self.views[f"recv{half}"][:local * slots * msg].reshape(local, n, max_tokens, msg)
         targets = []
-        for e in range(local):  # every (rank, local expert) pair gets its put + signal, expert-major
-            for d in [(me + i) % n for i in range(n)]:
+        live = self.live()
+        for e in range(local):  # every (live rank, local expert) pair gets its put + signal, expert-major
+            for d in live:
                 toks = np.flatnonzero((idx == d * local + e).any(1))
                 records[d, e] = len(toks)
                 targets.append((d, e, toks))
@@ -335,13 +400,13 @@ class LowLatency:
         n, me = self.n_pes, self.me
         local, slots, msg = out["x"].shape[0], out["x"].shape[1], _message_bytes(hidden)
         sig = self.views[f"signal{half}"].reshape(local, n, 2)
-        for s in [(me + i) % n for i in range(n)]:
+        for s in self.live():
             t = time.perf_counter()
-            if s != me:
-                shmemx.aclshmem_wait_until_all(sig[:, s, 0], GE, seq)
+            self._wait_source(sig[:, s, 0], seq, s)
             if wait_stats is not None:
                 wait_stats.reshape(-1)[s] += int((time.perf_counter() - t) * 1e9)
         counts = sig[:, :, 1].astype(np.int64)  # [E_loc, P]
+        counts[:, self.mask != 0] = 0  # (masked sources sent nothing this call)
         recv = self.views[f"recv{half}"][:local * slots * msg].reshape(local, n * max_tokens, msg)
         begins = np.cumsum(counts, axis=1) - counts
         out["layout_range"][...] = (begins << 32) | counts
@@ -367,6 +432,19 @@ class LowLatency:
             stats += out["count"].astype(stats.dtype)
         self._quiet(half)  # (the lanes posted by the calling thread; blocks quiet their own)
         self._credit(seq, half)
+
+    def _wait_source(self, words: np.ndarray, seq: int, s: int) -> None:
+        """Wait for the signals ``words`` (a strided heap view) of source ``s`` to reach ``seq``; shrink mode:
+        mask ``s`` if they do not in time."""
+        if s == self.me:
+            return
+        if self.shrink_timeout is None:
+            shmemx.aclshmem_wait_until_all(words, GE, seq)
+            return
+        try:
+            shmemx.aclshmem_wait_until_all(words, GE, seq, timeout=self.shrink_timeout)
+        except shmemx.WaitTimeoutError:
+            self.mask[s] = 1
 
     # --- combine -----------------------------------------------------------------------------------------------
 
@@ -407,8 +485,9 @@ class LowLatency:
             .reshape(num_experts, max_tokens, hidden)
         remote = []
         row_bytes = 2 * hidden
+        live = self.live()
         for e in range(local):  # expert-major, as the dispatch
-            for s in [(me + i) % n for i in range(n)]:
+            for s in live:
                 b, c = int(begins[e, s]), int(counts[e, s])
                 if c and not zero_copy:
                     send[e, b:b + c] = x[e, b:b + c]
@@ -435,15 +514,16 @@ class LowLatency:
         max_tokens, hidden, num_experts = self.shape
         local = num_experts // n
         sig = self.views[f"signal{half}"]
-        for s in [(me + i) % n for i in range(n)]:
+        for s in self.live():
             t = time.perf_counter()
-            if s != me:
-                shmemx.aclshmem_wait_until_all(sig[s * local:(s + 1) * local, 0], GE, seq)
+            self._wait_source(sig[s * local:(s + 1) * local, 0], seq, s)
             if wait_stats is not None:
                 wait_stats.reshape(-1)[s] += int((time.perf_counter() - t) * 1e9)
         rows = self.views[f"recv{half}"][:num_experts * max_tokens * 2 * hidden].view(bf16) \
             .reshape(num_experts, max_tokens, hidden)
         idx = np.asarray(topk_idx, np.int64)
+        if self.mask.any():  # experts on masked ranks contribute nothing (DeepEP's shrink mode)
+            idx = np.where((idx >= 0) & (self.mask[np.maximum(idx, 0) // local] != 0), -1, idx)
         w = np.where(idx >= 0, np.asarray(topk_weights, np.float32), 0).astype(np.float32)
         acc = np.empty((_REDUCE_CHUNK, hidden), np.float32)
         for t0 in range(0, idx.shape[0], _REDUCE_CHUNK):

@@ -363,23 +363,23 @@ class _Words:
                 f"{CMP_SYMBOLS[self.cmp]} {self.values if np.ndim(self.values) == 0 else self.values.tolist()}: "
                 f"{met} of {n_active} met; values {self.ivars[self.active][:16].tolist()}")
 
-    def block(self, rt, call: WaitCall, ready) -> int:
+    def block(self, rt, call: WaitCall, ready, timeout: float | None = None) -> int:
         """Wait until ``ready()`` (the call's condition on the words): asleep in native code when the words allow
         it (``native_block``: the all form), else through ``block_until``; returns its start (ns) for the event
         log. Chaos jitters the thread around it."""
         t0 = _now()
         if rt.chaos is not None:
             rt.chaos.jitter()
-        if not (call == WaitCall.WAIT_UNTIL_ALL and self.native_block(rt, call)):
+        if not (call == WaitCall.WAIT_UNTIL_ALL and self.native_block(rt, call, timeout)):
             value = raw_bits(self.ivars.dtype, self.values) if np.ndim(self.values) == 0 else 0
             wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
                         dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
-            block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe))
+            block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe), timeout=timeout)
         if rt.chaos is not None:
             rt.chaos.jitter()
         return t0
 
-    def native_block(self, rt, call: WaitCall) -> bool:
+    def native_block(self, rt, call: WaitCall, timeout: float | None = None) -> bool:
         """Wait until every active word meets the comparison, asleep in native code (``block_on_words``) when
         the words allow it (one comparison value, an integer dtype of the native waits, a positive stride);
         False when the caller must take ``block_until``."""
@@ -398,7 +398,7 @@ class _Words:
                     dtype=ivars.dtype.str.encode(), count=len(ivars))
         block_on_words(rt, rt.heap.segments[self.pe].addr + self.offset, max(stride, 1),
                        self.active.astype(np.uint8).tobytes(), kind, self.cmp, target, wait,
-                       lambda: self.describe(rt), ready)
+                       lambda: self.describe(rt), ready, timeout=timeout)
         return True
 
     def event(self, rt, call: WaitCall, met, result: int, *, test: bool = False, t0: int = 0) -> None:
@@ -426,11 +426,14 @@ class _Words:
 
 
 def aclshmem_wait_until_all(ivars: np.ndarray, cmp: int, value: int | float | np.ndarray,
-                            status: np.ndarray | None = None) -> None:
-    """Block until every active word satisfies the comparison (``value`` may be one value per word)."""
+                            status: np.ndarray | None = None, *, timeout: float | None = None) -> None:
+    """Block until every active word satisfies the comparison (``value`` may be one value per word).
+
+    ``timeout``: seconds before ``WaitTimeoutError`` (default: the job's wait timeout); for protocols that
+    treat a silent peer as failed (DeepEP's shrink mode) rather than as a hang."""
     rt = runtime()
     w = _Words(rt, "wait_until_all", ivars, cmp, value, status)
-    t0 = w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)))
+    t0 = w.block(rt, WaitCall.WAIT_UNTIL_ALL, lambda: bool(np.all(w.matches() | ~w.active)), timeout)
     w.event(rt, WaitCall.WAIT_UNTIL_ALL, None, 1, t0=t0)
 
 

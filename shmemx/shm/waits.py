@@ -272,7 +272,8 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
 
 
 def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
-                   describe: Callable[[], str], pred: Callable[[], bool], *, sleep_pe: int | None = None) -> None:
+                   describe: Callable[[], str], pred: Callable[[], bool], *, sleep_pe: int | None = None,
+                   timeout: float | None = None) -> None:
     """``block_on_word`` for a set of words that must all meet one comparison (wait_until_all): the words at
     ``addr + i * stride`` whose byte ``active[i]`` is non-zero.
 
@@ -290,14 +291,15 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     _sleep_native(rt, wait, describe, started, sleep_pe,
                   lambda wake, count, remote, left, state: _native.sleep_all(
                       addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
-                      _BACKSTOP, doze_ns))
+                      _BACKSTOP, doze_ns), timeout=timeout)
 
 
-def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep):
+def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep, *,
+                  timeout: float | None = None):
     """The sleeping part of ``block_on_word`` / ``block_on_words``: record the wait in this thread's slot, then
     call ``sleep(wake word, sleeper count, remote, seconds left, state word)`` (one of the native sleeps, which
     returns (0, value) when met, (1, _) at its deadline or backstop, (2, _) on an abort) until it is met, the
-    job's timeout passes or the job aborts; returns the value."""
+    job's timeout (or ``timeout`` seconds) passes or the job aborts; returns the value."""
     ctl = rt.ctl
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)
@@ -305,7 +307,7 @@ def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sle
     own = pe == rt.my_pe and _PLAIN_SLEEPERS
     count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
     start = time.monotonic()
-    deadline = start + rt.timeout
+    deadline = start + (rt.timeout if timeout is None else timeout)
     try:
         while True:
             code, v = sleep(ctl.wake_addrs[pe], count_addr, not own, deadline - time.monotonic(), _state_addr(ctl))

@@ -17,7 +17,7 @@ import numpy as np
 import shmemx
 from shmemx.kernels.moe import reference as _ref
 
-from .tensors import Converter, TensorLike, to_numpy
+from ..tensors import Converter, TensorLike, to_numpy
 
 __all__ = ["calc_diff", "per_token_cast_to_fp8", "per_token_cast_back", "inplace_unique", "create_grouped_scores",
            "hash_tensor", "bench", "all_gather", "all_reduce", "init_dist", "return_freed_memory"]
@@ -48,13 +48,18 @@ def per_token_cast_to_fp8(x: TensorLike) -> tuple:
 
 def per_token_cast_back(x_fp8: TensorLike, x_scales: TensorLike) -> TensorLike:
     """``data * scales`` per 128-column block as ``[T, H] bfloat16``; int32 scales are 4 packed UE8M0 bytes
-    (exponents: byte << 23 as float32 bits)."""
-    data, scales = to_numpy(x_fp8), to_numpy(x_scales)
+    (exponents: byte << 23 as float32 bits). The scales are read by element count, as DeepEP reads them: any
+    shape holding ``T * ceil(H/128)`` of them (e.g. ``[E, N, H/512] int32`` viewed as ``[-1, H/128]``) will do."""
+    data, scales = to_numpy(x_fp8), np.ascontiguousarray(to_numpy(x_scales))
     if scales.dtype == np.int32:
-        exponents = np.ascontiguousarray(scales).view(np.uint8).reshape(*scales.shape[:-1], -1).astype(np.uint32)
-        scales = (exponents << 23).view(np.float32)
+        scales = (scales.view(np.uint8).astype(np.uint32) << 23).view(np.float32)
     shape = data.shape
-    flat, flat_scales = data.reshape(-1, shape[-1]), np.asarray(scales).reshape(-1, scales.shape[-1])
+    flat = data.reshape(-1, shape[-1])
+    blocks = -(-shape[-1] // 128)
+    if scales.size != len(flat) * blocks:
+        raise ValueError(f"per_token_cast_back: {len(flat)} rows of {shape[-1]} columns need {len(flat) * blocks} "
+                         f"scales, got {scales.size} (shape {scales.shape})")
+    flat_scales = scales.reshape(len(flat), blocks)
     out = np.empty(flat.shape, _ref.bf16)
     for r in range(0, len(flat), _ROWS):
         out[r:r + _ROWS] = _ref.per_token_cast_back(flat[r:r + _ROWS], flat_scales[r:r + _ROWS])
@@ -130,10 +135,20 @@ def all_reduce(x: TensorLike) -> TensorLike:
     return Converter(x).out(gathered.sum(0, dtype=gathered.dtype))
 
 
-def init_dist() -> tuple[int, int, None]:
-    """``(rank, num_ranks, group)`` as DeepEP's tests' ``init_dist`` gives them, before any Buffer exists (so
-    that a test can size its Buffer by the rank count): shmemx's when initialised, else those the launcher
-    started this process with (``shmemx run``); the group is None (a Buffer of the whole job)."""
+def init_dist(local_rank: int | None = None, num_local_ranks: int | None = None, seed: int = 0):
+    """DeepEP's tests' ``init_dist``.
+
+    Without arguments: ``(rank, num_ranks, None)`` before any Buffer exists (so that a test can size its Buffer
+    by the rank count): shmemx's when initialised, else those the launcher started this process with
+    (``shmemx run``); the group is None (a Buffer of the whole job).
+
+    With DeepEP's ``(local_rank, num_local_ranks)``: DeepEP's ``deep_ep.utils.envs.init_dist`` (torch.distributed
+    on gloo over the job's ranks; needs torch), returning ``(rank, num_ranks, group)``.
+    """
+    if local_rank is not None or num_local_ranks is not None:
+        from . import envs  # torch.distributed: only for callers that asked for DeepEP's form
+
+        return envs.init_dist(local_rank or 0, num_local_ranks or 1, seed)
     if shmemx.is_initialized():
         return shmemx.my_pe(), shmemx.n_pes(), None
     return int(os.environ.get("SHMEMX_RANK", "0")), int(os.environ.get("SHMEMX_SIZE", "1")), None
