@@ -397,7 +397,7 @@ class LowLatency:
 
     def _dispatch_recv(self, out: dict, seq: int, half: int, max_tokens: int, hidden: int, use_fp8: bool,
                        use_ue8m0: bool, stats, wait_stats) -> None:
-        n, me = self.n_pes, self.me
+        n = self.n_pes
         local, slots, msg = out["x"].shape[0], out["x"].shape[1], _message_bytes(hidden)
         sig = self.views[f"signal{half}"].reshape(local, n, 2)
         for s in self.live():
@@ -510,7 +510,7 @@ class LowLatency:
 
     def _combine_recv(self, result: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, seq: int, half: int,
                       wait_stats) -> None:
-        n, me = self.n_pes, self.me
+        n = self.n_pes
         max_tokens, hidden, num_experts = self.shape
         local = num_experts // n
         sig = self.views[f"signal{half}"]

@@ -98,19 +98,12 @@ def bench_kineto(fn, kernel_names: Union[str, tuple], num_tests: int = 30, suppr
         return (1, ) * len(kernel_names) if is_tuple else 1
     fn()
     names = (kernel_names, ) if isinstance(kernel_names, str) else kernel_names
-    dummy = None
+    sync = (barrier or _all_reduce_barrier()) if barrier_comm_profiling else None
     with (suppress_stdout_stderr() if suppress_kineto_output else empty_suppress()):
         with kernel_times.collect() as collector:
             for _ in range(_cap(num_tests)):
-                if barrier_comm_profiling:
-                    if barrier is not None:
-                        barrier()
-                    else:
-                        import torch
-                        import torch.distributed as dist
-
-                        dummy = torch.ones(1, dtype=torch.float) if dummy is None else dummy
-                        dist.all_reduce(dummy)
+                if sync is not None:
+                    sync()
                 fn()
     durations = []
     for name in names:
@@ -127,6 +120,15 @@ def bench_kineto(fn, kernel_names: Union[str, tuple], num_tests: int = 30, suppr
     if trace_path is not None:
         _write_trace(trace_path, collector)
     return durations if is_tuple else durations[0]
+
+
+def _all_reduce_barrier() -> Callable[[], None]:
+    """A barrier as DeepEP's profiling makes one: an all-reduce of one element over the default group."""
+    import torch
+    import torch.distributed as dist
+
+    dummy = torch.ones(1, dtype=torch.float)
+    return lambda: dist.all_reduce(dummy)
 
 
 def _write_trace(path: str, collector) -> None:
