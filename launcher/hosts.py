@@ -245,9 +245,11 @@ class _Front:
     def _pump(self, stream, dest) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            if line.startswith(HELLO):
-                _, host, pid, node = line.split()
+            while line.startswith(HELLO):  # (another host's hello or a rank's output may follow on its line)
+                _, host, pid, node, *rest = line.split(None, 4)
                 self.launchers[int(pid)] = (int(host), node)
+                line = rest[0] if rest else ""
+            if not line:
                 continue
             m = self._DEATH.search(line)
             if m:

@@ -91,7 +91,9 @@ table = shmemx.zeros((n, len(vec)), np.float64, name="demo summary")
 table[me] = vec
 shmemx.aclshmem_barrier_all()
 if me == 0:
-    rows = [shmemx.aclshmem_ptr(table, p)[p] for p in range(n)]
+    rows = np.empty_like(table)  # (a get, not aclshmem_ptr: a job over several hosts maps no other host's heap)
+    for p in range(n):
+        shmemx.aclshmem_getmem(rows[p], table[p], rows[p].nbytes, p)
     half = len(vec) // 2
     print(f"\nDeepEP-style dispatch + combine, {n} ranks, T={T} H={H} K={topk.shape[1]} E={E}, "
           f"schedule [{buf.schedule}], {buf.num_channels} channels")
