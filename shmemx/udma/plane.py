@@ -9,6 +9,7 @@ pairs and starts the engine; ``stop`` stops the engine. The runtime calls these;
 from __future__ import annotations
 
 import array
+from collections.abc import ItemsView, ValuesView
 import os
 import threading
 import time
@@ -230,7 +231,7 @@ class QueuePairs(dict):
     object, so one made late sees what the native posting path did on it. Iterating (``values``, ``items``) makes
     the object of every queue whose state block row shows use first, so that no used queue is missed."""
 
-    def __init__(self, plane):
+    def __init__(self, plane: "DataPlane"):
         super().__init__()
         self.plane = plane
 
@@ -242,7 +243,7 @@ class QueuePairs(dict):
         q = self[int(index)] = QueuePair(plane, int(index) // plane.qp_num, int(index) % plane.qp_num)
         return q
 
-    def get(self, index, default=None):
+    def get(self, index: int, default: QueuePair | None = None) -> QueuePair | None:
         try:
             return self[index]
         except KeyError:
@@ -255,11 +256,11 @@ class QueuePairs(dict):
             if index not in self:
                 self[index]
 
-    def values(self):
+    def values(self) -> ValuesView[QueuePair]:
         self._used()
         return super().values()
 
-    def items(self):
+    def items(self) -> ItemsView[int, QueuePair]:
         self._used()
         return super().items()
 
