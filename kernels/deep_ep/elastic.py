@@ -264,29 +264,11 @@ class ElasticBuffer:
         self._check_alive("dispatch")
         event = _event(previous_event, async_with_compute_stream, allocate_on_comm_stream)
         cached = handle is not None
-        if handle is not None:
-            if topk_idx is not None:
-                raise ValueError("dispatch: a cached dispatch (handle given) takes no topk_idx (the handle's is used)")
-            if do_cpu_sync:
-                raise ValueError("dispatch: cannot do CPU sync with a cached handle (as in DeepEP)")
-            for name, value in (("num_experts", num_experts), ("expert_alignment", expert_alignment),
-                                ("num_max_tokens_per_rank", num_max_tokens_per_rank)):
-                if value is not None and value != getattr(handle, name):
-                    raise ValueError(f"dispatch: {name}={value} differs from the handle's {getattr(handle, name)}")
-            topk_idx, num_experts = handle.topk_idx, handle.num_experts
-            expert_alignment, num_max_tokens_per_rank = handle.expert_alignment, handle.num_max_tokens_per_rank
+        if cached:
+            topk_idx, num_experts, expert_alignment, num_max_tokens_per_rank = _cached_routing(
+                handle, topk_idx, do_cpu_sync, num_experts, expert_alignment, num_max_tokens_per_rank)
             do_cpu_sync = False
-        if topk_idx is None or num_experts is None:
-            raise ValueError("dispatch: topk_idx and num_experts are required without a handle")
-        max_tokens = int(num_max_tokens_per_rank or self.num_max_tokens_per_rank)
-        alignment = int(expert_alignment or 1)
-        if max_tokens < 1:
-            raise ValueError("dispatch: num_max_tokens_per_rank is required (here or at construction)")
-        if num_experts % self.num_ranks:
-            raise ValueError(f"dispatch: num_experts {num_experts} is not a multiple of the {self.num_ranks} ranks")
-        if self.num_scaleout_ranks > 1:
-            raise NotImplementedError("ElasticBuffer.dispatch: hybrid mode (scale-out x scale-up domains) is not "
-                                      "implemented on shmemx; make the buffer with allow_hybrid_mode=False")
+        max_tokens, alignment = self._check_routing(topk_idx, num_experts, num_max_tokens_per_rank, expert_alignment)
         conv = Converter(x, topk_idx, topk_weights)
         data, sf = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
         with timed("dispatch_impl"):
@@ -306,12 +288,24 @@ class ElasticBuffer:
         if handle is None:
             kept = topk_idx.clone() if do_handle_copy and is_torch(topk_idx) else \
                 np.array(topk_idx, copy=True) if do_handle_copy else topk_idx
-            handle = EPHandle(bool(do_expand), int(num_experts), alignment, max_tokens, num_sms, kept,
-                              result["num_recv"], result["num_expanded"], result["aligned"].tolist(),
-                              conv.out(result["psum_rank"]), conv.out(result["psum_expert"]),
-                              conv.out(result["unaligned"]), conv.out(result["metadata"]), conv.out(out["slot"]))
-            handle.per_rank, handle.local_slots = out["per_rank"], out["topk_idx"] >= 0
+            handle = _new_handle(conv, out, result, bool(do_expand), int(num_experts), alignment, max_tokens, num_sms,
+                                 kept)
         return recv_x, recv_topk_idx, recv_w, handle, event
+
+    def _check_routing(self, topk_idx, num_experts: int | None, num_max_tokens_per_rank: int | None,
+                       expert_alignment: int | None) -> tuple[int, int]:
+        """(max tokens per rank, expert alignment) of a dispatch; ValueError for what DeepEP refuses too."""
+        if topk_idx is None or num_experts is None:
+            raise ValueError("dispatch: topk_idx and num_experts are required without a handle")
+        max_tokens = int(num_max_tokens_per_rank or self.num_max_tokens_per_rank)
+        if max_tokens < 1:
+            raise ValueError("dispatch: num_max_tokens_per_rank is required (here or at construction)")
+        if num_experts % self.num_ranks:
+            raise ValueError(f"dispatch: num_experts {num_experts} is not a multiple of the {self.num_ranks} ranks")
+        if self.num_scaleout_ranks > 1:
+            raise NotImplementedError("ElasticBuffer.dispatch: hybrid mode (scale-out x scale-up domains) is not "
+                                      "implemented on shmemx; make the buffer with allow_hybrid_mode=False")
+        return max_tokens, int(expert_alignment or 1)
 
     def _dispatch_outputs(self, out: dict, num_experts: int, max_tokens: int, alignment: int, expand: bool,
                           exact: bool, col_major_sf: bool, with_weights: bool) -> dict:
@@ -590,3 +584,29 @@ def _bias_sum(bias):
         v = to_numpy(b, "bias").astype(np.float32)
         total = v if total is None else total + v
     return total
+
+
+def _cached_routing(handle: EPHandle, topk_idx, do_cpu_sync: bool | None, num_experts: int | None,
+                    expert_alignment: int | None, num_max_tokens_per_rank: int | None) -> tuple:
+    """A cached dispatch's routing: the handle's (topk_idx, num_experts, expert_alignment, max tokens per rank),
+    after refusing what DeepEP refuses (a topk_idx, a CPU sync, a setting that differs from the handle's)."""
+    if topk_idx is not None:
+        raise ValueError("dispatch: a cached dispatch (handle given) takes no topk_idx (the handle's is used)")
+    if do_cpu_sync:
+        raise ValueError("dispatch: cannot do CPU sync with a cached handle (as in DeepEP)")
+    for name, value in (("num_experts", num_experts), ("expert_alignment", expert_alignment),
+                        ("num_max_tokens_per_rank", num_max_tokens_per_rank)):
+        if value is not None and value != getattr(handle, name):
+            raise ValueError(f"dispatch: {name}={value} differs from the handle's {getattr(handle, name)}")
+    return handle.topk_idx, handle.num_experts, handle.expert_alignment, handle.num_max_tokens_per_rank
+
+
+def _new_handle(conv: Converter, out: dict, result: dict, expand: bool, num_experts: int, alignment: int,
+                max_tokens: int, num_sms: int, topk_idx) -> EPHandle:
+    """The EPHandle of a fresh dispatch: its routing and the layout of what it received."""
+    handle = EPHandle(expand, num_experts, alignment, max_tokens, num_sms, topk_idx, result["num_recv"],
+                      result["num_expanded"], result["aligned"].tolist(), conv.out(result["psum_rank"]),
+                      conv.out(result["psum_expert"]), conv.out(result["unaligned"]), conv.out(result["metadata"]),
+                      conv.out(out["slot"]))
+    handle.per_rank, handle.local_slots = out["per_rank"], out["topk_idx"] >= 0
+    return handle

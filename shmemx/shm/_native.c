@@ -23,6 +23,7 @@
 #include "wake.h"
 
 #define DOZE_MAX_NS 1000000 /* sleep_all's longest doze */
+#define DOZE_MIN_WORDS 16 /* sleep_all dozes only while more words than this are still to come */
 #define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
 
 static inline int64_t now_ns(void) {
@@ -222,7 +223,7 @@ static PyObject *sleep_on(PyObject *self, PyObject *args) {
  * seen: the final pass re-reads every word before it reports them met). code 0: all met (unmet -1); 1: deadline;
  * 2: the job is aborting (unmet: the index of a word not met).
  *
- * ``doze_ns`` > 0 (waits.doze_per_word: PEs outnumber cores): while more than one word is unmet, the wait dozes
+ * ``doze_ns`` > 0 (waits.doze_per_word: PEs outnumber cores): while more than DOZE_MIN_WORDS are unmet, it dozes
  * doze_ns per unmet word (at most DOZE_MAX_NS) instead of sleeping on the wake word, so that the writes of many
  * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; the
  * last word is waited for on the futex as before. */
@@ -276,7 +277,7 @@ static PyObject *sleep_all(PyObject *self, PyObject *args) {
             Py_ssize_t unmet = 0;
             for (Py_ssize_t k = first; k < n; k++)
                 if (on[k]) { c.addr = base + k * stride; unmet += !met(&c, load_word(&c)); }
-            if (unmet > 1) {
+            if (unmet > DOZE_MIN_WORDS) {
                 int64_t ns = doze_ns * (int64_t)(unmet - 1);
                 if ((code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, state, aborting))) break;
                 continue;
