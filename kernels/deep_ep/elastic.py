@@ -20,6 +20,9 @@ What differs from DeepEP, and why:
 
 from __future__ import annotations
 
+from typing import Any
+from .tensors import TensorLike
+
 import math
 import os
 from contextlib import contextmanager
@@ -60,11 +63,11 @@ class EPHandle:
     ``channel_linked_list`` (None: no hybrid mode).
     """
 
-    def __init__(self, do_expand, num_experts, expert_alignment, num_max_tokens_per_rank, num_sms, topk_idx,
-                 num_recv_tokens, num_expanded_tokens, num_recv_tokens_per_expert_list,
-                 psum_num_recv_tokens_per_scaleup_rank, psum_num_recv_tokens_per_expert,
-                 num_unaligned_recv_tokens_per_expert, recv_src_metadata, dst_buffer_slot_idx,
-                 token_metadata_at_forward=None, channel_linked_list=None):
+    def __init__(self, do_expand: bool, num_experts: int, expert_alignment: int, num_max_tokens_per_rank: int, num_sms: int, topk_idx: TensorLike,
+                 num_recv_tokens: int, num_expanded_tokens: int, num_recv_tokens_per_expert_list: list,
+                 psum_num_recv_tokens_per_scaleup_rank: TensorLike, psum_num_recv_tokens_per_expert: TensorLike,
+                 num_unaligned_recv_tokens_per_expert: TensorLike, recv_src_metadata: TensorLike, dst_buffer_slot_idx: TensorLike,
+                 token_metadata_at_forward: Any=None, channel_linked_list: Any=None):
         if topk_idx is None:
             raise ValueError("EPHandle: topk_idx is required")
         self.do_expand, self.num_experts, self.expert_alignment = do_expand, num_experts, expert_alignment
@@ -107,7 +110,7 @@ class ElasticBuffer:
         num_cpu_timeout_secs, num_gpu_timeout_secs, explicitly_destroy: DeepEP's (see the module docstring).
     """
 
-    def __init__(self, group=None, num_bytes: int | None = None, num_cpu_bytes: int = 0,
+    def __init__(self, group: Any=None, num_bytes: int | None = None, num_cpu_bytes: int = 0,
                  num_max_tokens_per_rank: int = 0, hidden: int = 0, num_topk: int = 0,
                  use_fp8_dispatch: bool = False, deterministic: bool = False, allow_hybrid_mode: bool = True,
                  allow_multiple_reduction: bool = True, prefer_overlap_with_compute: bool = True, sl_idx: int = 3,
@@ -167,7 +170,7 @@ class ElasticBuffer:
     # --- size hints (DeepEP's static methods) ------------------------------------------------------------------
 
     @staticmethod
-    def get_buffer_size_hint(group, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
+    def get_buffer_size_hint(group: Any, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
                              use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
                              allow_multiple_reduction: bool = True) -> int:
         """Bytes (2 MB-aligned) the dispatch / combine of these settings needs; ``num_topk = 0``: room for 32."""
@@ -181,7 +184,7 @@ class ElasticBuffer:
 
     @staticmethod
     def get_engram_storage_size_hint(num_entries: int, hidden: int, num_max_tokens_per_rank: int,
-                                     dtype=None) -> tuple[int, int]:
+                                     dtype: Any=None) -> tuple[int, int]:
         """``(fetch area bytes, storage bytes)``, each 2 MB-aligned (entries 32-byte aligned)."""
         itemsize = 2 if dtype is None else (dtype.itemsize if hasattr(dtype, "itemsize") else np.dtype(dtype).itemsize)
         entry = _align(hidden * itemsize, 32)
@@ -193,7 +196,7 @@ class ElasticBuffer:
         return _align(_align(num_max_tensor_bytes, 32) * num_max_inflight_tensors * 2 * 2, ALIGNMENT)
 
     @staticmethod
-    def get_agrs_num_max_session_bytes(group, shapes, dtype) -> int:
+    def get_agrs_num_max_session_bytes(group: Any, shapes: Any, dtype: Any) -> int:
         """Bytes one session of all-gathers of these local shapes takes (each output 32-byte aligned)."""
         if not isinstance(shapes[0], (tuple, list)) and not _is_size(shapes[0]):
             shapes = (shapes,)
@@ -201,11 +204,11 @@ class ElasticBuffer:
         return sum(_align(n * math.prod(s) * _itemsize(dtype), 32) for s in shapes)
 
     @staticmethod
-    def get_agrs_buffer_size_hint(group, num_max_session_bytes: int) -> int:
+    def get_agrs_buffer_size_hint(group: Any, num_max_session_bytes: int) -> int:
         return _align(num_max_session_bytes, ALIGNMENT)
 
-    def get_theoretical_num_sms(self, num_experts: int, num_topk: int, num_scaleout_topk: int = 0, *args,
-                                **kwargs) -> int:
+    def get_theoretical_num_sms(self, num_experts: int, num_topk: int, num_scaleout_topk: int = 0, *args: Any,
+                                **kwargs: Any) -> int:
         """DeepEP's SM count for the kernels: no SMs here (accepted, no effect); answers 20."""
         return 20
 
@@ -228,7 +231,7 @@ class ElasticBuffer:
     def capture() -> EventHandle:
         return EventHandle()
 
-    def get_comm_stream(self):
+    def get_comm_stream(self) -> Any:
         """None: no streams (every call completes before it returns)."""
         return None
 
@@ -240,13 +243,13 @@ class ElasticBuffer:
 
     # --- dispatch / combine ------------------------------------------------------------------------------------
 
-    def dispatch(self, x, topk_idx=None, topk_weights=None, cumulative_local_expert_recv_stats=None,
+    def dispatch(self, x: TensorLike, topk_idx: TensorLike=None, topk_weights: TensorLike=None, cumulative_local_expert_recv_stats: TensorLike=None,
                  num_experts: int | None = None, num_max_tokens_per_rank: int | None = None,
-                 expert_alignment: int | None = None, num_sms: int = 0, num_qps: int = 0, previous_event=None,
-                 previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
+                 expert_alignment: int | None = None, num_sms: int = 0, num_qps: int = 0, previous_event: Any=None,
+                 previous_event_before_epilogue: Any=None, async_with_compute_stream: bool = False,
                  allocate_on_comm_stream: bool = False, handle: EPHandle | None = None, do_handle_copy: bool = True,
                  do_cpu_sync: bool | None = None, do_expand: bool = False, do_zero_padding: bool = False,
-                 use_tma_aligned_col_major_sf: bool = False):
+                 use_tma_aligned_col_major_sf: bool = False) -> tuple:
         """DeepEP V2's dispatch (collective).
 
         Args:
@@ -363,9 +366,9 @@ class ElasticBuffer:
                    psum_expert=psum.astype(np.int32), num_expanded=int(cursor))
         return res
 
-    def combine(self, x, handle: EPHandle, topk_weights=None, bias=None, num_sms: int = 0, num_qps: int = 0,
-                previous_event=None, previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
-                allocate_on_comm_stream: bool = False):
+    def combine(self, x: TensorLike, handle: EPHandle, topk_weights: TensorLike=None, bias: TensorLike=None, num_sms: int = 0, num_qps: int = 0,
+                previous_event: Any=None, previous_event_before_epilogue: Any=None, async_with_compute_stream: bool = False,
+                allocate_on_comm_stream: bool = False) -> tuple:
         """DeepEP V2's combine (collective): every received row back to its token, summed there with the bias.
 
         Args:
@@ -437,13 +440,13 @@ class ElasticBuffer:
             raise RuntimeError(f"pe {self.rank_idx}: {call}: call pp_set_config first")
         return self._pp
 
-    def pp_send(self, t, dst_rank_idx: int, num_sms: int = 0) -> None:
+    def pp_send(self, t: TensorLike, dst_rank_idx: int, num_sms: int = 0) -> None:
         """Send ``t`` (contiguous) to a ring neighbour; returns once it is in the peer's slot."""
         pipes = self._pipes("pp_send")
         with timed("send_impl"):
             pipes.send(to_numpy(t, "t"), int(dst_rank_idx))
 
-    def pp_recv(self, t, src_rank_idx: int, num_sms: int = 0) -> None:
+    def pp_recv(self, t: TensorLike, src_rank_idx: int, num_sms: int = 0) -> None:
         """Receive the next tensor from a ring neighbour into ``t`` (in place)."""
         pipes = self._pipes("pp_recv")
         with timed("recv_impl"):
@@ -474,7 +477,7 @@ class ElasticBuffer:
         self._sessions("destroy_agrs_session").destroy()
 
     @contextmanager
-    def agrs_new_session(self, enabled: bool = True):
+    def agrs_new_session(self, enabled: bool = True) -> Any:
         if not enabled:
             yield
             return
@@ -484,7 +487,7 @@ class ElasticBuffer:
         finally:
             self.destroy_agrs_session()
 
-    def agrs_get_inplace_tensor(self, shapes, dtype):
+    def agrs_get_inplace_tensor(self, shapes: Any, dtype: Any) -> Any:
         """This rank's slot of the next all-gather(s) of these shapes, as tensors to fill (no copy then)."""
         sessions = self._sessions("agrs_get_inplace_tensor")
         batched = isinstance(shapes[0], (tuple, list)) or _is_size(shapes[0])
@@ -493,7 +496,7 @@ class ElasticBuffer:
         out = tuple(_typed(sessions.mine(off, size), dtype, tuple(s)) for (off, size), s in zip(places, shapes))
         return out if batched else out[0]
 
-    def all_gather(self, t):
+    def all_gather(self, t: TensorLike) -> Any:
         """All-gather ``t`` (or each tensor of a sequence) in the open session: ``(gathered [P, *shape], handle)``
         or ``(*gathered, handle)``; call ``handle()`` before reading them."""
         sessions = self._sessions("all_gather")
@@ -511,7 +514,7 @@ class ElasticBuffer:
 
     # --- Engram ------------------------------------------------------------------------------------------------
 
-    def engram_write(self, storage, sf=None) -> None:
+    def engram_write(self, storage: TensorLike, sf: TensorLike=None) -> None:
         """Store this rank's entries ``[num_entries, hidden]`` (collective; barriers before and after)."""
         self._check_alive("engram_write")
         data = to_numpy(storage, "storage")
@@ -526,7 +529,7 @@ class ElasticBuffer:
         self._engram_kind = Converter(storage)
         self._engram.write(rows)
 
-    def engram_fetch(self, indices, num_qps: int = 0, use_tma_aligned_col_major_sf: bool = False):
+    def engram_fetch(self, indices: TensorLike, num_qps: int = 0, use_tma_aligned_col_major_sf: bool = False) -> Any:
         """READ the entries ``indices [T, k] int32`` from their ranks; returns a hook giving ``(data [T, k * hidden]
         (each token's entries concatenated), sf [T, k * packs] or None)``."""
         self._check_alive("engram_fetch")

@@ -145,7 +145,7 @@ class ElasticEP:
     # --- dispatch --------------------------------------------------------------------------------------------
 
     def dispatch(self, x: np.ndarray, sf: np.ndarray | None, topk_idx: np.ndarray, topk_weights: np.ndarray | None,
-                 max_tokens: int, num_experts: int):
+                 max_tokens: int, num_experts: int) -> dict:
         """Send every token to the ranks of its experts (collective).
 
         Returns:
@@ -215,7 +215,7 @@ class ElasticEP:
     # --- combine ---------------------------------------------------------------------------------------------
 
     def combine(self, partial: np.ndarray, weights: np.ndarray, per_rank: np.ndarray, topk_idx: np.ndarray,
-                slot: np.ndarray, num_experts: int, bias_sum: np.ndarray | None):
+                slot: np.ndarray, num_experts: int, bias_sum: np.ndarray | None) -> dict:
         """Send each received token's partial ``[n, H] bfloat16`` (reduced within this rank) and its local slots'
         weights ``[n, K] float32`` back to its source, and sum there (collective).
 

@@ -11,6 +11,8 @@ cached normal dispatch or of a combine), ``dispatch``, ``combine`` (normal and l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import time
 from contextlib import contextmanager
 
@@ -34,7 +36,7 @@ class Collector:
 
 
 @contextmanager
-def collect():
+def collect() -> Iterator:
     """Keep the kernel times of the calls made in the ``with`` body (nested collectors each get them all)."""
     c = Collector()
     _collectors.append(c)
@@ -50,7 +52,7 @@ def record(name: str, seconds: float) -> None:
 
 
 @contextmanager
-def timed(name: str):
+def timed(name: str) -> Iterator:
     """Record the wall time of the ``with`` body as one kernel ``name``."""
     t0 = time.perf_counter()
     try:

@@ -135,7 +135,7 @@ def all_reduce(x: TensorLike) -> TensorLike:
     return Converter(x).out(gathered.sum(0, dtype=gathered.dtype))
 
 
-def init_dist(local_rank: int | None = None, num_local_ranks: int | None = None, seed: int = 0):
+def init_dist(local_rank: int | None = None, num_local_ranks: int | None = None, seed: int = 0) -> tuple:
     """DeepEP's tests' ``init_dist``.
 
     Without arguments: ``(rank, num_ranks, None)`` before any Buffer exists (so that a test can size its Buffer

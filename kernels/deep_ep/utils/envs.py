@@ -9,6 +9,8 @@ job, so a ``deep_ep.Buffer`` made on it is a Buffer of the whole job.
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import random
 
@@ -52,7 +54,7 @@ def dist_print(s: str = "", once_in_node: bool = False) -> None:
     dist.barrier()
 
 
-def init_dist(local_rank: int, num_local_ranks: int, seed: int = 0):
+def init_dist(local_rank: int, num_local_ranks: int, seed: int = 0) -> tuple:
     """Join the job's torch.distributed group (gloo: the CPU's backend; DeepEP asks for nccl) as rank
     ``RANK * num_local_ranks + local_rank`` of ``WORLD_SIZE * num_local_ranks``; bfloat16 becomes the default
     dtype and the CPU the default device (DeepEP: the local GPU), the seeds are set.
@@ -83,7 +85,7 @@ def _server_size(num_ranks: int) -> int:
     return min(int(os.environ.get(SERVER_SIZE_ENV) or NUM_MAX_NVL_PEERS), num_ranks)
 
 
-def get_physical_domain_size(group) -> tuple[int, int]:
+def get_physical_domain_size(group: Any) -> tuple[int, int]:
     """``(num_rdma_ranks, num_nvlink_ranks)``: servers of the group, ranks per server (``SHMEMX_SERVER_SIZE``,
     default 8)."""
     n = group.size()
@@ -91,12 +93,12 @@ def get_physical_domain_size(group) -> tuple[int, int]:
     return n // nvl, nvl
 
 
-def get_logical_domain_size(group, allow_hybrid_mode: bool = True) -> tuple[int, int]:
+def get_logical_domain_size(group: Any, allow_hybrid_mode: bool = True) -> tuple[int, int]:
     """``(num_scaleout_ranks, num_scaleup_ranks)``: the physical domains (shmemx's two tiers)."""
     return get_physical_domain_size(group)
 
 
-def check_nvlink_connections(group) -> None:
+def check_nvlink_connections(group: Any) -> None:
     """Every pair of ranks of a server is connected (shared memory): nothing to check."""
 
 

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from ..tensors import TensorLike
+
 from ..tensors import to_numpy
 from . import calc_diff, create_grouped_scores, hash_tensor, inplace_unique, per_token_cast_back, \
     per_token_cast_to_fp8
@@ -13,7 +15,7 @@ __all__ = ["calc_diff", "safe_div", "ceil_div", "align", "per_token_cast_to_fp8"
            "inplace_unique", "create_grouped_scores", "hash_tensor", "hash_tensors", "count_bytes"]
 
 
-def safe_div(a, b):
+def safe_div(a: float, b: float) -> float:
     """``a / b``, with ``0 / 0 = 0`` (any other division by zero raises)."""
     if b == 0 and a == 0:
         return 0
@@ -29,7 +31,7 @@ def align(x: int, y: int) -> int:
     return ceil_div(x, y) * y
 
 
-def hash_tensors(*tensors) -> int:
+def hash_tensors(*tensors: TensorLike) -> int:
     """The XOR of ``hash_tensor`` over the tensors given (nested tuples / lists walked; None skipped)."""
     value = 0
     for t in tensors:
@@ -40,7 +42,7 @@ def hash_tensors(*tensors) -> int:
     return value
 
 
-def count_bytes(*tensors) -> int:
+def count_bytes(*tensors: TensorLike) -> int:
     """The bytes of the tensors given (nested tuples / lists walked; None skipped)."""
     total = 0
     for t in tensors:

@@ -9,6 +9,8 @@ summed in top-k order in float32 from the bias.
 
 from __future__ import annotations
 
+from ..tensors import TensorLike
+
 import math
 
 import torch
@@ -20,7 +22,7 @@ from .envs import get_global_seed
 __all__ = ["dispatch", "generate_pre_combine_data", "ordered_accumulate", "combine"]
 
 
-def dispatch(x, topk_idx: torch.Tensor, topk_weights, num_max_tokens_per_rank: int, num_experts: int):
+def dispatch(x: TensorLike, topk_idx: torch.Tensor, topk_weights: TensorLike, num_max_tokens_per_rank: int, num_experts: int) -> tuple:
     """Returns ``(recv_x (or (recv_x, recv_sf)), recv_topk_idx [n, K] (local experts, -1 elsewhere),
     recv_topk_weights [n, K], recv_src_token_idx [n] int32, num_recv_tokens_per_rank [P] int32)``."""
     rank, num_ranks = dist.get_rank(), dist.get_world_size()
@@ -94,7 +96,7 @@ def _group_reduce(y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
 
 
 def combine(y: torch.Tensor, topk_idx: torch.Tensor, num_scaleout_ranks: int, num_scaleup_ranks: int,
-            num_experts: int, bias, reduce_in_local: bool, reduce_in_scaleup: bool) -> torch.Tensor:
+            num_experts: int, bias: TensorLike, reduce_in_local: bool, reduce_in_scaleup: bool) -> torch.Tensor:
     """``[T, K, H]`` rows of each token's top-k slots combined into ``[T, H]`` with DeepEP's recipe (see the
     module docstring); ``bias``: None, one ``[T, H]`` or a pair (summed in float32 first)."""
     if reduce_in_scaleup and not reduce_in_local:

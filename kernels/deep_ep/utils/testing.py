@@ -13,6 +13,8 @@ hundreds of configs, which on a 2-core machine takes long at their counts; the c
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import sys
@@ -37,8 +39,8 @@ def flush_l2_cache(enabled: bool = True) -> None:
     """No L2 cache to flush: nothing to do."""
 
 
-def bench(fn, num_warmups: int = 50, num_tests: int = 50, post_fn: Optional[Callable] = None,
-          flush_l2: bool = True):
+def bench(fn: Callable, num_warmups: int = 50, num_tests: int = 50, post_fn: Optional[Callable] = None,
+          flush_l2: bool = True) -> tuple:
     """``(average, min, max)`` seconds of ``num_tests`` calls of ``fn`` (the first one dropped), after
     ``num_warmups`` calls; ``post_fn`` runs after each timed call, outside the time."""
     for _ in range(_cap(num_warmups)):
@@ -85,9 +87,9 @@ def _match(name: str, names: list[str]) -> list[str]:
     return found
 
 
-def bench_kineto(fn, kernel_names: Union[str, tuple], num_tests: int = 30, suppress_kineto_output: bool = False,
+def bench_kineto(fn: Callable, kernel_names: Union[str, tuple], num_tests: int = 30, suppress_kineto_output: bool = False,
                  trace_path: Optional[str] = None, flush_l2: bool = True, barrier_comm_profiling: bool = False,
-                 num_kernels_per_period: int = 1, barrier: Optional[Callable] = None):
+                 num_kernels_per_period: int = 1, barrier: Optional[Callable] = None) -> Any:
     """The average time in seconds of each kernel named in ``kernel_names`` over ``num_tests`` calls of ``fn``
     (one value, or a tuple for a tuple of names; with ``num_kernels_per_period = k``, a list of k values per
     name: the j-th kernel of each period). ``barrier_comm_profiling``: a barrier (``barrier`` or an all-reduce
