@@ -135,6 +135,17 @@ def launch(
     return job.run()
 
 
+def _read_to_end(s) -> None:
+    """Everything left in a rank's output pipe into ``s.partial``; the pipe closed."""
+    try:
+        while data := os.read(s.fd, 65536):
+            s.partial += data
+    except OSError:
+        pass
+    os.close(s.fd)
+    s.fd = -1
+
+
 class _Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -583,16 +594,11 @@ class Job:
                 r.exitcode = r.proc.exitcode
 
     def _drain_all(self) -> None:
+        """Read what the ranks' pipes still hold and emit every stream's last partial line."""
         for r in self.ranks:
             for s in r.streams:
                 if s.fd >= 0:
-                    try:
-                        while data := os.read(s.fd, 65536):
-                            s.partial += data
-                    except OSError:
-                        pass
-                    os.close(s.fd)
-                    s.fd = -1
+                    _read_to_end(s)
                 if s.partial:
                     self._emit(s, s.partial if s.partial.endswith(b"\n") else s.partial + b"\n")
                     s.partial = b""

@@ -41,7 +41,6 @@ EXEMPT = {
     "shmemx.shm.waits.block_on_words": LEAD,
     "launcher.job.launch": LEAD,
     "launcher.hosts.run_hosts": LEAD,
-    "launcher.job.Job._drain_all": LEAD,
     "launcher.cli.run": LEAD,
     "kernels.deep_ep.buffer.Buffer.__init__": LEAD,
     "kernels.deep_ep.buffer.Buffer.dispatch": LEAD,
