@@ -103,7 +103,7 @@ class _Job:
         saved, native_block = udma.poster, signals._Words.native_block
         if declining:
             udma.poster = Declining(saved)
-            signals._Words.native_block = lambda self, rt, call: False
+            signals._Words.native_block = lambda self, rt, call, timeout=None: False
         try:
             returned = [self._one(op) for op in ops]
             self._close()
