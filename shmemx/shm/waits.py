@@ -75,6 +75,10 @@ GRACE = 50e-6  # a wait's spin before it sleeps with one PE per core (seconds); 
 _SPIN_GIVE_UP = 4  # spins in a row that ended asleep anyway: stop spinning (each one burnt a whole spin)...
 _SPIN_PROBE = 8  # ...except one wait in this many, at random, to notice when spinning pays again
 _PROBE_P = 1.0 / _SPIN_PROBE
+# ...and a probe spins this many times the grace: a probe as long as the grace never ended the state where both
+# sides of a ping-pong sleep, since a hop from a sleeping peer (its futex wake-up, then its post) took about as long
+# as the grace itself (2 PEs on 2 idle cores: 45-53 us per hop asleep against 7.3 us spinning, 50 us grace).
+_PROBE_SPIN = 4.0
 _probe = random.Random(os.getpid()).random
 
 
@@ -159,12 +163,15 @@ class WaitState:
         self.slots_offset = ctl.pe_addr(my_pe, "waits") - ctl.segment.addr  # byte offset in the control segment
         self.spin_misses = 0  # spins in a row that ended asleep (a lost update between threads does no harm)
 
-    def should_spin(self) -> bool:
-        """Whether this wait spins: while spins pay, and past ``_SPIN_GIVE_UP`` misses in a row one wait in
-        ``_SPIN_PROBE`` at random. (A count of the misses alone never moved again once the waits stopped spinning,
-        so a process that gave up never spun again; and a probe every n-th wait on both sides of a ping-pong
-        keeps its phase and may never meet the other side's.)"""
-        return self.spin_misses < _SPIN_GIVE_UP or _probe() < _PROBE_P
+    def spin_factor(self) -> float:
+        """How many graces this wait spins: 1 while spins pay; past ``_SPIN_GIVE_UP`` misses in a row 0, but for
+        one wait in ``_SPIN_PROBE`` at random, which spins ``_PROBE_SPIN`` graces. (A count of the misses alone
+        never moved again once the waits stopped spinning, so a process that gave up never spun again; a probe
+        every n-th wait on both sides of a ping-pong keeps its phase and may never meet the other side's; and a
+        probe of one grace does not outlast a hop from a peer that sleeps too.)"""
+        if self.spin_misses < _SPIN_GIVE_UP:
+            return 1.0
+        return _PROBE_SPIN if _probe() < _PROBE_P else 0.0
 
 
 class _ThreadSlot(threading.local):
@@ -251,13 +258,15 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
         wait: what the slot records; the wait sleeps on the wake word of ``sleep_pe`` (default ``wait.pe``).
         describe: builds the description for a timeout or abort message.
         spin: seconds to spin first; default the runtime's (0 when ranks outnumber cores).
-        adaptive: whether the spin obeys ``WaitState.should_spin`` (a quiet's does not: how long its engine takes
+        adaptive: whether the spin obeys ``WaitState.spin_factor`` (a quiet's does not: how long its engine takes
             depends on the bytes it posted, not on how the last waits went).
     """
     started = time.perf_counter_ns()
     state = rt.wait_state
     spin = rt.spin if spin is None else spin
-    if spin > 0 and (not adaptive or state.should_spin()):
+    if spin > 0 and adaptive:
+        spin *= state.spin_factor()
+    if spin > 0:
         v = _native.spin(addr, kind, cmp, target, mask, int(spin * 1e9))
         if v is not None:
             if adaptive:
@@ -330,9 +339,10 @@ def _state_addr(ctl) -> int:
 
 
 def _spin_until(rt, pred: Callable[[], bool], spin: float) -> bool:
-    """Poll ``pred`` for up to ``spin`` seconds while spinning pays (``WaitState.should_spin``); True when met."""
+    """Poll ``pred`` for up to ``spin`` seconds times ``WaitState.spin_factor``; True when met."""
     state = rt.wait_state
-    if spin <= 0 or not state.should_spin():
+    spin *= state.spin_factor() if spin > 0 else 0.0
+    if spin <= 0:
         return False
     spin_end = time.perf_counter() + spin
     while time.perf_counter() < spin_end:
