@@ -130,15 +130,15 @@ class LocalWatch:
         frame need be looked at again only when another array comes in flight."""
         key = (queue, root)
         with self._lock:
-            if root not in self.roots:
-                self.roots = {**self.roots, root: root + nbytes}
-                self.roots_gen += 1
+            if root not in self.roots:  # another array: the threads look at their frames again (which frames
+                self.roots = {**self.roots, root: root + nbytes}  # are traced depends on the arrays only; a
+                self.roots_gen += 1  # kernel posts many WQEs from one array, over many queues, and walking
+                self.gen += 1  # the stack for each new flight of it cost more than the kernel)
             old = self.flights.get(key)
             span = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
             self.flights[key] = (span[0], span[1], end & _M32)
-            if old is None:  # another flight: the threads look at their frames again (a kernel posts many WQEs
-                self.spans = tuple((a, b) for a, b, _ in self.flights.values())  # from one array: walking the
-                self.gen += 1  # stack, or rebuilding the spans, for each of them cost more than the kernel)
+            if old is None:  # another flight: the spans the traced lines compare against
+                self.spans = tuple((a, b) for a, b, _ in self.flights.values())
             elif span != old[:2]:
                 self._stale = True  # a flight grew: the spans are rebuilt when a line looks them up (_hulls)
         if getattr(self._tls, "gen", 0) != self.gen:
@@ -153,11 +153,11 @@ class LocalWatch:
             if done:
                 self.spans = tuple((a, b) for a, b, _ in self.flights.values())
                 self._stale = False
-                self.gen += 1
                 live = {k[1] for k in self.flights}
-                if len(live) != len(self.roots):
+                if len(live) != len(self.roots) or not self.spans:  # the threads re-arm or disarm
                     self.roots = {r: e for r, e in self.roots.items() if r in live}
                     self.roots_gen += 1
+                    self.gen += 1
         if done and not self.spans:
             self._disarm()
 
