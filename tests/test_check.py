@@ -83,6 +83,20 @@ def test_flag_demo_is_found_and_its_fix_is_clean(tmp_path, python):
     assert fixed.returncode == 0 and "no findings" in fixed.stderr, fixed.stderr
 
 
+@pytest.mark.parametrize("example", ["udma_hello.py", "allgather.py"])
+def test_examples_with_views_handed_to_the_api_are_clean(example, tmp_path, python):
+    """Heap views made for an API call and dead after it (``signals[qp:qp + 1]`` handed to a native post) are not
+    reads of the kernel; an API function held in a variable (``get = getattr(shmemx, ...)``) and an array handed
+    to a kernel function (``consume(b, out)``) are not accesses of the calling line."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "examples", example)
+    env = dict(os.environ, SHMEMX_DUMP_DIR=str(tmp_path))
+    proc = subprocess.run([python, "-m", "shmemx", "run", "-n", "4", "--check", script], capture_output=True,
+                          text=True, env=env, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0 and "no findings" in proc.stderr, proc.stderr[-3000:]
+
+
 def _reads_body(lines: dict) -> None:
     """PE 0 puts into PE 1's inbox and never signals; PE 1 reads it every way numpy lets Python see (one per
     line, recorded in ``lines``); each read must be a finding at its own line."""

@@ -8,7 +8,8 @@ The kernel runs on ``--blocks`` AIV blocks, in two halves, as CANN's ``all_gathe
   symmetric buffer chunk by chunk (``aclshmemx_mte_put_nbi`` to itself, ``--chunk`` elements a time, CANN's UB
   size) and after each chunk publishes how many are in: ``aclshmemx_signal_op(flag[b], magic + chunks, SET, me)``;
 * **consumers** (the second half): block j serves the PEs ``x = j, j + half, ...``; it reads every producer's
-  flag on x with ``aclshmem_int32_get_nbi`` (the engine-agnostic get CANN's kernel polls with), copies the chunks
+  flag on x with ``aclshmem_int32_atomic_fetch`` (CANN's kernel polls with ``aclshmem_int32_get_nbi``, a get that
+  races the flag's signal_op: ``--check`` names that race), copies the chunks
   that are ready from x's symmetric buffer into ``output[x]`` with ``aclshmem_<T>_get_nbi``, and goes on until
   every slice of every PE it serves is in. Where CANN's kernel polls in a loop, this one, when a poll finds nothing
   new, sleeps on the flag (``aclshmem_int32_wait_until`` on x's flag): PEs outnumber cores here.
@@ -67,18 +68,18 @@ def consume(j: int, out: np.ndarray, magic: int) -> None:
     chunks = -(-per_block // args.chunk)
     for x in range(j, n, half):
         done = [0] * half  # chunks of producer g already copied
-        polled = np.zeros(1, np.int32)
         while min(done) < chunks:
             progress = False
             for g in range(half):
                 if done[g] == chunks:
                     continue
                 word = flags[g * SYNC_FLAG_INTERVAL:g * SYNC_FLAG_INTERVAL + 1]
-                shmemx.aclshmem_int32_get_nbi(polled, word, 1, x)
-                if shmemx.engine_of(x) == shmemx.Engine.UDMA:
-                    shmemx.aclshmemx_udma_quiet(x)
-                ready = int(polled[0]) - magic
-                if (int(polled[0]) >> 10) != (magic >> 10) or ready <= done[g]:
+                # CANN's kernel polls with aclshmem_int32_get_nbi; a get of the word racing the producer's
+                # signal_op is a data race by the memory model (--check names it: source-overwrite), so this
+                # port polls with the atomic fetch of the same 32-bit word
+                polled = int(shmemx.aclshmem_int32_atomic_fetch(word, x))
+                ready = polled - magic
+                if (polled >> 10) != (magic >> 10) or ready <= done[g]:
                     continue
                 # the acquire of what the poll saw (met at once; a get is not one the sanitizer can see)
                 shmemx.aclshmem_int32_wait_until(shmemx.aclshmem_ptr(word, x), shmemx.ACLSHMEM_CMP_GE, magic + ready)

@@ -54,6 +54,7 @@ typedef struct {
     Engine *engine;
     Events *ev;                       /* the event log while observed (set_events), else NULL */
     PyObject *on_local, *on_retire;   /* --check's watch of local arrays in flight (set_watch), or NULL */
+    PyObject *on_post;                /* --check's flush of derived heap views before a post (set_watch), or NULL */
     Pins *pins;                       /* per queue, while the log fingerprints sources */
     FpCache fp;                       /* chunk fingerprints of the current native call (fp_range) */
     PyObject *ndarray;                /* numpy.ndarray */
@@ -359,6 +360,11 @@ static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int6
 
 /* The events of ``bbs`` BBs of queue q from ``head``, written and about to be doorbelled with ``cqes`` CQEs. */
 static void emit_posted(Poster *p, uint32_t q, uint32_t head, uint32_t bbs, long api, long slot, long cqes) {
+    if (p->on_post) { /* while the call's arguments (heap views derived for it) are still alive */
+        PyObject *r = PyObject_CallNoArgs(p->on_post);
+        if (!r) PyErr_WriteUnraisable(p->on_post);
+        Py_XDECREF(r);
+    }
     Engine *e = p->engine;
     const Layout *L = &e->L;
     Events *ev = p->ev;
@@ -795,20 +801,23 @@ static PyObject *Poster_set_events(Poster *p, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* set_watch(on_local, on_retire) or set_watch(None, None): --check's hooks (check/recorder.py Checker): every
- * WQE whose local side is a registered array (a WRITE's or NOTIFY's source, a READ's or fetching atomic's
- * destination; not the heap,
- * not the atomics' scratch) calls on_local(queue, end BB, local VA, bytes) after its POST record; every quiet
- * calls on_retire(queue, tail) after its QUIET record. */
+/* set_watch(on_local, on_retire[, on_post]) or set_watch(None, None): --check's hooks (check/recorder.py
+ * Checker): every WQE whose local side is a registered array (a WRITE's or NOTIFY's source, a READ's or fetching
+ * atomic's destination; not the heap, not the atomics' scratch) calls on_local(queue, end BB, local VA, bytes)
+ * after its POST record; every quiet calls on_retire(queue, tail) after its QUIET record; every post calls
+ * on_post() before its records, while the heap views the kernel derived for the call are alive (a view that dies
+ * unused before the next event counts as read by C code: one handed to the API was not). */
 static PyObject *Poster_set_watch(Poster *p, PyObject *args) {
-    PyObject *on_local, *on_retire;
-    if (!PyArg_ParseTuple(args, "OO", &on_local, &on_retire)) return NULL;
-    if ((on_local != Py_None && !PyCallable_Check(on_local)) || (on_retire != Py_None && !PyCallable_Check(on_retire))) {
-        PyErr_SetString(PyExc_TypeError, "set_watch: two callables or None");
+    PyObject *on_local, *on_retire, *on_post = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O", &on_local, &on_retire, &on_post)) return NULL;
+    if ((on_local != Py_None && !PyCallable_Check(on_local)) || (on_retire != Py_None && !PyCallable_Check(on_retire))
+        || (on_post != Py_None && !PyCallable_Check(on_post))) {
+        PyErr_SetString(PyExc_TypeError, "set_watch: callables or None");
         return NULL;
     }
     Py_XSETREF(p->on_local, on_local == Py_None ? NULL : Py_NewRef(on_local));
     Py_XSETREF(p->on_retire, on_retire == Py_None ? NULL : Py_NewRef(on_retire));
+    Py_XSETREF(p->on_post, on_post == Py_None ? NULL : Py_NewRef(on_post));
     Py_RETURN_NONE;
 }
 
@@ -943,7 +952,7 @@ static void Poster_dealloc(Poster *p) {
     free(p->pins);
     free(p->fp.slot);
     Py_XDECREF(p->ev);
-    Py_XDECREF(p->on_local); Py_XDECREF(p->on_retire);
+    Py_XDECREF(p->on_local); Py_XDECREF(p->on_retire); Py_XDECREF(p->on_post);
     Py_XDECREF(p->alt);
     Py_XDECREF(p->engine); Py_XDECREF(p->ndarray); Py_XDECREF(p->reg_lock);
     forget(p);

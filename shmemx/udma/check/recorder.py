@@ -157,7 +157,7 @@ class Checker:
         registry.watch = self.registered
         self._registry = registry
         self._last = None
-        poster.set_watch(self.in_flight, self.retired)
+        poster.set_watch(self.in_flight, self.retired, self.flush)
 
     def registered(self, reg: Any) -> None:
         """A REGISTER record for a new registration, named by the kernel variable that holds the array."""

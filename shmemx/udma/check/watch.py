@@ -8,10 +8,12 @@ kernel frame of the PE's threads that holds a variable bound to that array (or a
 the variables the line loads are looked up; one that is an ndarray over in-flight bytes is an access of the line:
 
 * a store when the line stores through it (``buf[k] = v``, ``buf[a:b] = v``, ``buf[k] += v``, ``buf.fill(v)`` and
-  the other writing methods), else a load (``buf[k]``, ``buf.sum()``, ``print(buf)``, ``f(buf)``);
+  the other writing methods), else a load (``buf[k]``, ``buf.sum()``, ``print(buf)``, ``f(buf)``), except that an
+  array handed whole to a Python function of the kernel's own (``consume(buf)``) is not an access of the line: the
+  function's lines are traced;
 * of the element or slice a constant subscript names (``buf[3]``, ``buf[8:]``), else of the whole array;
-* lines that call the API (a name starting with ``aclshmem``) are not accesses: the call's own events model
-  what it does with the array (a put from it is a POST that reads it).
+* lines that call the API (a name starting with ``aclshmem``, or a variable holding such a function) are not
+  accesses: the call's own events model what it does with the array (a put from it is a POST that reads it).
 
 Each access is one ``LOCAL_ACCESS`` record (``events``) with the line's site; the launcher decides with
 happens-before whether it races a WQE (``analyze.on_local_access``). What this cannot see: arrays reached
@@ -30,7 +32,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, FunctionType
 
 import numpy as np
 
@@ -247,10 +249,18 @@ class LocalWatch:
         uses = self._uses.get(code)
         if uses is None:
             uses = self._uses[code] = _line_uses(code)
+        found, calls_kernel = [], False
         for name, write, key in uses.get(frame.f_lineno, ()):
             value = frame.f_locals.get(name, frame.f_globals.get(name))
+            if _is_api(value):  # the API under another name (get = getattr(shmemx, "aclshmem_int32_get_nbi"))
+                return self._line
+            calls_kernel = calls_kernel or (type(value) is FunctionType and not self._is_internal(value.__code__))
             if self._in_flight(value):
-                self._record(value, write, key, code, frame.f_lineno)
+                found.append((value, write, key))
+        for value, write, key in found:
+            if calls_kernel and not write and key is None:  # handed to a kernel function, whose lines are traced
+                continue
+            self._record(value, write, key, code, frame.f_lineno)
         return self._line
 
     def _record(self, value: np.ndarray, write: bool, key, code, line: int) -> None:
@@ -265,6 +275,12 @@ class LocalWatch:
             a, b = max(lo, flo), min(hi, fhi)
             if a < b:
                 self.emit(write, a, b - a, code, line, whole)
+
+
+def _is_api(value) -> bool:
+    """Whether a variable holds one of shmemx's API functions (a line calling it is not an access: its events
+    model what it does)."""
+    return callable(value) and getattr(value, "__name__", "").startswith("aclshmem") and not isinstance(value, np.ndarray)
 
 
 def _select(arr: np.ndarray, key) -> np.ndarray:
