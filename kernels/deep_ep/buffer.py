@@ -31,7 +31,10 @@ import numpy as np
 import shmemx
 from shmemx.kernels import moe
 
+from shmemx.kernels.moe.peers import Peers
+
 from . import config as _config
+from . import team as _team
 from .config import Config
 from .event import EventHandle, EventOverlap
 from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
@@ -118,7 +121,7 @@ class Buffer:
         self.num_qps_per_rank = int(num_qps_per_rank)
         size = self._server_size(server_size)
         self._attach(group, comm)
-        self.rank, self.group_size = shmemx.my_pe(), shmemx.n_pes()
+        self.rank, self.group_size = self.peers.me, self.peers.n_pes  # ranks in the group's team
         self.group = group
         self.server_size = min(size, self.group_size)
         if self.group_size % self.server_size:
@@ -147,19 +150,20 @@ class Buffer:
         return int(server_size)
 
     def _attach(self, group, comm) -> None:
-        """Initialise shmemx when nobody did (heap and QPs for this buffer), then check the group."""
+        """Initialise shmemx when nobody did (heap and QPs for this buffer), then resolve the group to a team
+        (``team.resolve``); an mpi4py ``comm`` must be the whole job."""
         if not shmemx.is_initialized():
             shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, min(self.num_qps_per_rank, _MAX_QPS))
             shmemx.init(min_heap_size=self.num_nvl_bytes + self.num_rdma_bytes + _HEAP_MARGIN)
         me, n = shmemx.my_pe(), shmemx.n_pes()
-        for what, obj, size, rank in (("group", group, "size", "rank"), ("comm", comm, "Get_size", "Get_rank")):
-            if obj is None:
-                continue
-            got = (int(getattr(obj, rank)()), int(getattr(obj, size)()))
+        if comm is not None:
+            got = (int(comm.Get_rank()), int(comm.Get_size()))
             if got != (me, n):
-                raise ValueError(f"pe {me}: deep_ep.Buffer: the {what} has this process as rank {got[0]} of {got[1]}; "
-                                 f"a shmemx Buffer spans the whole job in its order (pe {me} of {n}): pass "
-                                 f"group=None or the world group")
+                raise ValueError(f"pe {me}: deep_ep.Buffer: the comm has this process as rank {got[0]} of {got[1]}; "
+                                 f"a comm must span the whole job in its order (pe {me} of {n}): pass a "
+                                 f"torch.distributed group or a shmemx team for a sub-group")
+        self.team, self._own_team = _team.resolve(group)
+        self.peers = Peers.of(self.team)
 
     def _check_heap(self) -> None:
         need = self.num_nvl_bytes + self.num_rdma_bytes
@@ -188,6 +192,9 @@ class Buffer:
         for raw in self._raw.values():
             shmemx.aclshmem_free(raw)
         self._raw = {}
+        if self._own_team:
+            shmemx.aclshmem_team_destroy(self.team)
+            self._own_team = False
 
     def _check_alive(self) -> None:
         if self.destroyed:
@@ -296,18 +303,25 @@ class Buffer:
                                       server_size=server)
         return (*conv.out(tuple(lay)), event)
 
+    def _sub_group_refused(self, what: str) -> None:
+        if not self.peers.world:
+            raise NotImplementedError(f"pe {shmemx.my_pe()}: deep_ep.Buffer on a sub-group ({self.group_size} of "
+                                      f"{shmemx.n_pes()} PEs): {what} runs on the whole job only; a sub-group runs "
+                                      f"intranode normal mode (docs/deepep.md)")
+
     def _normal_engine(self):
         if self._normal is None:
             if self.num_rdma_ranks > 1 and self._low_latency is not None:  # both live in num_rdma_bytes
                 self._low_latency.close()
                 self._low_latency = None
             if self.num_rdma_ranks > 1:
+                self._sub_group_refused("internode dispatch/combine")
                 from .internode import Internode  # internode machinery only for jobs that span servers
 
                 self._normal = Internode(self.rank, self.group_size, self.server_size, self.num_nvl_bytes,
                                          self.num_rdma_bytes, self.num_channels)
             else:
-                self._normal = Intranode(self.num_nvl_bytes, self.num_channels)
+                self._normal = Intranode(self.num_nvl_bytes, self.num_channels, team=self.team)
         return self._normal
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
@@ -417,6 +431,7 @@ class Buffer:
 
     def _ll_engine(self):
         if self._low_latency is None:
+            self._sub_group_refused("low-latency mode")
             from .low_latency import SHRINK_TIMEOUT_ENV, LowLatency
 
             if self.num_rdma_ranks > 1 and self._normal is not None:  # both live in num_rdma_bytes: one at a time

@@ -42,8 +42,9 @@ class Intranode:
         num_channels: channels (AIV blocks) of the kernels; None: ``moe.Buffer``'s default.
     """
 
-    def __init__(self, budget: int, num_channels: int | None = None):
+    def __init__(self, budget: int, num_channels: int | None = None, team: int | None = None):
         self.budget = budget
+        self.team = team  # the Buffer's team (None: the world): the moe.Buffer runs among its PEs
         self.num_channels = num_channels
         self.moe: moe.Buffer | None = None
         self.key: tuple | None = None
@@ -61,8 +62,10 @@ class Intranode:
         if key == old and num_tokens <= self.moe.max_tokens:
             return self.moe
         self.close()
-        n_pes = shmemx.n_pes()
+        n_pes = shmemx.n_pes() if self.team is None else shmemx.aclshmem_team_n_pes(self.team)
         kwargs = {} if self.num_channels is None else {"num_channels": self.num_channels}
+        if self.team is not None:
+            kwargs["team"] = self.team
         defaults = moe.Config()
         channels = kwargs.get("num_channels", defaults.num_channels)
         qps = moe.POLICY_QPS[defaults.qp_policy]

@@ -38,6 +38,7 @@ from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall
 from .workspace import plan_workspace
 from .routes import compact_dests, dests_from_mask
 from .topology import Topology
+from .peers import Peers
 
 __all__ = ["Buffer", "Config", "DispatchHandle", "DispatchResult", "CombineResult"]
 
@@ -100,7 +101,8 @@ class Buffer:
 
     def __init__(self, max_tokens: int, hidden: int, num_topk: int, num_experts: int, config: Config | None = None,
                  **options: object):
-        self.me, self.n_pes = shmemx.my_pe(), shmemx.n_pes()
+        self.peers = Peers.of(options.pop("team", None))  # team ranks; Peers.pe(s) is peer s's global PE
+        self.me, self.n_pes = self.peers.me, self.peers.n_pes
         cfg = self.config = Config.of(config, options, self.me)
         self._check_sizes(max_tokens, hidden, num_topk, num_experts, cfg.num_channels)
         first = Schedule(cfg.qp_policy, cfg.rotate, cfg.aggregate, cfg.schedule, cfg.routing, cfg.group_width or 0,
@@ -175,7 +177,8 @@ class Buffer:
         self.views["combine_x"][-1] = 0
         self.views["combine_weights"][-1] = 0
         try:
-            self.lanes = Lanes(self._block, self.me, self.n_pes, self.qp_num, self.views, self.offsets)
+            self.lanes = Lanes(self._block, self.me, self.n_pes, self.qp_num, self.views, self.offsets,
+                               pes=self.peers.pes)
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise
@@ -225,12 +228,12 @@ class Buffer:
                              f"made with qp_num={self.qp_num}")
         family.check(new)
         config = self.views["config"]
-        shmemx.aclshmem_barrier_all()  # nobody still reads the previous code
+        self.peers.barrier()  # nobody still reads the previous code
         config[0] = new.code
-        shmemx.aclshmem_barrier_all()
+        self.peers.barrier()
         codes = np.zeros(self.n_pes, config.dtype)  # every PE's code, read by the engine that reaches it
         for pe in range(self.n_pes):
-            shmemx.aclshmem_getmem(codes[pe:pe + 1], config[:1], config.itemsize, pe)
+            shmemx.aclshmem_getmem(codes[pe:pe + 1], config[:1], config.itemsize, self.peers.pe(pe))
         codes = codes.tolist()
         bad = [pe for pe, code in enumerate(codes) if code != new.code]
         if bad:
@@ -573,7 +576,7 @@ class Buffer:
         credit = self.views["credits"][DISPATCH, self.me, 0:1]
         for s in range(self.n_pes):
             if s != self.me:  # every source, also those that sent nothing: each waits for every peer's word
-                shmemx.aclshmemx_signal_op(credit, seq, shmemx.ACLSHMEM_SIGNAL_SET, s)
+                shmemx.aclshmemx_signal_op(credit, seq, shmemx.ACLSHMEM_SIGNAL_SET, self.peers.pe(s))
         self._owed = []
 
     def _next(self, kind: int) -> tuple[int, float]:

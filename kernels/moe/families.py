@@ -178,13 +178,13 @@ class Hierarchy(_Family):
                 local = queue.local_va(block)
         self.regions = (views, {n: r.offset for n, r in layout.regions.items()}, remote, local)
         self.team = self._server_team()
-        shmemx.aclshmem_barrier_all()  # every PE's regions are zero before anyone writes into them
+        self.buf.peers.barrier()  # every PE's regions are zero before anyone writes into them
 
     def _server_team(self) -> int:
-        """The team of this PE's server (collective: one split of the world per server, as split_2d's rows)."""
+        """The team of this PE's server (collective: one split of the buffer's team per server, as split_2d's rows)."""
         size, mine = self.buf.topology.server_size, shmemx.ACLSHMEM_TEAM_INVALID
         for start in range(0, self.buf.n_pes, size):
-            team = shmemx.aclshmem_team_split_strided(shmemx.ACLSHMEM_TEAM_WORLD, start, 1, size)
+            team = shmemx.aclshmem_team_split_strided(self.buf.peers.team, start, 1, size)
             mine = team if team != shmemx.ACLSHMEM_TEAM_INVALID else mine
         return mine
 
