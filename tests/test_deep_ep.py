@@ -490,7 +490,7 @@ def _construction_job():
         def size(self):
             return 1
 
-    with pytest.raises(ValueError, match="spans the whole job"):
+    with pytest.raises(TypeError, match="group must be None, a shmemx team or a torch.distributed ProcessGroup"):
         deep_ep.Buffer(Group(), int(1e6))
     buf = deep_ep.Buffer(None, int(1e7), explicitly_destroy=True)
     buf.destroy()

@@ -13,6 +13,8 @@ collective over its parent). A group must be strided in the job's ranks (``start
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import shmemx
@@ -61,7 +63,7 @@ def _split(mine: tuple[int, int, int]) -> int:
     return shmemx.ACLSHMEM_TEAM_WORLD if mine == (0, 1, n) else team
 
 
-def resolve(group) -> tuple[int, bool]:
+def resolve(group: Any) -> tuple[int, bool]:
     """(the shmemx team of ``group``, whether this call made it: the Buffer destroys it). ``group``: None (the
     job), a shmemx team handle (an int: used as is, this PE must be a member), or a torch.distributed group.
     Collective over the job for a torch group (every PE of the job passes its own group)."""
