@@ -180,7 +180,7 @@ def run_shmemx(cfg: dict) -> dict:
     from shmemx.launcher import launch
 
     rows = cfg["T"] * cfg["P"]
-    heap = max(64 << 20, 3 * rows * cfg["H"] * 2 + rows * 4 * (cfg["K"] * 12 + cfg["H"] // 32) + (64 << 20))
+    heap = max(64 << 20, 5 * rows * cfg["H"] * 2 + rows * 4 * (cfg["K"] * 12 + cfg["H"] // 32) + (64 << 20))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "moe.json")
         code = launch(cfg["P"], _job, (cfg, path), heap_size=heap, timeout=cfg["timeout"])

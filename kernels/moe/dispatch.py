@@ -83,6 +83,13 @@ class DispatchArgs:
     region_offsets: dict  # region name -> byte offset in the workspace
     routing: str = "scan"
     dests: np.ndarray | None = None  # [T, K] int32 unique destination ranks per token (routing "compact")
+    x_offsets: np.ndarray | None = None  # [P] uint64 workspace offset of each destination's receive region
+    recv_region: np.ndarray | None = None  # this PE's receive rows (uint8; None: the workspace's x)
+
+    @property
+    def region(self) -> np.ndarray:
+        """The bytes this call's rows land in here (a receive slot, or the workspace's ``x``)."""
+        return self.views["x"] if self.recv_region is None else self.recv_region
 
     @property
     def row_bytes(self) -> int:
@@ -112,14 +119,14 @@ def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
     me, rb = a.me, a.row_bytes
     pos = int(a.rank_base[me] + a.channel_start[me, c])
     n = len(toks)
-    v, out = a.views, a.out
+    v, out, region = a.views, a.out, a.region
     if out is None:
-        _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
+        _gather(a.xb, toks, region[pos * rb:(pos + n) * rb].reshape(n, rb))
         v["src_idx"][pos:pos + n] = toks
         for region, _, src in _meta(a)[1:]:
             _gather(src, toks, v[region][pos:pos + n])
         return
-    x = v["x"][pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
+    x = region[pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
     _gather(a.xb, toks, x)
     out.src_idx[pos:pos + n] = toks
     if out.topk_idx is not None:
@@ -205,7 +212,8 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     lbase = np.uint64(lanes.local_base)
     every = np.arange(k)
     u64 = np.uint64
-    x_off = u64(a.region_offsets["x"])
+    # each destination's receive region (the slot it named, or its x)
+    x_off = np.full(k, a.region_offsets["x"], u64) if a.x_offsets is None else a.x_offsets[p_peer]
     kinds = []  # (piece of each WQE, remote VA, local VA, length) per kind, in a piece's WQE order
     if a.aggregate:
         kinds.append((every, rbase + x_off + (pos * rb).astype(u64),
@@ -217,7 +225,7 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
         count = np.diff(starts, append=total)
         rp = piece_of[starts]
         xva = u64(lanes.batch.local_va(a.xb))
-        kinds.append((rp, rbase[rp] + x_off + ((pos[rp] + within[starts]) * rb).astype(u64),
+        kinds.append((rp, rbase[rp] + x_off[rp] + ((pos[rp] + within[starts]) * rb).astype(u64),
                       xva + (sel[starts] * rb).astype(u64), (count * rb).astype(u64)))
     for region, staging, _ in meta:
         item = v[region].itemsize * (v[region].size // v[region].shape[0])
@@ -270,7 +278,7 @@ def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
     if out is not None and hi > lo:
         rb = a.row_bytes
         if out.x is not None:
-            out.x[lo:hi] = v["x"][lo * rb:hi * rb].reshape(hi - lo, rb)
+            out.x[lo:hi] = a.region[lo * rb:hi * rb].reshape(hi - lo, rb)
         out.src_idx[lo:hi] = v["src_idx"][lo:hi]
         if out.topk_idx is not None:
             raw = v["topk_idx"][lo:hi]
