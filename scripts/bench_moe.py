@@ -151,13 +151,14 @@ def _job(cfg: dict, out_path: str) -> None:
                 times[ci, me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
                 vecs[ci, me, 0] = sd.vector(4)
                 vecs[ci, me, 1] = buf.last_stats.vector(4)
+        rows[me] = len(d.recv_x)
+        d = None  # a Buffer closed while its recv_x is held keeps its receive slots (moe/slots.py)
         if "default" in buffers:  # the next configuration makes its own Buffer
             buffers.pop("default").close()
         seconds = probe()
         if me < 2:
             probes[ci, 1, me] = seconds
         wide[ci, me] = probe(P, 1)  # the same copy by every rank at once: the share of the box this job gets
-        rows[me] = len(d.recv_x)
     for b in buffers.values():
         b.close()
     shmemx.aclshmem_barrier_all()

@@ -713,7 +713,7 @@ class Buffer:
             self.closed = True
             for family in self._families.values():
                 family.close()
-            self.slots.close(self.peers)
+            self.slots.close()
             shmemx.aclshmem_free(self._block)
 
     def __enter__(self) -> "Buffer":

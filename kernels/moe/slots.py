@@ -41,6 +41,8 @@ class RecvSlots:
         self.nbytes = int(nbytes)
         self.me = me
         self.owners: list[np.ndarray | None] = [None] * SLOTS
+        if _ORPHANS:
+            _reclaim()
         try:
             self.block = shmemx.aclshmem_malloc(SLOTS * self.nbytes, name="moe_recv_slots", prefault=False)
         except shmemx.HeapExhaustedError:  # on every PE alike: dispatch copies out of ``x`` as before
@@ -91,21 +93,37 @@ class RecvSlots:
         """Whether a handed-out array still views a slot."""
         return not all(self._free(k) for k in range(SLOTS))
 
-    def close(self, peers) -> None:
-        """Free the allocation (collective), unless some PE still holds an array over a slot: then none frees
-        it (the arrays keep their rows for the rest of the job, as fresh arrays would)."""
-        if self.block is None:
-            return
-        flags = shmemx.zeros(1, np.int64, name="moe_recv_slots_held")
-        flags[0] = int(self.held())
-        peers.barrier()
-        got = np.zeros(1, np.int64)
-        held = False
-        for p in range(peers.n_pes):
-            shmemx.aclshmem_getmem(got, flags, 8, peers.pe(p))
-            held = held or bool(got[0])
-        peers.barrier()
-        shmemx.aclshmem_free(flags)
-        if not held:
-            shmemx.aclshmem_free(self.block)
-        self.block = None
+    def close(self) -> None:
+        """Free the allocation (collective over the job, as the allocation was), unless some PE still holds an
+        array over a slot: then it stays allocated, an orphan that a later ``RecvSlots`` (or ``close``) frees
+        once no PE holds it (the arrays keep their rows as fresh arrays would)."""
+        if self.block is not None:
+            _ORPHANS.append(self)
+        _reclaim()
+
+
+_ORPHANS: list[RecvSlots] = []  # closed slots some PE still held; the same list on every PE (collective calls)
+
+
+def _held_anywhere(slots: RecvSlots) -> bool:
+    """Whether any PE of the job still holds an array over one of its ``slots`` (collective over the job)."""
+    flags = shmemx.zeros(1, np.int64, name="moe_recv_slots_held")
+    flags[0] = int(slots.held())
+    shmemx.aclshmem_barrier_all()
+    got = np.zeros(1, np.int64)
+    held = False
+    for pe in range(shmemx.n_pes()):
+        shmemx.aclshmem_getmem(got, flags, 8, pe)
+        held = held or bool(got[0])
+    shmemx.aclshmem_barrier_all()
+    shmemx.aclshmem_free(flags)
+    return held
+
+
+def _reclaim() -> None:
+    """Free every orphaned slot allocation no PE holds any more (collective over the job)."""
+    for slots in list(_ORPHANS):
+        if not _held_anywhere(slots):
+            shmemx.aclshmem_free(slots.block)
+            slots.block = None
+            _ORPHANS.remove(slots)
