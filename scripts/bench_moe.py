@@ -20,7 +20,7 @@ table, a row per configuration:
 * ``pair/bound``: slowest-rank dispatch + combine over the copy lower bound;
 
 and below it, per configuration, the CPU a timed pair costs (user + system of every rank's process, all threads,
-summed over ranks) over the bound's CPU (the pair's bytes copied at the CPU rate, bytes per CPU second, of the
+summed over ranks; the median pair) over the bound's CPU (the pair's bytes copied at the CPU rate, bytes per CPU second, of the
 probes' own copies): the wall-time ratio counts the time a rank waits for a core that another job holds, this one
 does not.
 
@@ -97,7 +97,7 @@ def _job(cfg: dict, out_path: str) -> None:
     rows = shmemx.zeros(P, np.int64, name="bench rows")
     probes = shmemx.zeros((len(configs), 2, 2), np.float64, name="bench copy probes")
     wide = shmemx.zeros((len(configs), P), np.float64, name="bench copy probes, every rank")
-    cpu = shmemx.zeros((len(configs), P), np.float64, name="bench cpu")  # CPU s per timed pair, this rank's process
+    cpu = shmemx.zeros((len(configs), P, n_iter), np.float64, name="bench cpu")  # CPU s of each timed pair, this rank
     copy_cpu = shmemx.zeros((len(configs), 2), np.float64, name="bench copy cpu")  # CPU s of this rank's probes
     probe_cpu = np.zeros(1)
     src, dst = np.ones(cfg["probe_bytes"], np.uint8), np.zeros(cfg["probe_bytes"], np.uint8)
@@ -151,8 +151,7 @@ def _job(cfg: dict, out_path: str) -> None:
             copy_cpu[ci, me] += probe_cpu[0]
         for it in range(cfg["warmup"] + n_iter):
             shmemx.aclshmem_barrier_all()
-            if it == cfg["warmup"]:
-                c0 = _cpu_seconds()
+            c0 = _cpu_seconds()
             t0 = time.perf_counter()
             d = buf.dispatch(x, topk_idx=topk, topk_weights=weights)
             t1 = time.perf_counter()
@@ -163,9 +162,9 @@ def _job(cfg: dict, out_path: str) -> None:
             t3 = time.perf_counter()
             if it >= cfg["warmup"]:
                 times[ci, me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
+                cpu[ci, me, it - cfg["warmup"]] = _cpu_seconds() - c0
                 vecs[ci, me, 0] = sd.vector(4)
                 vecs[ci, me, 1] = buf.last_stats.vector(4)
-        cpu[ci, me] = (_cpu_seconds() - c0) / n_iter
         rows[me] = len(d.recv_x)
         d = None  # a Buffer closed while its recv_x is held keeps its receive slots (moe/slots.py)
         if "default" in buffers:  # the next configuration makes its own Buffer
@@ -185,7 +184,8 @@ def _job(cfg: dict, out_path: str) -> None:
         pr = np.stack([shmemx.aclshmem_ptr(probes, p)[:, :, p] for p in range(min(P, 2))], axis=-1)
         gbps = 2 * cfg["probe_bytes"] * cfg["probe_reps"] / pr.max(-1) / 1e9 if P > 1 else pr[..., 0] * 0
         wd = np.stack([shmemx.aclshmem_ptr(wide, p)[:, p] for p in range(P)], axis=-1)
-        all_cpu = np.stack([shmemx.aclshmem_ptr(cpu, p)[:, p] for p in range(P)], axis=-1).sum(-1)
+        # every rank's CPU summed per pair, the median pair
+        all_cpu = np.median(np.stack([shmemx.aclshmem_ptr(cpu, p)[:, p] for p in range(P)]).sum(0), axis=-1)
         # bytes the two probing ranks copied per CPU second (their four probes of each configuration)
         probe_cpu_s = sum(shmemx.aclshmem_ptr(copy_cpu, p)[:, p] for p in range(min(P, 2)))
         copy_rate = 2 * min(P, 2) * cfg["probe_bytes"] * cfg["probe_reps"] / np.maximum(probe_cpu_s, 1e-9)
@@ -495,7 +495,8 @@ def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, paylo
         print(f"\nevery repeat, in run order: slowest-rank dispatch + combine ms (pair/bound)")
         for r in rows:
             print(f"  {_name(r):<37} " + "  ".join(f"{ms:6.1f} ({ratio:.2f}x)" for ms, ratio in r["runs"]))
-    print(f"\nCPU per pair, every rank's process summed (user + system, all threads; medians over repeats) / the "
+    print(f"\nCPU per pair, every rank's process summed (user + system, all threads; the median timed pair, medians "
+          f"over repeats) / the "
           f"bound's CPU (the pair's bytes x 2 at the CPU rate of the probes' copies): what the pair costs the "
           f"machine, whatever else shares the cores")
     for r in rows:
