@@ -15,7 +15,8 @@ this rank's lower channels), in token order. Per round of the plan (see ``schedu
 
 Then the receive side: block c waits (asleep) for the completion signals of every QP from the sources
 ``s = c, c + C, ...``, checks that their records add up to the rows notify announced, copies the source's rows
-out of the workspace into the outputs (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
+out of the workspace into the outputs (the hidden rows only where they did not land in recv_x itself: a receive
+slot the receiver named in its notify record, ``slots``, or zero copy) (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
 and, once every block has copied its sources out (``sync_all``), gives each of its sources its credit: the region
 may be written again. Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block:
 one route scan of every channel's tokens, every channel's own rows in one copy, then as above for all sources.
@@ -114,19 +115,19 @@ def _gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
 def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
     """Channel c's rows for this PE itself (no QP): straight into the outputs at the rows they take there (the
     receive row of a source's row is its workspace row), top-k experts made local as ``copy_out`` does; the hidden
-    rows into the workspace instead with zero copy (recv_x is the workspace), and everything into the workspace when
-    the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
+    rows into the call's receive region instead where recv_x is that region (zero copy: the workspace's x; a
+    receive slot, ``slots``), and everything into the workspace when the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
     me, rb = a.me, a.row_bytes
     pos = int(a.rank_base[me] + a.channel_start[me, c])
     n = len(toks)
-    v, out, region = a.views, a.out, a.region
+    v, out, landing = a.views, a.out, a.region
     if out is None:
-        _gather(a.xb, toks, region[pos * rb:(pos + n) * rb].reshape(n, rb))
+        _gather(a.xb, toks, landing[pos * rb:(pos + n) * rb].reshape(n, rb))
         v["src_idx"][pos:pos + n] = toks
         for region, _, src in _meta(a)[1:]:
             _gather(src, toks, v[region][pos:pos + n])
         return
-    x = region[pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
+    x = landing[pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
     _gather(a.xb, toks, x)
     out.src_idx[pos:pos + n] = toks
     if out.topk_idx is not None:
