@@ -39,9 +39,6 @@ EXEMPT = {
     # files being rewritten elsewhere (every bar, for now)
     "shmemx.shm.waits.block_on_word": LEAD,
     "shmemx.shm.waits.block_on_words": LEAD,
-    "launcher.job.launch": LEAD,
-    "launcher.hosts.run_hosts": LEAD,
-    "launcher.cli.run": LEAD,
     "kernels.deep_ep.buffer.Buffer.__init__": LEAD,
     "kernels.deep_ep.buffer.Buffer.dispatch": LEAD,
     "kernels.deep_ep.buffer.Buffer.low_latency_dispatch": LEAD,
