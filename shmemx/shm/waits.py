@@ -51,8 +51,8 @@ from ..errors import PeerFailedError, WaitTimeoutError
 from . import _native
 from .futex import futex_wait
 
-__all__ = ["Wait", "Patience", "PATIENCE", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words", "thread_slot",
-           "set_thread_slot", "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
+__all__ = ["Wait", "Patience", "PATIENCE", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words",
+           "thread_slot", "set_thread_slot", "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
