@@ -111,7 +111,8 @@ class Buffer:
     def __init__(self, group: Any = None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
                  allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
-                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Any = None, *, use_fabric: bool = False, server_size: int | None = None, num_channels: int | None = None):
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Any = None, *,
+                 use_fabric: bool = False, server_size: int | None = None, num_channels: int | None = None):
         self.num_nvl_bytes = _check_bytes("num_nvl_bytes", num_nvl_bytes)
         self.num_rdma_bytes = _check_bytes("num_rdma_bytes", num_rdma_bytes)
         if isinstance(num_qps_per_rank, bool) or not isinstance(num_qps_per_rank, (int, np.integer)) \
@@ -324,7 +325,7 @@ class Buffer:
                 self._normal = Internode(self.rank, self.group_size, self.server_size, self.num_nvl_bytes,
                                          self.num_rdma_bytes, self.num_channels)
             else:
-                self._normal = Intranode(self.num_nvl_bytes, self.num_channels, team=self.team)
+                self._normal = Intranode(self.num_nvl_bytes, self.num_channels, peers=self.peers)
         return self._normal
 
     def dispatch(self, x: TensorLike | tuple, handle: NormalHandle | None = None,
