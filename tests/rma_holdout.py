@@ -1,8 +1,8 @@
-"""The hold-out set: RMARaceBench-style cases written apart from ``rma_corpus`` (the tuning set) and never tuned
+"""The hold-out set: RMARaceBench-style cases written apart from ``rma_cases`` (the tuning set) and never tuned
 against: the same race classes (local buffers of nonblocking calls, remote conflicts, atomics of one or two
 widths, completion and synchronisation) with other shapes, dtypes, QPs, PE counts, AIV blocks and calls (MTE,
 ``aclshmem_ptr``, ``wait_until_any``, the raw queue, generic quiet and fence). Labels follow CANN semantics (see
-``rma_corpus``): only the quiet of a WQE's QP completes it; barriers, ``aclshmem_quiet`` and ``aclshmem_fence``
+``rma_cases``): only the quiet of a WQE's QP completes it; barriers, ``aclshmem_quiet`` and ``aclshmem_fence``
 complete and order no UDMA work; a put_signal's signal orders its own payload only; UDMA atomics are atomic with
 each other per word of one width and race with everything else that touches their bytes unordered.
 """
@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import shmemx
-from rma_corpus import CAS, EQ, FAA, GE, SET, Case, amo_nbi, end, get, lock, put, start, unlock, use
+from rma_cases import CAS, EQ, FAA, GE, SET, Case, amo_nbi, end, get, lock, put, start, unlock, use
 
 FENCED = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 
