@@ -124,12 +124,23 @@ def test_elastic_script_matches_the_reference_bit_for_bit(n, tmp_path):
     assert "[pe 0] elastic ok" in proc.stdout
 
 
-@pytest.mark.slow
-def test_elastic_script_under_check_and_chaos(tmp_path):
-    """The mode is the one path: the sanitizer and the chaos scheduler see its kernels like any other."""
-    proc = _deepep(2, "elastic_roundtrip.py", tmp_path=tmp_path, extra=["--check", "--chaos", "7"])
+@pytest.mark.parametrize("n, nodes", [(2, 2), pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_elastic_script_takes_the_hybrid_route_over_nodes(n, nodes, tmp_path):
+    """A job of several nodes (spawn's nprocs below the ranks): scale-out x scale-up, DeepEP's hybrid recipe."""
+    proc = _deepep(n, "elastic_roundtrip.py", "--num-processes", str(n // nodes), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "0 findings" in proc.stderr
+    assert "[pe 0] elastic ok" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [2, 1])
+def test_elastic_script_under_check_and_chaos(nprocs, tmp_path):
+    """The mode is the one path: the sanitizer and the chaos scheduler see its kernels like any other (the direct
+    route, and the hybrid one over 2 nodes of 1 rank)."""
+    proc = _deepep(2, "elastic_roundtrip.py", "--num-processes", str(nprocs), tmp_path=tmp_path,
+                   extra=["--check", "--chaos", "7"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--check: no findings" in proc.stderr
 
 
 @pytest.mark.slow
