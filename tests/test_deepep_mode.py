@@ -107,6 +107,26 @@ def test_the_v2_reference_combine_places_a_ranks_sum_at_its_last_slot():
     assert refs.ordered_accumulate(y).item() == 5.0
 
 
+@pytest.mark.parametrize("tokens, experts, ranks, topk, ratio", [(1024, 64, 8, 6, 2.0), (512, 16, 4, 4, 1.0),
+                                                                 (256, 72, 72, 1, 4.0), (300, 64, 16, 9, 4.0)])
+def test_precise_unbalanced_scores_give_rank_0_its_ratio_exactly(tokens, experts, ranks, topk, ratio):
+    from shmemx.deep_ep.utils import gate
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # as DeepEP's init_dist leaves it: the scores stay float32
+    try:
+        scores = gate.get_unbalanced_scores(tokens, experts, ranks, topk, ratio, True)
+    finally:
+        torch.set_default_dtype(default)
+    assert scores.shape == (tokens, experts) and scores.dtype == torch.float32
+    rank = torch.topk(scores, topk, dim=-1, sorted=False).indices // (experts // ranks)
+    counts = torch.zeros((tokens, ranks), dtype=torch.bool).scatter_(1, rank, True).sum(0)
+    assert counts[1:].max() - counts[1:].min() <= 1  # the other ranks within one token of each other
+    assert abs(counts[0].item() / counts[1:].float().mean().item() - ratio) / ratio < 0.1
+    with pytest.raises(ValueError, match="need at least 4 ranks per token"):
+        gate.get_unbalanced_scores(64, 4, 4, 4, 2.0, True)  # 1 expert per rank, but ratio 2 allows 2 ranks
+
+
 # --- through shmemx run --deepep --------------------------------------------------------------------------------
 
 
