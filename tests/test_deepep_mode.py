@@ -144,10 +144,13 @@ def test_elastic_script_matches_the_reference_bit_for_bit(n, tmp_path):
     assert "[pe 0] elastic ok" in proc.stdout
 
 
-@pytest.mark.parametrize("n, nodes", [(2, 2), pytest.param(4, 2, marks=pytest.mark.slow)])
-def test_elastic_script_takes_the_hybrid_route_over_nodes(n, nodes, tmp_path):
-    """A job of several nodes (spawn's nprocs below the ranks): scale-out x scale-up, DeepEP's hybrid recipe."""
-    proc = _deepep(n, "elastic_roundtrip.py", "--num-processes", str(n // nodes), tmp_path=tmp_path)
+@pytest.mark.parametrize("n, nodes, multiple", [(2, 2, 1), (2, 1, 0), pytest.param(4, 2, 1, marks=pytest.mark.slow),
+                                                pytest.param(4, 2, 0, marks=pytest.mark.slow)])
+def test_elastic_script_takes_the_hybrid_route_over_nodes(n, nodes, multiple, tmp_path):
+    """A job of several nodes (spawn's nprocs below the ranks): scale-out x scale-up, DeepEP's hybrid recipe; and
+    without multiple reduction (one reduction, at the source), on either route."""
+    proc = _deepep(n, "elastic_roundtrip.py", "--num-processes", str(n // nodes), "--allow-multiple-reduction",
+                   str(multiple), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[pe 0] elastic ok" in proc.stdout
 

@@ -145,7 +145,8 @@ class ElasticBuffer:
         self.num_rdma_ranks, self.num_nvlink_ranks = self.get_physical_domain_size()
         self.num_scaleout_ranks, self.num_scaleup_ranks = self.get_logical_domain_size()
         self.scaleout_rank_idx, self.scaleup_rank_idx = divmod(self.rank_idx, self.num_scaleup_ranks)
-        self._ep = ElasticEP(self.rank_idx, self.num_ranks, self.num_bytes, self.num_scaleout_ranks)
+        self._ep = ElasticEP(self.rank_idx, self.num_ranks, self.num_bytes, self.num_scaleout_ranks,
+                             wide=not self.allow_multiple_reduction)
         self._barrier = Barrier(self.rank_idx, self.num_ranks)
         self._pp: PipeChannels | None = None
         self._agrs: Sessions | None = None
@@ -184,7 +185,7 @@ class ElasticBuffer:
         k = num_topk or 32
         x_bytes = hidden if use_fp8_dispatch else 2 * hidden
         sf_bytes = 4 * -(-hidden // 128) if use_fp8_dispatch else 0
-        rows = Rows(k, max(x_bytes, 2 * hidden), sf_bytes, hidden)
+        rows = Rows(k, max(x_bytes, 2 * hidden), sf_bytes, hidden, not allow_multiple_reduction)
         scaleout = _domains(n, allow_hybrid_mode)[0]
         return _align(max(workspace_bytes(n, max(num_max_tokens_per_rank, 1), rows, scaleout), 1), ALIGNMENT)
 
@@ -388,16 +389,17 @@ class ElasticBuffer:
         if not isinstance(handle, EPHandle) or handle.per_block is None:
             raise TypeError(f"combine: handle must be the EPHandle of a dispatch on this buffer, got "
                             f"{type(handle).__name__}")
-        self._check_reduction(handle)
         conv = Converter(x, topk_weights)
         rows = to_numpy(x, "x")
         meta = to_numpy(handle.recv_src_metadata)[:handle.num_recv_tokens]
         n = handle.num_recv_tokens
         k = meta.shape[1] - 2
         if handle.do_expand:
-            partial, weights = self._reduce_expanded(rows, meta, to_numpy(topk_weights, "topk_weights"), k)
+            partial, weights = self._reduce_expanded(rows, meta, to_numpy(topk_weights, "topk_weights"), k,
+                                                     self._ep.wide)
         else:
-            partial = np.ascontiguousarray(rows[:n]).astype(bf16, copy=False)
+            partial = _at_last_slot(rows[:n], handle.local_slots) if self._ep.wide else \
+                np.ascontiguousarray(rows[:n]).astype(bf16, copy=False)
             w = to_numpy(topk_weights, "topk_weights")
             weights = np.zeros((n, k), np.float32) if w is None else np.asarray(w[:n], np.float32).copy()
             weights[~handle.local_slots] = 0  # (the other slots' weights come back from their ranks)
@@ -410,28 +412,21 @@ class ElasticBuffer:
             pass  # (the reduction ran inside the combine above: it needs every rank's rows)
         return conv.out(combined), (conv.out(combined_w) if topk_weights is not None else None), event
 
-    def _check_reduction(self, handle: EPHandle) -> None:
-        """A combine that must not reduce on the way (``allow_multiple_reduction=False``: every slot of an expanded
-        dispatch, every rank's partial of a hybrid one, summed only at the source) is refused by name: shmemx's
-        combine reduces a token's slots within a rank and, hybrid, its ranks within a scale-up domain."""
-        if self.allow_multiple_reduction or not (handle.do_expand or handle.forward is not None):
-            return
-        kind = "an expanded" if handle.do_expand else "a hybrid"
-        raise NotImplementedError(f"pe {self.rank_idx}: ElasticBuffer.combine of {kind} dispatch with "
-                                  f"allow_multiple_reduction=False is not implemented on shmemx (it reduces on the "
-                                  f"way); make the buffer with allow_multiple_reduction=True")
-
     @staticmethod
-    def _reduce_expanded(rows: np.ndarray, meta: np.ndarray, w, k: int):
-        """Each received token's local slots summed in top-k order (float32, rounded once); the slots' weights."""
+    def _reduce_expanded(rows: np.ndarray, meta: np.ndarray, w, k: int, wide: bool):
+        """Each received token's local slots summed in top-k order (float32, rounded once), or (``wide``: no
+        multiple reduction) each slot's row in its place ``[n, K, H]``; the slots' weights."""
         n, hidden = len(meta), rows.shape[1]
-        acc = np.zeros((n, hidden), np.float32)
+        acc = np.zeros((n, k, hidden) if wide else (n, hidden), np.float32)
         weights = np.zeros((n, k), np.float32)
         for j in range(k):
             slot = meta[:, 2 + j]
             ok = slot >= 0
             if ok.any():
-                acc[ok] += rows[slot[ok]].astype(np.float32)
+                if wide:
+                    acc[ok, j] = rows[slot[ok]].astype(np.float32)
+                else:
+                    acc[ok] += rows[slot[ok]].astype(np.float32)
                 if w is not None:
                     weights[ok, j] = np.asarray(w, np.float32)[slot[ok]]
         return acc.astype(bf16), weights
@@ -597,6 +592,15 @@ def _pad(a: np.ndarray, rows: int, fill=0) -> np.ndarray:
         return a
     out = np.full((rows, *a.shape[1:]), fill, a.dtype)
     out[:len(a)] = a
+    return out
+
+
+def _at_last_slot(rows: np.ndarray, local_slots: np.ndarray) -> np.ndarray:
+    """``[n, K, H] bfloat16``: each token's row (the caller's sum over its local slots) at its last local slot."""
+    n, k = local_slots.shape
+    out = np.zeros((n, k, rows.shape[1]), bf16)
+    last = k - 1 - np.argmax(local_slots[:, ::-1], axis=1)
+    out[np.arange(n), last] = rows
     return out
 
 

@@ -32,6 +32,11 @@ Two routings, DeepEP's logical domains (``ElasticBuffer.get_logical_domain_size`
   back to the source, which adds the domains' partials to the bias in the order of each domain's last slot,
   rounded once (``refs.combine`` recipe ``(True, True)``). The forwarder keeps what it forwarded in the handle
   (``Forward``): a combine may come after other dispatches.
+
+Without multiple reduction (``allow_multiple_reduction=False``: DeepEP's "one reduction, in the combine epilogue")
+a combine row is wide: one partial per top-k slot (a non-expanded token's at its rank's last local slot, an
+expanded token's every slot its own row), forwarders pass the slots on without summing, and the source adds
+every slot in order to the bias, rounded once (recipes ``(True, False)`` and ``(False, False)``).
 """
 
 from __future__ import annotations
@@ -55,16 +60,16 @@ _WORDS = ("dispatch_signal", "combine_signal", "dispatch_credit", "combine_credi
 
 class Rows:
     """The byte layout of one dispatch row and one combine row (``K`` top-k slots, ``x_bytes`` of data,
-    ``sf_bytes`` of scales)."""
+    ``sf_bytes`` of scales; ``wide``: a combine row carries one ``H`` partial per top-k slot, not one in all)."""
 
-    def __init__(self, num_topk: int, x_bytes: int, sf_bytes: int, hidden: int):
-        self.k, self.x_bytes, self.sf_bytes, self.hidden = num_topk, x_bytes, sf_bytes, hidden
+    def __init__(self, num_topk: int, x_bytes: int, sf_bytes: int, hidden: int, wide: bool = False):
+        self.k, self.x_bytes, self.sf_bytes, self.hidden, self.wide = num_topk, x_bytes, sf_bytes, hidden, wide
         self.idx = 8
         self.w = self.idx + 4 * num_topk
         self.x = self.w + 4 * num_topk
         self.sf = self.x + x_bytes
         self.size = -(-(self.sf + sf_bytes) // 16) * 16
-        self.back_w = 2 * hidden
+        self.back_w = 2 * hidden * (num_topk if wide else 1)
         self.back = -(-(self.back_w + 4 * num_topk) // 16) * 16
 
 
@@ -131,17 +136,19 @@ def _places(owner: np.ndarray, n: int) -> np.ndarray:
 
 
 def reduce_by_owner(rows: Rows, owner: np.ndarray, places: np.ndarray, back: list[np.ndarray],
-                    start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    start: np.ndarray | None = None, merge: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Sum the partials that came back (``back[g]``: the back rows from peer g, in the order they were sent, row
-    ``places[t, g]`` for row t) into ``[R, H] bfloat16``: in float32, from ``start`` (or 0), each peer's partial
-    added at its last top-k slot (``owner [R, K]``), in slot order, rounded once. Also ``[R, K] float32``: each
-    slot's weight from its owner."""
+    ``places[t, g]`` for row t) into ``[R, H] bfloat16``: in float32, from ``start`` (or 0), in top-k slot order
+    (``owner [R, K]``: the peer of each slot), rounded once: each peer's partial at its last slot, or (wide rows)
+    every slot's own partial from its owner. ``merge`` (wide rows): no sum, ``[R, K, H] bfloat16``, each slot's
+    partial from its owner. Also ``[R, K] float32``: each slot's weight from its owner."""
     n_rows, k = owner.shape
     acc = np.zeros((n_rows, rows.hidden), np.float32) if start is None else start.astype(np.float32).copy()
+    merged = np.zeros((n_rows, k, rows.hidden), bf16) if merge else None
     weights = np.zeros((n_rows, k), np.float32)
     last = np.zeros_like(owner, bool)
     for j in range(k):
-        last[:, j] = (owner[:, j] >= 0) & ~(owner[:, j + 1:] == owner[:, j:j + 1]).any(1)
+        last[:, j] = (owner[:, j] >= 0) & (rows.wide or ~(owner[:, j + 1:] == owner[:, j:j + 1]).any(1))
     for j in range(k):
         for g, got in enumerate(back):
             toks = np.flatnonzero(owner[:, j] == g)
@@ -149,10 +156,18 @@ def reduce_by_owner(rows: Rows, owner: np.ndarray, places: np.ndarray, back: lis
                 continue
             picked = got[places[toks, g]]
             weights[toks, j] = picked[:, rows.back_w + 4 * j:rows.back_w + 4 * j + 4].copy().view(np.float32)[:, 0]
-            add = last[toks, j]
-            if add.any():
-                acc[toks[add]] += picked[add, :rows.back_w].copy().view(bf16).astype(np.float32)
-    return acc.astype(bf16), weights
+            value = _partial(rows, picked, j)
+            if merge:
+                merged[toks, j] = value
+            else:
+                acc[toks[last[toks, j]]] += value[last[toks, j]].astype(np.float32)
+    return (merged if merge else acc.astype(bf16)), weights
+
+
+def _partial(rows: Rows, picked: np.ndarray, j: int) -> np.ndarray:
+    """``[m, H] bfloat16``: the partial of slot ``j`` in these back rows (wide: slot j's own)."""
+    at = 2 * rows.hidden * j if rows.wide else 0
+    return picked[:, at:at + 2 * rows.hidden].copy().view(bf16)
 
 
 class ElasticEP:
@@ -162,10 +177,13 @@ class ElasticEP:
         me, n_pes: this rank and P.
         budget: the most heap bytes its workspace may take (the buffer's ``num_bytes``).
         scaleout: the scale-out domains (1: the direct routing; more: hybrid, ``n_pes / scaleout`` ranks each).
+        wide: one reduction only, at the source (``allow_multiple_reduction=False``): the combine's rows carry a
+            partial per top-k slot and nothing is summed on the way.
     """
 
-    def __init__(self, me: int, n_pes: int, budget: int, scaleout: int = 1):
+    def __init__(self, me: int, n_pes: int, budget: int, scaleout: int = 1, wide: bool = False):
         self.me, self.n_pes, self.budget, self.scaleout = me, n_pes, budget, max(int(scaleout), 1)
+        self.wide = bool(wide)
         self.block = None
         self.key = None
         self.route: list[Hop] = []
@@ -275,7 +293,8 @@ class ElasticEP:
         if n_tok > max_tokens:
             raise ValueError(f"pe {me}: ElasticBuffer.dispatch: {n_tok} tokens, more than num_max_tokens_per_rank="
                              f"{max_tokens}")
-        rows = Rows(k, x.dtype.itemsize * hidden, 0 if sf is None else sf.dtype.itemsize * sf.shape[1], hidden)
+        rows = Rows(k, x.dtype.itemsize * hidden, 0 if sf is None else sf.dtype.itemsize * sf.shape[1], hidden,
+                    self.wide)
         self._ensure(max_tokens, rows)
         idx = topk_idx.astype(np.int64)
         weights = np.zeros(idx.shape, np.float32) if topk_weights is None else topk_weights.astype(np.float32)
@@ -327,8 +346,9 @@ class ElasticEP:
     def combine(self, partial: np.ndarray, weights: np.ndarray, per_block: np.ndarray, topk_idx: np.ndarray,
                 slot: np.ndarray, num_experts: int, bias_sum: np.ndarray | None,
                 forward: Forward | None = None) -> tuple:
-        """Send each received token's partial ``[n, H] bfloat16`` (reduced within this rank) and its local slots'
-        weights ``[n, K] float32`` back the way it came, summing on the way (collective).
+        """Send each received token's partial ``[n, H] bfloat16`` (reduced within this rank; wide: ``[n, K, H]``, one
+        per slot) and its local slots' weights ``[n, K] float32`` back the way it came, summing on the way unless
+        wide (collective).
 
         Args:
             per_block: the dispatch's rows from each peer of its last hop.
@@ -339,8 +359,8 @@ class ElasticEP:
         Returns:
             ``(combined_x [T, H] bfloat16, combined_topk_weights [T, K] float32)``.
         """
-        hidden, k = partial.shape[1], topk_idx.shape[1]
-        rows = Rows(k, 2 * hidden, 0, hidden)
+        hidden, k = partial.shape[-1], topk_idx.shape[1]
+        rows = Rows(k, 2 * hidden, 0, hidden, self.wide)
         if self.block is None or rows.back > self.key[2]:
             raise ValueError(f"pe {self.me}: ElasticBuffer.combine: the handle's dispatch had other shapes (hidden "
                              f"{hidden}, top-{k}); dispatch with them first")
@@ -350,7 +370,7 @@ class ElasticEP:
         if forward is not None:  # the forwarder sums its domain's partials and sends them on to the sources
             up = self.route[1]
             part, w = reduce_by_owner(rows, self._owner(up, forward.topk_idx, local), forward.pos,
-                                      _split(got, (forward.pos >= 0).sum(0)))
+                                      _split(got, (forward.pos >= 0).sum(0)), merge=self.wide)
             got, _ = self._hop(self.route[0], "combine", rows.back,
                                _split(self._back_rows(rows, part, w), forward.counts))
         first = self.route[0]
@@ -361,7 +381,7 @@ class ElasticEP:
     def _back_rows(rows: Rows, partial: np.ndarray, weights: np.ndarray) -> np.ndarray:
         n = len(partial)
         back = np.zeros((n, rows.back), np.uint8)
-        back[:, :rows.back_w] = np.ascontiguousarray(partial).astype(bf16, copy=False).view(np.uint8).reshape(n, -1)
+        back[:, :rows.back_w] = np.ascontiguousarray(partial.astype(bf16, copy=False)).view(np.uint8).reshape(n, -1)
         back[:, rows.back_w:rows.back_w + 4 * rows.k] = np.ascontiguousarray(weights, np.float32).view(np.uint8) \
             .reshape(n, -1)
         return back

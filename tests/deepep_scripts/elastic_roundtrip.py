@@ -1,6 +1,7 @@
 """A DeepEP-style V2 script (written for shmemx's tests, in the shape of DeepEP's tests/elastic): ElasticBuffer's
 dispatch / combine against deep_ep.utils.refs, bit for bit, then the barrier, PP, AGRS and Engram. With
---num-processes below the job's ranks the job is several nodes and the buffer takes the hybrid route."""
+--num-processes below the job's ranks the job is several nodes and the buffer takes the hybrid route;
+--allow-multiple-reduction 0: one reduction only, at the source."""
 import argparse
 
 import torch
@@ -19,11 +20,14 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
     rank, num_ranks, group = init_dist(local_rank, num_local_ranks)
     max_tokens, hidden, num_topk, num_experts = 16, 256, 4, 4 * num_ranks
     num_tokens = max_tokens - rank
+    multiple = bool(args.allow_multiple_reduction)
     buffer = deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=max_tokens, hidden=hidden, num_topk=num_topk,
-                                   use_fp8_dispatch=True, explicitly_destroy=True)
+                                   use_fp8_dispatch=True, explicitly_destroy=True, allow_multiple_reduction=multiple)
     scaleout, scaleup = buffer.get_logical_domain_size()
     assert (scaleout, scaleup) == (num_ranks // num_local_ranks, num_local_ranks)
-    recipe = (True, scaleout > 1)  # hybrid: reduced within each scale-up domain on the way back
+    # hybrid: reduced within each scale-up domain on the way back; without multiple reduction, only at the source
+    recipe = (True, scaleout > 1 and multiple)
+    expanded_recipe = recipe if multiple else (False, False)
     scores = torch.rand((num_tokens, num_experts), dtype=torch.float32, device='cuda')
     topk_weights, topk_idx = torch.topk(scores, num_topk, dim=-1)
     topk_idx = topk_idx.to(deep_ep.topk_idx_t)
@@ -61,7 +65,8 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
         rows = torch.zeros((ex_x[0].shape[0] if use_fp8 else ex_x.shape[0]) + 1, hidden, dtype=torch.bfloat16)
         rows[slots.flatten()] = y.view(-1, hidden)
         combined2, combined_w2, _ = buffer.combine(rows[:-1], ex_handle, topk_weights=ex_w)
-        assert torch.equal(combined2, ref_combine(ref_y, topk_idx, scaleout, scaleup, num_experts, None, *recipe))
+        assert torch.equal(combined2, ref_combine(ref_y, topk_idx, scaleout, scaleup, num_experts, None,
+                                                  *expanded_recipe))
         assert torch.equal(combined_w2, topk_weights)
         if use_fp8:
             assert torch.equal(per_token_cast_back(*recv_x), per_token_cast_back(*ref_x))
@@ -107,5 +112,6 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
 if __name__ == '__main__':
     parser = argparse.ArgumentParser()
     parser.add_argument('--num-processes', type=int, default=4)
+    parser.add_argument('--allow-multiple-reduction', type=int, default=1)
     args = parser.parse_args()
     torch.multiprocessing.spawn(test_loop, args=(args.num_processes, args), nprocs=args.num_processes)
