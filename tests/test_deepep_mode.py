@@ -214,6 +214,8 @@ DEEPEP_CASES = {  # test file, ranks, its own options for small sizes, extra env
                                           "--num-stress-iterations", "2"], {}),
     "ep": ("tests/elastic/test_ep.py", 4, ["--num-tokens", "32", "--hidden", "256", "--num-topk", "4",
                                           "--num-experts", "16"], {}),
+    "ep_hybrid": ("tests/elastic/test_ep.py", 4, ["--num-tokens", "32", "--hidden", "256", "--num-topk", "4",
+                                                 "--num-experts", "16", "--num-processes", "2"], {}),  # 2 x 2
     "intranode": ("tests/legacy/test_intranode.py", 4, ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4",
                                                         "--num-experts", "32"], {}),
     "shrink": ("tests/legacy/test_low_latency.py", 6, ["--num-tokens", "16", "--hidden", "512", "--num-topk", "4",
