@@ -36,6 +36,7 @@ from shmemx.shm.segment import SHM_DIR, segment_name
 __all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
 HELLO = "\x1eshmemx-host"  # a host launcher's first line to the front: host, pid, node (not shown)
+GONE = "\x1eshmemx-gone"  # a host agent's line to the front: its launcher died of a signal (host, pid, node, signal)
 _NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 
@@ -132,7 +133,8 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
 
 
 def _die_with_parent() -> None:
-    """mpiexec gets SIGTERM when the front command dies (it then ends every host's launcher)."""
+    """SIGTERM when the parent dies: mpiexec when the front command dies, a host agent when mpiexec's proxy does,
+    a host launcher when its agent does (each passes it on; the launcher stops its PEs and cleans up)."""
     import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -187,17 +189,14 @@ def _check(directory: str, n: int, heap_size, code: int) -> int:
 
 
 class _Front:
-    """The front command's view of the host launchers: forwards their output, keeps their announcements (a
-    line ``HELLO host pid node`` each, not shown), and names the host when mpiexec reports a launcher's death."""
-
-    _DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)")
-    _CODE = re.compile(r"EXIT STRING: (.+ \(signal \d+\))|KILLED BY SIGNAL: (\d+)")
+    """The front command's view of the host launchers: forwards their output, keeps their announcements (a line
+    ``HELLO host pid node`` each, not shown), and turns a host agent's ``GONE`` line (its launcher died of a
+    signal) into the message that names the host."""
 
     def __init__(self, hosts: HostMap, out, err):
         self.hosts, self.out, self.err = hosts, out, err
         self.launchers: dict[int, tuple[int, str]] = {}  # pid -> (host, node)
-        self.dead: list[tuple[int, str]] = []  # (pid, node) of launchers mpiexec saw die
-        self.code: int | None = None
+        self.gone: list[tuple[int, int, str, int]] = []  # (host, launcher pid, node, signal) of dead launchers
 
     def follow(self, proc) -> int:
         threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out), daemon=True),
@@ -205,71 +204,51 @@ class _Front:
         for t in threads:
             t.start()
         try:
-            code = self._watch(proc)
+            code = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             code = proc.wait()
         for t in threads:
             t.join()
-        if code and self.code_text and not self.dead and self.first_gone is not None:
-            self.dead.append((self.first_gone, socket.gethostname()))
-        for pid, node in self.dead[:1]:
-            host, _ = self.launchers.get(pid, (None, node))
-            pes = self.hosts.pes(host) if host is not None else None
-            who = f"host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid})" if pes \
-                else f"the launcher pid {pid} on node {node}"
-            how = f" ({self.code_text})" if self.code_text else ""
-            self.err.write(f"shmemx: {who} died{how}; mpiexec ended the launchers of every other host, their PEs "
-                           f"ended with them and their segments were removed\n")
-            self.err.flush()
         return code
-
-    code_text = ""
-    first_gone: int | None = None  # the launcher on this node that ended first while the others ran
-
-    def _watch(self, proc) -> int:
-        """Wait for mpiexec; meanwhile note which launcher of this node ends first (mpiexec's report of a dead
-        launcher need not say which one it was)."""
-        here = socket.gethostname()
-        while True:
-            try:
-                return proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
-            if self.first_gone is None:
-                mine = [pid for pid, (_, node) in self.launchers.items() if node == here]
-                gone = [pid for pid in mine if not _running(pid)]
-                if gone and len(gone) < len(self.launchers):
-                    self.first_gone = gone[0]
 
     def _pump(self, stream, dest) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            while line.startswith(HELLO):  # (another host's hello or a rank's output may follow on its line)
-                _, host, pid, node, *rest = line.split(None, 4)
-                self.launchers[int(pid)] = (int(host), node)
-                line = rest[0] if rest else ""
+            while line.startswith((HELLO, GONE)):  # (another host's line or a rank's output may follow on its line)
+                line = self._announcement(line)
             if not line:
                 continue
-            m = self._DEATH.search(line)
-            if m:
-                self.dead.append((int(m.group(1)), m.group(2)))
-            m = self._CODE.search(line)
-            if m:
-                self.code_text = m.group(1).lower() if m.group(1) else f"killed by signal {m.group(2)}"
             try:
                 dest.write(line)
                 dest.flush()
             except (BrokenPipeError, ValueError):
                 pass
 
+    def _announcement(self, line: str) -> str:
+        """Take the HELLO or GONE at the start of ``line``; the rest of the line."""
+        if line.startswith(HELLO):
+            _, host, pid, node, *rest = line.split(None, 4)
+            self.launchers[int(pid)] = (int(host), node)
+            return rest[0] if rest else ""
+        _, host, pid, node, sig, *rest = line.split(None, 5)
+        self.gone.append((int(host), int(pid), node, int(sig)))
+        pes = self.hosts.pes(int(host))
+        try:
+            self.err.write(f"shmemx: host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid}) "
+                           f"died (killed by {_signame(int(sig))}); its PEs ended with it and its segments were "
+                           f"removed; the other hosts end the job when they find it silent\n")
+            self.err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+        return rest[0] if rest else ""
 
-def _running(pid: int) -> bool:
+
+def _signame(signum: int) -> str:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class HostPart:
@@ -288,6 +267,7 @@ class HostPart:
 
         from shmemx.udma.nic import Nic
 
+        _unlink_mpi_segments()
         comm = MPI.COMM_WORLD
         comm.Set_errhandler(MPI.ERRORS_RETURN)  # a dead host is an exception of the NIC, not an abort of this one
         if comm.Get_size() != self.hosts.n_hosts:
@@ -298,6 +278,8 @@ class HostPart:
             heap = DEFAULT_HEAP_SIZE
         self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap, chaos=job.chaos)
         self.nic.start()
+        if threading.current_thread() is threading.main_thread():  # (after MPI's own handler: ours replaces it)
+            signal.signal(signal.SIGUSR1, lambda signum, frame: self.nic.notice())
 
     def export(self, job) -> None:
         """This host's inspection goes to the front: the trace and recording parts are in its directories; the
@@ -311,7 +293,7 @@ class HostPart:
                     shutil.copyfile(path, os.path.join(out, f"events{pe}"))
 
     def failure(self) -> str | None:
-        return None if self.nic is None else self.nic.failure
+        return None if self.nic is None else self.nic.check_heard()
 
     def abort(self, why: str) -> None:
         if self.nic is not None:
@@ -326,6 +308,31 @@ class HostPart:
         self.nic.stop(meet=not failing)
 
 
+def _unlink_mpi_segments() -> list[str]:
+    """Unlink the /dev/shm files MPI mapped into this process during its initialisation (MPICH's
+    ``mpich_shm_*``, its bootstrap segment); the names removed.
+
+    Each host's launcher is the only MPI process of its node (emulated hosts are told ``MPIR_CVAR_NOLOCAL``),
+    and MPI_Init returns once every process of a node attached, so no one needs the names any more: the mappings
+    live on until the process ends and MPI_Finalize does not mind the missing names. A launcher killed by a
+    signal then leaves nothing behind (MPICH only removes them in MPI_Finalize)."""
+    names = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if path.startswith(os.path.join(SHM_DIR, "mpich_shm_")):
+                    names.add(path)
+    except OSError:
+        return []
+    for path in names:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return sorted(names)
+
+
 def mpi_versions() -> str:
     """The MPI library and mpi4py versions in use (for reports and docs)."""
     import mpi4py
@@ -333,6 +340,58 @@ def mpi_versions() -> str:
 
     lib = MPI.Get_library_version().splitlines()[0].strip()
     return f"mpi4py {mpi4py.__version__}, {lib}, MPI {'.'.join(map(str, MPI.Get_version()))}"
+
+
+def _become_launcher(host: int) -> None:
+    """Split the process mpiexec started into the host's agent (which stays mpiexec's child) and the host's
+    launcher (its child, which returns from here).
+
+    Why: hydra SIGKILLs every process of the job as soon as one of its own children dies of a signal, whatever
+    ``-disable-auto-cleanup`` says, and then no host can say which one died first. With the agent in between, a
+    launcher killed by a signal is the agent's child: the agent reports it to the front (``GONE``) and exits
+    with a status, so hydra leaves the other hosts alone; they stop their PEs and clean up themselves once they
+    find the host silent (``Nic.check_heard``). The launcher dies with its agent (a SIGTERM it handles: it stops
+    its PEs and removes its segments), so ending mpiexec, or the front command with it, still ends every host.
+    """
+    agent = os.getpid()
+    pid = os.fork()
+    if pid:
+        os._exit(_agent(pid, host))
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice of a dead process: handled once the NIC runs
+    _die_with_parent()
+    if os.getppid() != agent:  # the agent died before the death signal was set
+        os._exit(1)
+
+
+def _agent(pid: int, host: int) -> int:
+    """The host agent's life: forward signals to the launcher ``pid``, wait for it, and report a launcher that
+    died of a signal to the front; the launcher's exit status (128 + n for signal n), as an exit status."""
+    fd = os.environ.get("PMI_FD", "")
+    if fd.isdigit():  # the PMI connection is the launcher's alone: it closes when the launcher dies
+        try:
+            os.close(int(fd))
+        except OSError:
+            pass
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):  # SIGUSR1: hydra's notice that a
+        signal.signal(sig, forward)  # process of the job ended, for the launcher's NIC (Nic.notice)
+    _die_with_parent()  # mpiexec's proxy gone: the launcher is told by a SIGTERM (forwarded), and ends the job
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFSIGNALED(status):
+        return os.waitstatus_to_exitcode(status)
+    sig = os.WTERMSIG(status)
+    try:
+        sys.stderr.write(f"{GONE} {host} {pid} {socket.gethostname()} {sig}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return 128 + sig
 
 
 def host_main(argv=None) -> int:
@@ -356,6 +415,7 @@ def host_main(argv=None) -> int:
     a = p.parse_args(argv)
     index = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     hosts = HostMap([int(c) for c in a.counts.split(",")], index)
+    _become_launcher(index)
     from .job import Job
 
     print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)

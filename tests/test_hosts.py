@@ -62,8 +62,8 @@ def test_uneven_hosts_and_host_list_parse():
 
 
 def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
-    """kill -9 of one host's launcher: every rank of every host gone and no segment left within 5 s, and the
-    front names the host."""
+    """kill -9 of one host's launcher: every rank of every host gone and no segment left within 5 s (shmemx's, and
+    MPI's own), and the front names the host."""
     script = tmp_path / "spin.py"
     script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
                       "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
@@ -85,6 +85,10 @@ def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
             pids += [int(ctl.pes[p]["pid"]) for p in range(4) if int(ctl.pes[p]["pid"])]
             ctl.close()
         victim = next(j for j in jobs if j["job"].endswith(".h1"))
+        for j in jobs:  # MPI's own /dev/shm files (MPICH's mpich_shm_*) were unlinked once MPI was up
+            with open(f"/proc/{j['launcher_pid']}/maps") as f:
+                mpi = [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/mpich_shm_" in line]
+            assert all(m.endswith("(deleted)") for m in mpi), mpi
         start = time.monotonic()
         os.kill(victim["launcher_pid"], signal.SIGKILL)
         while time.monotonic() - start < 5:
@@ -96,7 +100,9 @@ def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
         assert not _segments(base), _segments(base)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode != 0
-        assert "host 1 (pes 2..3" in err and "died" in err, err
+        assert f"host 1 (pes 2..3, node {os.uname().nodename}, launcher pid {victim['launcher_pid']}) died (killed " \
+               f"by SIGKILL)" in err, err  # the front names the host, from its agent's report
+        assert "host 1 (pes 2..3) stopped answering" in err, err  # and host 0 found it silent itself
     finally:
         if proc.poll() is None:
             proc.kill()
