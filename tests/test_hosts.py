@@ -50,6 +50,14 @@ def test_multi_qp_blocks_and_batches_across_hosts():
     assert all(f"pe {pe}: multi ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
 
 
+def test_team_slots_come_back_to_the_host_that_claimed_them():
+    """A team led on another host than the one that claimed its slot gives the slot back (more rounds than one
+    host's share of slots); teams across hosts are destroyed without losing a relayed barrier arrival."""
+    proc = _run(4, "team_slots.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all(f"pe {pe}: team slots ok" in proc.stdout for pe in range(4)), proc.stdout[-3000:] + proc.stderr
+
+
 def test_uneven_hosts_and_host_list_parse():
     from shmemx.launcher.hosts import parse_hosts
 

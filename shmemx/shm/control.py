@@ -194,10 +194,14 @@ _PE_HEAD.append(("_pad0", "V%d" % (128 - np.dtype(_PE_HEAD).itemsize)))
 # plain stores); n_remote_sleepers counts other PEs' threads asleep on it (atomic adds). One cache line: a waker
 # reads both.
 _SLEEPERS = [("n_sleepers", "<u4"), ("n_remote_sleepers", "<u4"), ("_n_sleepers_pad", "V56")]
-# team_barriers[s]: the barriers this PE entered on team slot s since it joined the team there (shm.barrier)
+# team_barriers[s]: the barriers this PE entered on team slot s since it joined the team there (shm.barrier);
+# team_relayed[s]: in a job of several hosts, (team uid << 32) | the arrivals of those its host's NIC has taken
+# to the other hosts (written by the NIC, udma.nic; api.teams waits on it before a slot's counter is reused)
 _PE_WORDS = [*_line("wake_seq"), *_SLEEPERS, ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,)),
-             ("team_barriers", "<u4", (MAX_TEAMS,))]
-_PE_WORDS.append(("_pad1", "V%d" % (4096 - 128 - np.dtype(_PE_WORDS).itemsize)))
+             ("team_barriers", "<u4", (MAX_TEAMS,)), ("team_relayed", "<u8", (MAX_TEAMS,))]
+_PAD1 = 4096 - 128 - np.dtype(_PE_WORDS).itemsize
+if _PAD1:
+    _PE_WORDS.append(("_pad1", "V%d" % _PAD1))
 PE_DTYPE = np.dtype(
     _PE_HEAD + _PE_WORDS + [("waits", WAIT_DTYPE, (MAX_WAIT_SLOTS,)), ("allocs", ALLOC_DTYPE, (MAX_ALLOCS,))]
 )
@@ -220,7 +224,8 @@ TEAM_DTYPE = np.dtype(
         ("coll_args", "<i4", (3,)),  # the leader's arguments
         ("coll_result", "<i4"),  # the slot it allocated (-1: none free)
         ("coll_bad", "<i4"),  # 1 + the team index of the first member that disagreed (0: none)
-        ("_pad", "V12"),
+        ("released", "<u4"),  # the uid of the team whose leader released the slot last (teams.release)
+        ("_pad", "V8"),
     ]
 )
 assert TEAM_DTYPE.itemsize == 64

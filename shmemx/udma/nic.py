@@ -46,7 +46,7 @@ import numpy as np
 from ..shm import atomics
 from ..shm.control import HEADER_SIZE, MAX_TEAMS, PE_STRIDE, Control, PeStatus
 from ..shm.hosts import HostMap
-from ..shm.teams import slot_host
+from ..shm.teams import released_elsewhere, slot_host
 from ..shm.futex import futex_wake
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from ..shm.segment import Segment, segment_name
@@ -485,19 +485,18 @@ class Nic:
         changed = np.flatnonzero(counts != seen[:, 1])
         if not len(changed):
             return False
-        teams = self.ctl.teams
+        teams, relayed = self.ctl.teams, row["team_relayed"]
         for slot in changed.tolist():
             uid, now = int(teams[slot]["uid"]), int(counts[slot])
             first = int(seen[slot, 1]) + 1 if int(seen[slot, 0]) == uid and now > int(seen[slot, 1]) else 1
             seen[slot] = (uid, now)
             hosts = self._team_hosts(slot)
-            if not hosts:
-                continue
-            for number in range(first, now + 1):
+            for number in range(first, now + 1) if hosts else ():
                 data = (struct.pack("<BiIIQ", CTL_TEAM, p, slot, uid, number) + self._row_bytes(p)
                         + self._table_bytes())
                 for h in hosts:
                     self._send(h, TAG_CTL, data)
+            relayed[slot] = uid << 32 | now  # (api.teams waits for it before the counter is reset or released)
         return True
 
     def _team_hosts(self, slot: int) -> list[int]:
@@ -530,7 +529,9 @@ class Nic:
                 teams[slot, 8:24] = row[0:16]  # uid, size, start, stride
             start = int(np.frombuffer(row[8:12].tobytes(), "<i4")[0])
             if 0 <= start < self.n_pes and self.hosts.host_of(start) == src:
-                teams[slot, 24:64] = row[16:56]  # coll_seq, coll_op, coll_args, coll_result, coll_bad, pad
+                teams[slot, 24:64] = row[16:56]  # coll_seq, coll_op, coll_args, coll_result, coll_bad, released
+                if slot_host(slot, self.hosts.n_hosts) == self.me:  # the leader there released a slot claimed here
+                    released_elsewhere(self.ctl, slot, int(self.ctl.teams[slot]["released"]))
 
     def _count_team_arrivals(self) -> bool:
         """Add the team arrivals whose slot holds their team here and whose previous barrier completed here."""
