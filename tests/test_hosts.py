@@ -29,8 +29,9 @@ def _segments(job: str) -> list[str]:
     return glob.glob(f"/dev/shm/shmemx_{job}.h*")
 
 
-def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = SHMEMX + ["run", "-n", str(n), "--hosts", hosts, "--timeout", "240", str(HERE / script), *args]
+def _run(n: int, script: str, *args, hosts: str = "2", timeout: float = 300,
+         options: tuple = ()) -> subprocess.CompletedProcess:
+    cmd = SHMEMX + ["run", "-n", str(n), "--hosts", hosts, "--timeout", "240", *options, str(HERE / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,6 +57,26 @@ def test_team_slots_come_back_to_the_host_that_claimed_them():
     proc = _run(4, "team_slots.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all(f"pe {pe}: team slots ok" in proc.stdout for pe in range(4)), proc.stdout[-3000:] + proc.stderr
+
+
+def test_cam_across_two_hosts_under_check():
+    """CAM's moe_dispatch_normal / moe_combine_normal over 2 hosts against tests/test_cam.py's reference: ranks of
+    the other host over UDMA (kernels/cam/far.py), of this host through their windows; --check finds nothing."""
+    proc = _run(4, "cam.py", options=("--check",))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all(f"pe {pe}: cam across hosts ok" in proc.stdout for pe in range(4)), proc.stdout + proc.stderr
+    assert "--check: no findings across the hosts" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cam_8_pes_over_2_hosts_and_its_demo():
+    proc = _run(8, "cam.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all(f"pe {pe}: cam across hosts ok" in proc.stdout for pe in range(8)), proc.stdout + proc.stderr
+    demo = Path(__file__).parent.parent / "scripts" / "examples" / "cam_moe_demo.py"
+    cmd = SHMEMX + ["run", "-n", "8", "--hosts", "2", "--heap-size", "440M", "--timeout", "100", str(demo)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0 and proc.stdout.count("PASS: pe") == 8, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_uneven_hosts_and_host_list_parse():
