@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .options import RunOptions
+
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
@@ -47,43 +49,47 @@ def main() -> None:
               help="DeepEP mode: run DeepEP's own scripts unchanged (import deep_ep is shmemx's, CUDA is the CPU, "
                    "torch.multiprocessing.spawn runs on the job's ranks; docs/deepep.md).")
 @click.argument("target_and_args", nargs=-1, type=click.UNPROCESSED)
-def run(n, heap_size, timeout, tag_output, module, trace, record, stats, dump_dir, check, chaos, hosts, hostfile, deepep,
-        target_and_args) -> None:
+def run(n, module, hosts, hostfile, target_and_args, **options) -> None:
     """Run SCRIPT (or -m MODULE) on N PEs: shmemx run -n 8 my_kernel.py [args...]"""
     from shmemx.launcher.job import launch
 
-    if module is None:
-        if not target_and_args:
-            raise click.UsageError("give a script to run (or -m MODULE)")
-        target, args = target_and_args[0], target_and_args[1:]
-        if not os.path.isfile(target):
-            raise click.UsageError(f"script {target!r} not found")
-    else:
-        target, args = module, target_and_args
-    if chaos is not None and chaos != "random":
-        try:
-            chaos = int(chaos, 0)
-        except ValueError:
-            raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
+    target, args = _target(module, target_and_args)
+    run_options = _run_options(module is not None, options)
     if hosts or hostfile:
         from shmemx.launcher.hosts import parse_hosts, run_hosts
 
-        if deepep:
+        if run_options.deepep:
             raise click.UsageError("--deepep runs on one host: DeepEP's torch.distributed rendezvous over several "
                                    "hosts is not mapped (drop --hosts; test_internode.py runs as 2 nodes x 8 "
                                    "ranks on one host)")
-
         try:
             host_map, names = parse_hosts(hosts, hostfile, n)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--hosts") from None
-        sys.exit(run_hosts(n, host_map, names, target, args, module=module is not None, heap_size=heap_size,
-                           timeout=timeout, tag_output=tag_output, dump_dir=dump_dir, check=check, chaos=chaos,
-                           trace=trace, record=record, stats=stats))
-    code = launch(n, target, args, module=module is not None, heap_size=heap_size, timeout=timeout,
-                  tag_output=tag_output, trace=trace, record=record, stats=stats, dump_dir=dump_dir, check=check,
-                  chaos=chaos, deepep=deepep)
-    sys.exit(code)
+        sys.exit(run_hosts(n, host_map, names, target, args, run_options))
+    sys.exit(launch(n, target, args, run_options))
+
+
+def _target(module: str | None, target_and_args: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(script path or module name, its arguments) of ``shmemx run``'s command line."""
+    if module is not None:
+        return module, target_and_args
+    if not target_and_args:
+        raise click.UsageError("give a script to run (or -m MODULE)")
+    if not os.path.isfile(target_and_args[0]):
+        raise click.UsageError(f"script {target_and_args[0]!r} not found")
+    return target_and_args[0], target_and_args[1:]
+
+
+def _run_options(module: bool, flags: dict) -> RunOptions:
+    """The ``RunOptions`` of ``shmemx run``'s flags (each flag's parameter is named as the field it sets)."""
+    chaos = flags.get("chaos")
+    if chaos is not None and chaos != "random":
+        try:
+            flags = {**flags, "chaos": int(chaos, 0)}
+        except ValueError:
+            raise click.BadParameter(f"{chaos!r} is not an integer seed or 'random'", param_hint="--chaos") from None
+    return RunOptions(module=module, **flags)
 
 
 @main.command(context_settings=CONTEXT)

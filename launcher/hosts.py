@@ -29,9 +29,12 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Sequence
 
 from shmemx.shm.hosts import HostMap, host_job_id
 from shmemx.shm.segment import SHM_DIR, segment_name
+
+from .options import RunOptions
 
 __all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
@@ -74,15 +77,19 @@ def _mpiexec() -> str:
     return found
 
 
-def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args, *, module: bool = False,
-              heap_size=None, timeout: float | None = None, tag_output: bool = True, env: dict | None = None,
-              dump_dir: str | None = None, check: bool = False, chaos=None, trace: str | None = None,
-              record: str | None = None, stats: bool = False, job_id: str | None = None) -> int:
-    """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's)."""
+def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args: Sequence = (),
+              options: RunOptions | None = None, *, job_id: str | None = None, **overrides) -> int:
+    """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's). ``options`` and
+    ``overrides`` are ``launch``'s (``RunOptions``); ``stats`` is not merged across hosts yet (ignored), and
+    ``deepep`` is refused (ValueError)."""
     import secrets
 
+    o = RunOptions.of(options, overrides, "run_hosts")
+    if o.deepep:
+        raise ValueError("--deepep runs on one host: DeepEP's torch.distributed rendezvous over several hosts is not "
+                         "mapped (drop --hosts; test_internode.py runs as 2 nodes x 8 ranks on one host)")
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
-    trace, record = (os.path.abspath(p) if p else None for p in (trace, record))
+    trace, record = (os.path.abspath(p) if p else None for p in (o.trace, o.record))
     # hydra would SIGKILL every host's launcher once one dies, leaving no word of which; the NICs find a dead host
     # themselves (heartbeats) and every launcher then stops its PEs, names the host and removes its segments
     cmd = [_mpiexec(), "-disable-auto-cleanup", "-n", str(hosts.n_hosts)]
@@ -90,46 +97,49 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         cmd += ["-hosts", ",".join(names), "-ppn", "1"]
     cmd += [sys.executable, "-m", "shmemx.launcher.hosts", "--job", job, "--counts",
             ",".join(map(str, hosts.counts))]
-    if heap_size:
-        cmd += ["--heap-size", str(heap_size)]
-    if timeout:
-        cmd += ["--timeout", str(timeout)]
-    if not tag_output:
-        cmd += ["--no-tag-output"]
-    if dump_dir:
-        cmd += ["--dump-dir", dump_dir]
+    cmd += _host_flags(o)
     parts = None
-    if trace or record or check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
+    if trace or record or o.check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
         parts = tempfile.mkdtemp(prefix=f"shmemx_{job}_parts_", dir=os.environ.get("SHMEMX_PARTS_DIR"))
         cmd += ["--parts", parts, "--t0", str(time.perf_counter_ns())]
         cmd += ["--trace"] if trace else []
         cmd += ["--record"] if record else []
-    if check:
-        cmd += ["--check"]
-    if chaos == "random":  # one seed for every host (each host's launcher would draw its own)
-        chaos = secrets.randbelow(1 << 32)
-        _say(f"chaos seed {chaos} (rerun it with --chaos {chaos})")
-    if chaos is not None:
-        cmd += ["--chaos", str(chaos)]
-    if module:
-        cmd += ["-m"]
     cmd += ["--", target, *map(str, args)]
     full_env = dict(os.environ)
     if names is None:
         full_env.update(_NOLOCAL)
-    full_env.update({k: str(v) for k, v in (env or {}).items()})
-    front = _Front(hosts, sys.stdout, sys.stderr)
+    full_env.update({k: str(v) for k, v in (o.env or {}).items()})
+    front = _Front(hosts, o.stdout or sys.stdout, o.stderr or sys.stderr)
     try:
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_die_with_parent)
         code = front.follow(proc)
         code = 128 - code if code < 0 else code
         if parts is not None:
-            code = _gather(parts, n, job, target, trace, record, check, heap_size, code)
+            code = _gather(parts, n, job, target, trace, record, o.check, o.heap_size, code)
     finally:
         if parts is not None:
             shutil.rmtree(parts, ignore_errors=True)
     return code
+
+
+def _host_flags(o: RunOptions) -> list[str]:
+    """The host launchers' flags (``host_main``) for the options they apply on each host."""
+    import secrets
+
+    flags = ["--heap-size", str(o.heap_size)] if o.heap_size else []
+    flags += ["--timeout", str(o.timeout)] if o.timeout else []
+    flags += [] if o.tag_output else ["--no-tag-output"]
+    flags += ["--dump-dir", o.dump_dir] if o.dump_dir else []
+    flags += [] if o.dump else ["--no-dump"]
+    flags += ["--check"] if o.check else []
+    chaos = o.chaos
+    if chaos == "random":  # one seed for every host (each host's launcher would draw its own)
+        chaos = secrets.randbelow(1 << 32)
+        _say(f"chaos seed {chaos} (rerun it with --chaos {chaos})")
+    flags += ["--chaos", str(chaos)] if chaos is not None else []
+    flags += ["-m"] if o.module else []
+    return flags
 
 
 def _die_with_parent() -> None:
@@ -403,6 +413,7 @@ def host_main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--no-tag-output", action="store_true")
     p.add_argument("--dump-dir", default=None)
+    p.add_argument("--no-dump", action="store_true")
     p.add_argument("--check", action="store_true")
     p.add_argument("--chaos", default=None)
     p.add_argument("--parts", default=None)
@@ -419,8 +430,9 @@ def host_main(argv=None) -> int:
     from .job import Job
 
     print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)
-    job = Job(hosts.n_pes, a.target, a.args, module=a.module, heap_size=a.heap_size, timeout=a.timeout,
-              tag_output=not a.no_tag_output, env={}, stdout=None, stderr=None)
+    options = RunOptions(module=a.module, heap_size=a.heap_size, timeout=a.timeout, tag_output=not a.no_tag_output,
+                         dump_dir=a.dump_dir, dump=not a.no_dump, check=a.check, chaos=a.chaos)
+    job = Job(hosts.n_pes, a.target, a.args, options)
     job.job_id = host_job_id(a.job, index)
     job.pes = hosts.pes()
     job.host = HostPart(hosts, a.parts)
@@ -430,9 +442,6 @@ def host_main(argv=None) -> int:
         if on:
             os.makedirs(os.path.join(a.parts, kind), exist_ok=True)
             setattr(job, f"{kind}_dir", os.path.join(a.parts, kind))
-    job.dump_dir = a.dump_dir
-    job.check = a.check
-    job.chaos = a.chaos
     code = job.run()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -62,9 +62,10 @@ from shmemx.udma.check.recorder import CHECK_ENV
 from shmemx.udma.check.report import EXIT_FINDINGS
 
 from . import deepep
+from .options import RunOptions
 from .reaper import Reaper
 
-__all__ = ["launch", "Job", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_FINDINGS"]
+__all__ = ["launch", "Job", "RunOptions", "EXIT_TIMEOUT", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_FINDINGS"]
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -76,27 +77,8 @@ _DIAGNOSIS_LINES = 40  # printed at most; the dump file has everything
 _DUMP_LIMIT = 4096  # WQEs and CQEs per queue in a post-mortem dump
 
 
-def launch(
-    n: int,
-    target: str | Callable,
-    args: Sequence = (),
-    *,
-    module: bool = False,
-    heap_size=None,
-    timeout: float | None = None,
-    tag_output: bool = True,
-    env: dict | None = None,
-    stdout=None,
-    stderr=None,
-    trace: str | None = None,
-    record: str | None = None,
-    stats: bool = False,
-    dump_dir: str | None = None,
-    dump: bool = True,
-    check: bool = False,
-    chaos: int | str | None = None,
-    deepep: bool = False,
-) -> int:
+def launch(n: int, target: str | Callable, args: Sequence = (), options: RunOptions | None = None,
+           **overrides) -> int:
     """Run ``target`` on ``n`` PEs and return the job's exit status.
 
     Args:
@@ -104,35 +86,28 @@ def launch(
         target: a script path, a module name (with ``module=True``) or a function (called as
             ``target(*args)`` in every rank; for fast tests, it is inherited by fork, never pickled).
         args: the script's / module's command-line arguments, or the function's arguments.
-        heap_size: heap bytes per PE (int or "64M"); default 1 GiB (sparse).
-        timeout: stop the job after this many seconds (exit 124) and report what every PE waits on.
-        tag_output: prefix every output line with ``[pe N]``.
-        env: extra environment variables for the ranks.
-        stdout, stderr: text streams for the ranks' output and the launcher's messages (default sys's).
-        trace: write a Chrome trace-event JSON of every WQE, wait, barrier and region to this path.
-        record: write a recording of every post, quiet, wait, barrier, region and compute annotation to this
-            path, for ``shmemx replay`` (virtual time on a modelled topology; ``observe.record``).
-        stats: print every PE's counters when the job ends.
-        dump_dir: where a post-mortem dump goes (default ``$SHMEMX_DUMP_DIR`` or the current directory).
-        dump: write a post-mortem dump at all (the diagnosis is printed either way).
-        check: run the protocol sanitizer (``shmemx run --check``): findings are printed as ``shmemx check:``
-            lines and written as JSON lines beside the dump; exit status 3 when the job otherwise succeeded.
-        chaos: a seed (int) for the seeded jitter of kernel threads (``--chaos SEED``), or "random" to pick one
-            (printed).
-        deepep: DeepEP mode (``--deepep``, ``launcher.deepep``): ``import deep_ep`` is shmemx's, CUDA is the
-            CPU, ``torch.multiprocessing.spawn`` runs on the job's ranks, DeepEP's variables are set.
+        options: how the job runs (``RunOptions``; default: every field's default).
+        overrides: fields of ``options`` by name, replacing its values:
+            module: ``target`` is a module name (``python -m``).
+            heap_size: heap bytes per PE (int or "64M"); default 1 GiB (sparse).
+            timeout: stop the job after this many seconds (exit 124) and report what every PE waits on.
+            tag_output: prefix every output line with ``[pe N]``.
+            env: extra environment variables for the ranks.
+            stdout, stderr: text streams for the ranks' output and the launcher's messages (default sys's).
+            trace: write a Chrome trace-event JSON of every WQE, wait, barrier and region to this path.
+            record: write a recording of every post, quiet, wait, barrier, region and compute annotation to this
+                path, for ``shmemx replay`` (virtual time on a modelled topology; ``observe.record``).
+            stats: print every PE's counters when the job ends.
+            dump_dir: where a post-mortem dump goes (default ``$SHMEMX_DUMP_DIR`` or the current directory).
+            dump: write a post-mortem dump at all (the diagnosis is printed either way).
+            check: run the protocol sanitizer (``shmemx run --check``): findings are printed as ``shmemx check:``
+                lines and written as JSON lines beside the dump; exit status 3 when the job otherwise succeeded.
+            chaos: a seed (int) for the seeded jitter of kernel threads (``--chaos SEED``), or "random" to pick
+                one (printed).
+            deepep: DeepEP mode (``--deepep``, ``launcher.deepep``): ``import deep_ep`` is shmemx's, CUDA is the
+                CPU, ``torch.multiprocessing.spawn`` runs on the job's ranks, DeepEP's variables are set.
     """
-    job = Job(n, target, args, module=module, heap_size=heap_size, timeout=timeout, tag_output=tag_output,
-              env=env or {}, stdout=stdout, stderr=stderr)
-    job.trace_path = os.path.abspath(trace) if trace else None
-    job.record_path = os.path.abspath(record) if record else None
-    job.stats = stats
-    job.dump_dir = dump_dir
-    job.dump = dump
-    job.check = check
-    job.chaos = chaos
-    job.deepep = deepep
-    return job.run()
+    return Job(n, target, args, RunOptions.of(options, overrides, "launch")).run()
 
 
 def _read_to_end(s) -> None:
@@ -171,21 +146,21 @@ class _Rank:
 class Job:
     """One run of ``n`` ranks; see ``launch``."""
 
-    def __init__(self, n, target, args, *, module, heap_size, timeout, tag_output, env, stdout, stderr):
+    def __init__(self, n: int, target: str | Callable, args: Sequence, options: RunOptions):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"number of PEs must be a positive integer, got {n!r}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if options.timeout is not None and options.timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {options.timeout!r}")
         self.n = n
         self.target = target
         self.args = list(args)
-        self.module = module
-        self.heap_size = heap_size
-        self.timeout = timeout
-        self.tag_output = tag_output
-        self.env = env
-        self.out = stdout or sys.stdout
-        self.err = stderr or sys.stderr
+        self.module = options.module
+        self.heap_size = options.heap_size
+        self.timeout = options.timeout
+        self.tag_output = options.tag_output
+        self.env = dict(options.env or {})
+        self.out = options.stdout or sys.stdout
+        self.err = options.stderr or sys.stderr
         self.launcher_pid = os.getpid()
         self.job_id = f"{self.launcher_pid:x}{secrets.token_hex(3)}"
         self.ranks: list[_Rank] = []
@@ -196,22 +171,22 @@ class Job:
         self.stopping_since: float | None = None
         self.interrupted: int | None = None  # the first SIGINT / SIGTERM the launcher received
         self._defer_signals = False  # inside a section that a signal must not cut short
-        self.trace_path: str | None = None
+        self.trace_path = os.path.abspath(options.trace) if options.trace else None
         self.trace_dir: str | None = None
-        self.record_path: str | None = None
+        self.record_path = os.path.abspath(options.record) if options.record else None
         self.record_dir: str | None = None
         self.record_failed = False  # --record: the recording could not be written (the run then fails)
         self.t0 = time.perf_counter_ns()
-        self.stats = False
-        self.dump_dir: str | None = None
-        self.dump = True
+        self.stats = options.stats
+        self.dump_dir = options.dump_dir
+        self.dump = options.dump
         self.dump_path: str | None = None  # the post-mortem dump written, if any
         self.reaper: Reaper | None = None
-        self.check = False  # --check: the ranks log events, the launcher analyses them (udma.check)
-        self.chaos: int | str | None = None  # --chaos SEED
+        self.check = options.check  # --check: the ranks log events, the launcher analyses them (udma.check)
+        self.chaos = options.chaos  # --chaos SEED
         self.check_findings = None  # the analysis' Findings once the ranks ended
         self.check_failed = False  # the analysis itself raised: a clean job must not pass unchecked
-        self.deepep = False  # --deepep: DeepEP's scripts unchanged (launcher.deepep)
+        self.deepep = options.deepep  # --deepep: DeepEP's scripts unchanged (launcher.deepep)
         self.deepep_port: int | None = None  # its torch.distributed rendezvous port
         self._gone: set[int] = set()  # ids of output streams whose reader went away
         self._timed_out = False

@@ -4,7 +4,7 @@
     python scripts/rma_corpus.py --set holdout --runs 3
     python scripts/rma_corpus.py --set tune --only sync/0 --runs 1 -v   # some cases, with their findings
 
-Each case of ``tests/rma_corpus.py`` (the tuning set: the benchmark's conflict, atomic and sync cases ported) and
+Each case of ``tests/rma_cases.py`` (the tuning set: the benchmark's conflict, atomic and sync cases ported) and
 ``tests/rma_holdout.py`` (the hold-out set: cases of the same classes written apart and never tuned against) runs
 under ``--check`` ``--runs`` times. A run's verdict is "race" when ``--check`` reported at least one finding of
 severity error, "safe" when it reported none (warnings do not count), and "error" when the job failed for
@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -34,12 +35,26 @@ PUBLISHED_TEXT = ("MUST-RMA has no SHMEM figures (it checks MPI RMA: on RMARaceB
                   "FP 1, FN 21, precision .98, recall .67)")
 
 
-def run_case(case, directory: str, timeout: float = 60.0) -> tuple[str, list[dict], int, str]:
-    """One ``--check`` run of a case: (verdict, findings, exit status, stderr)."""
+class CaseRun(NamedTuple):
+    """One ``--check`` run of a case: its verdict, the findings (the check's JSON lines), exit status, output."""
+
+    verdict: str  # "race" (an error finding), "safe" (none) or "error" (the job failed otherwise)
+    found: list[dict]
+    code: int
+    out: str
+    err: str
+
+    def report(self) -> str:
+        return f"{self.verdict}, exit {self.code}\n--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}"
+
+
+def run_case(case, directory: str, timeout: float = 60.0) -> CaseRun:
+    """One ``--check`` run of a case, its findings read from the JSON lines the check wrote into ``directory``
+    (and removed from there)."""
     from shmemx.launcher import launch
 
-    err = io.StringIO()
-    code = launch(case.n_pes, case.body, (), check=True, dump_dir=directory, timeout=timeout, stdout=io.StringIO(),
+    out, err = io.StringIO(), io.StringIO()
+    code = launch(case.n_pes, case.body, (), check=True, dump_dir=directory, timeout=timeout, stdout=out,
                   stderr=err)
     found = []
     for path in glob.glob(os.path.join(directory, "shmemx-check-*.jsonl")):
@@ -51,7 +66,7 @@ def run_case(case, directory: str, timeout: float = 60.0) -> tuple[str, list[dic
         verdict = "error"
     else:
         verdict = "race" if errors else "safe"
-    return verdict, found, code, err.getvalue()
+    return CaseRun(verdict, found, code, out.getvalue(), err.getvalue())
 
 
 def signature(found: list[dict]) -> tuple:
@@ -64,13 +79,13 @@ def run_set(cases, runs: int, directory: str, verbose: bool = False) -> list[dic
     for case in cases:
         verdicts, sigs = [], []
         for _ in range(runs):
-            verdict, found, code, err = run_case(case, directory)
-            verdicts.append(verdict)
-            sigs.append(signature(found))
+            run = run_case(case, directory)
+            verdicts.append(run.verdict)
+            sigs.append(signature(run.found))
             if verbose:
-                print(f"  {case.name}: {verdict} (exit {code}) {[f['kind'] for f in found]}")
-                if verdict == "error":
-                    print(err[-2000:])
+                print(f"  {case.name}: {run.verdict} (exit {run.code}) {[f['kind'] for f in run.found]}")
+                if run.verdict == "error":
+                    print(run.err[-2000:])
         rows.append({"case": case, "verdicts": verdicts, "signatures": sigs})
     return rows
 
@@ -126,10 +141,10 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    import rma_corpus
+    import rma_cases
     sets = {}
     if args.set in ("tune", "both"):
-        sets["tuning set (RMARaceBench ported)"] = rma_corpus.CASES
+        sets["tuning set (RMARaceBench ported)"] = rma_cases.CASES
     if args.set in ("holdout", "both"):
         import rma_holdout
         sets["hold-out set"] = rma_holdout.CASES

@@ -1,8 +1,8 @@
-"""The hold-out set: RMARaceBench-style cases written apart from ``rma_corpus`` (the tuning set) and never tuned
+"""The hold-out set: RMARaceBench-style cases written apart from ``rma_cases`` (the tuning set) and never tuned
 against: the same race classes (local buffers of nonblocking calls, remote conflicts, atomics of one or two
 widths, completion and synchronisation) with other shapes, dtypes, QPs, PE counts, AIV blocks and calls (MTE,
 ``aclshmem_ptr``, ``wait_until_any``, the raw queue, generic quiet and fence). Labels follow CANN semantics (see
-``rma_corpus``): only the quiet of a WQE's QP completes it; barriers, ``aclshmem_quiet`` and ``aclshmem_fence``
+``rma_cases``): only the quiet of a WQE's QP completes it; barriers, ``aclshmem_quiet`` and ``aclshmem_fence``
 complete and order no UDMA work; a put_signal's signal orders its own payload only; UDMA atomics are atomic with
 each other per word of one width and race with everything else that touches their bytes unordered.
 """
@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import shmemx
-from rma_corpus import CAS, EQ, FAA, GE, SET, Case, amo_nbi, end, get, lock, put, start, unlock, use
+from rma_cases import CAS, EQ, FAA, GE, SET, Case, amo_nbi, end, get, lock, put, start, unlock, use
 
 FENCED = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 
@@ -25,40 +25,63 @@ def _rows(pe: int, n: int = 16, dtype=np.int64) -> np.ndarray:
 
 # --- local buffers -------------------------------------------------------------------------------------------------
 
-def h01_get_then_peek():
+def _table_scene(body, at: int = 0, n: int = 16, dtype=np.int64) -> None:
+    """Every PE fills a heap ``table`` with its ``_rows``; PE ``at`` runs ``body(table)``: the calls under test."""
     me = start()
-    table = shmemx.array(_rows(me), name="table")
+    table = shmemx.array(_rows(me, n, dtype), name="table")
     shmemx.aclshmem_barrier_all()
-    if me == 0:
-        mine = np.zeros(16, np.int64)
-        shmemx.aclshmemx_udma_get_nbi(mine, table, 16, 1)
-        first = int(mine[3])
-        shmemx.aclshmemx_udma_quiet(1)
+    if me == at:
+        body(table)
     end()
+
+
+def _peek_before_quiet(table):
+    mine = np.zeros(16, np.int64)
+    shmemx.aclshmemx_udma_get_nbi(mine, table, 16, 1)
+    first = int(mine[3])
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _sum_after_quiet(table):
+    mine = np.zeros(16, np.int64)
+    shmemx.aclshmemx_udma_get_nbi(mine, table, 16, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+    assert int(mine.sum()) == int(_rows(1).sum())
+
+
+def _get_half_store_other_half(table):
+    mine = np.zeros(16, np.int64)
+    shmemx.aclshmemx_udma_get_nbi(mine[:8], table[:8], 8, 1)
+    mine[8:] = -1
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _generic_quiet_then_read(table):
+    got = np.zeros(4, np.int32)
+    shmemx.aclshmemx_udma_get_nbi(got, table, 4, 0)
+    shmemx.aclshmem_quiet()  # completes no UDMA work
+    print(got.tolist())
+    shmemx.aclshmemx_udma_quiet(0)
+
+
+def _two_gets(table):
+    a, b = np.zeros(8, np.int64), np.zeros(8, np.int64)
+    shmemx.aclshmemx_udma_get_nbi(a, table[:8], 8, 1)
+    shmemx.aclshmemx_udma_get_nbi(b, table[8:], 8, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+    assert (np.concatenate([a, b]) == _rows(1)).all()
+
+
+def h01_get_then_peek():
+    _table_scene(_peek_before_quiet)
 
 
 def h02_get_quiet_sum():
-    me = start()
-    table = shmemx.array(_rows(me), name="table")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        mine = np.zeros(16, np.int64)
-        shmemx.aclshmemx_udma_get_nbi(mine, table, 16, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-        assert int(mine.sum()) == int(_rows(1).sum())
-    end()
+    _table_scene(_sum_after_quiet)
 
 
 def h03_get_half_store_other_half():
-    me = start()
-    table = shmemx.array(_rows(me), name="table")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        mine = np.zeros(16, np.int64)
-        shmemx.aclshmemx_udma_get_nbi(mine[:8], table[:8], 8, 1)
-        mine[8:] = -1
-        shmemx.aclshmemx_udma_quiet(1)
-    end()
+    _table_scene(_get_half_store_other_half)
 
 
 def _local_put_qp1(quiet: str) -> None:
@@ -89,29 +112,11 @@ def h06_put_src_refilled_after_quiet():
 
 
 def h07_get_generic_quiet_then_read():
-    me = start()
-    table = shmemx.array(_rows(me, 4, np.int32), name="table")
-    shmemx.aclshmem_barrier_all()
-    if me == 1:
-        got = np.zeros(4, np.int32)
-        shmemx.aclshmemx_udma_get_nbi(got, table, 4, 0)
-        shmemx.aclshmem_quiet()  # completes no UDMA work
-        print(got.tolist())
-        shmemx.aclshmemx_udma_quiet(0)
-    end()
+    _table_scene(_generic_quiet_then_read, at=1, n=4, dtype=np.int32)
 
 
 def h08_two_gets_two_buffers():
-    me = start()
-    table = shmemx.array(_rows(me), name="table")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        a, b = np.zeros(8, np.int64), np.zeros(8, np.int64)
-        shmemx.aclshmemx_udma_get_nbi(a, table[:8], 8, 1)
-        shmemx.aclshmemx_udma_get_nbi(b, table[8:], 8, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-        assert (np.concatenate([a, b]) == _rows(1)).all()
-    end()
+    _table_scene(_two_gets)
 
 
 def _signal_ack(ack_after_read: bool) -> None:
@@ -143,28 +148,26 @@ def h10_put_signal_source_reused_after_early_ack():
     _signal_ack(False)
 
 
+def _faa_poll_then_read(counter):
+    old = np.zeros(1, np.uint64)
+    q = amo_nbi(old, counter, 1, FAA, 5)
+    q.poll()
+    assert int(old[0]) == 0
+
+
+def _cas_read_then_poll(word):
+    old = np.full(1, 9, np.uint64)
+    q = amo_nbi(old, word, 1, CAS, 3, 0)
+    seen = old.item()
+    q.poll()
+
+
 def h11_fetch_into_local_after_poll():
-    me = start()
-    counter = shmemx.zeros(1, np.uint64, name="counter")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        old = np.zeros(1, np.uint64)
-        q = amo_nbi(old, counter, 1, FAA, 5)
-        q.poll()
-        assert int(old[0]) == 0
-    end()
+    _word_scene(_faa_poll_then_read, dtype=np.uint64, name="counter")
 
 
 def h12_cas_into_local_read_early():
-    me = start()
-    word = shmemx.zeros(1, np.uint64, name="word")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        old = np.full(1, 9, np.uint64)
-        q = amo_nbi(old, word, 1, CAS, 3, 0)
-        seen = old.item()
-        q.poll()
-    end()
+    _word_scene(_cas_read_then_poll, dtype=np.uint64)
 
 
 def _block_reads(buf, quiet_first: bool, table):
@@ -240,7 +243,9 @@ def h18_two_puts_same_range():
     _two_putters(True)
 
 
-def _signalled(how: str) -> None:
+def _signalled(send) -> None:
+    """PE 0 sends 24 rows and a signal on ``flag`` with ``send(inbox, data, flag, hdr, one)`` (the calls under
+    test), then quiets both QPs; PE 1 waits for the signal and reads the last row."""
     me = start(qps=2)
     inbox = shmemx.zeros(24, np.int64, name="inbox")
     flag = shmemx.zeros(1, np.uint64, name="flag")
@@ -248,17 +253,7 @@ def _signalled(how: str) -> None:
     one = np.ones(1, np.int64)
     if me == 0:
         data = _rows(0, 24)
-        if how == "put_signal":
-            shmemx.aclshmemx_udma_put_signal_nbi(inbox, data, 24, flag, 1, 1)
-        elif how == "signal_op":
-            shmemx.aclshmemx_udma_put_nbi(inbox, data, 24, 1)
-            shmemx.aclshmemx_signal_op(flag, 1, SET, 1)
-        elif how == "other_qp":
-            shmemx.aclshmemx_udma_qp_put_nbi(inbox, data, 24, 1, 1)
-            shmemx.aclshmemx_udma_put_signal_nbi(hdr, one, 1, flag, 1, 1)
-        else:  # fenced signal on the payload's QP
-            shmemx.aclshmemx_udma_put_nbi(inbox, data, 24, 1)
-            shmemx.aclshmemx_udma_put_signal_nbi(hdr, one, 1, flag, 1, 1, config=FENCED)
+        send(inbox, data, flag, hdr, one)
         shmemx.aclshmemx_udma_quiet(1)
         shmemx.aclshmemx_udma_qp_quiet(1, 1)
     else:
@@ -267,29 +262,50 @@ def _signalled(how: str) -> None:
     end()
 
 
+def _put_signal(inbox, data, flag, hdr, one):
+    shmemx.aclshmemx_udma_put_signal_nbi(inbox, data, 24, flag, 1, 1)
+
+
+def _put_then_signal_op(inbox, data, flag, hdr, one):
+    shmemx.aclshmemx_udma_put_nbi(inbox, data, 24, 1)
+    shmemx.aclshmemx_signal_op(flag, 1, SET, 1)
+
+
+def _put_qp1_put_signal_qp0(inbox, data, flag, hdr, one):
+    shmemx.aclshmemx_udma_qp_put_nbi(inbox, data, 24, 1, 1)
+    shmemx.aclshmemx_udma_put_signal_nbi(hdr, one, 1, flag, 1, 1)
+
+
+def _put_then_fenced_put_signal(inbox, data, flag, hdr, one):  # a fenced signal on the payload's QP
+    shmemx.aclshmemx_udma_put_nbi(inbox, data, 24, 1)
+    shmemx.aclshmemx_udma_put_signal_nbi(hdr, one, 1, flag, 1, 1, config=FENCED)
+
+
 def h19_put_signal_then_read():
-    _signalled("put_signal")
+    _signalled(_put_signal)
 
 
 def h20_put_then_signal_op_no_quiet():
-    _signalled("signal_op")
+    _signalled(_put_then_signal_op)
 
 
 def h21_signal_on_other_qp():
-    _signalled("other_qp")
+    _signalled(_put_qp1_put_signal_qp0)
 
 
 def h22_fenced_signal_same_qp():
-    _signalled("fenced")
+    _signalled(_put_then_fenced_put_signal)
 
 
-def _atomic_word(first, second, dtype=np.int64) -> None:
+def _word_scene(first, second=None, dtype=np.int64, n: int = 1, name: str = "word") -> None:
+    """A heap ``word`` (``n`` elements of ``dtype``): PE 0 runs ``first(word)`` and PE 2 ``second(word)``, the
+    calls under test, unordered."""
     me = start()
-    word = shmemx.zeros(2, dtype, name="word")
+    word = shmemx.zeros(n, dtype, name=name)
     shmemx.aclshmem_barrier_all()
     if me == 0:
         first(word)
-    if me == 2:
+    if me == 2 and second is not None:
         second(word)
     end()
 
@@ -308,125 +324,117 @@ def _fetch_add_word(word):
     shmemx.aclshmemx_udma_atomic_fetch_add(word[:1], 2, 1)
 
 
+def _add_int32_half(half: int):
+    """An int32 atomic add on half ``half`` of an int64 word, quieted."""
+    def add(word):
+        shmemx.aclshmemx_udma_atomic_add(word.view(np.int32)[half:half + 1], 1, 1)
+        shmemx.aclshmemx_udma_quiet(1)
+    return add
+
+
+def _add_int64_high(word):
+    shmemx.aclshmemx_udma_atomic_add(word, 1 << 32, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _inc_uint32_view(word):
+    shmemx.aclshmemx_udma_atomic_inc(word.view(np.uint32), 1)
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _fetch_inc(word):
+    shmemx.aclshmemx_udma_atomic_fetch_inc(word, 1)
+
+
+def _put_77(word):
+    put(word, np.full(1, 77, np.uint64), 1)
+
+
+def _inc(word):
+    shmemx.aclshmemx_udma_atomic_inc(word, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _ptr_store(word):
+    shmemx.aclshmem_ptr(word, 1)[0] = 5
+
+
+def _add_1(word):
+    shmemx.aclshmemx_udma_atomic_add(word, 1, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+
+
 def h23_get_vs_atomic_add():
-    _atomic_word(_get_word, _add_word)
+    _word_scene(_get_word, _add_word, n=2)
 
 
 def h24_fetch_add_vs_fetch_add():
-    _atomic_word(_fetch_add_word, _fetch_add_word)
+    _word_scene(_fetch_add_word, _fetch_add_word, n=2)
 
 
-def _add_and_load(ordered: bool) -> None:
+def _write_then_read(write, synced: bool, n: int, dtype, name: str, at: int) -> None:
+    """PE 0 writes PE 1's heap array ``name`` with ``write(array)`` (the calls under test), then, when ``synced``,
+    sets PE 1's ``flag``; PE 1 reads element ``at`` after waiting for the flag, or after a sleep."""
     me = start()
-    word = shmemx.zeros(1, np.int64, name="word")
+    data = shmemx.zeros(n, dtype, name=name)
     flag = shmemx.zeros(1, np.uint64, name="flag")
     shmemx.aclshmem_barrier_all()
     if me == 0:
-        shmemx.aclshmemx_udma_atomic_add(word, 11, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-        if ordered:
+        write(data)
+        if synced:
             shmemx.aclshmemx_signal_op(flag, 1, SET, 1)
     else:
-        if ordered:
+        if synced:
             shmemx.aclshmem_signal_wait_until(flag, EQ, 1)
         else:
             time.sleep(0.02)
-        use(word[0])
+        use(data[at])
     end()
+
+
+def _add_11(word):
+    shmemx.aclshmemx_udma_atomic_add(word, 11, 1)
+    shmemx.aclshmemx_udma_quiet(1)
+
+
+def _mte_put_rows(buf):
+    shmemx.aclshmemx_mte_put_nbi(buf, _rows(0, 8, np.int32), 8, 1)
 
 
 def h25_atomic_add_vs_plain_load():
-    _add_and_load(False)
+    _write_then_read(_add_11, False, 1, np.int64, "word", 0)
 
 
 def h26_atomic_add_then_signal_then_load():
-    _add_and_load(True)
-
-
-def _halves(first_half: int, second_wide: bool) -> None:
-    me = start()
-    word = shmemx.zeros(1, np.int64, name="word")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        shmemx.aclshmemx_udma_atomic_add(word.view(np.int32)[first_half:first_half + 1], 1, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-    if me == 2:
-        if second_wide:
-            shmemx.aclshmemx_udma_atomic_add(word, 1 << 32, 1)
-        else:
-            shmemx.aclshmemx_udma_atomic_add(word.view(np.int32)[1 - first_half:2 - first_half], 1, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-    end()
+    _write_then_read(_add_11, True, 1, np.int64, "word", 0)
 
 
 def h27_int32_high_half_vs_int64():
-    _halves(1, True)
+    _word_scene(_add_int32_half(1), _add_int64_high)
 
 
 def h28_int32_halves_disjoint():
-    _halves(0, False)
+    _word_scene(_add_int32_half(0), _add_int32_half(1))
 
 
 def h29_uint32_inc_vs_int32_fetch_inc():
-    me = start()
-    word = shmemx.zeros(1, np.int32, name="word")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        shmemx.aclshmemx_udma_atomic_inc(word.view(np.uint32), 1)
-        shmemx.aclshmemx_udma_quiet(1)
-    if me == 2:
-        shmemx.aclshmemx_udma_atomic_fetch_inc(word, 1)
-    end()
+    _word_scene(_inc_uint32_view, _fetch_inc, dtype=np.int32)
 
 
 def h30_put_over_atomic_word():
-    me = start()
-    word = shmemx.zeros(1, np.uint64, name="word")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        put(word, np.full(1, 77, np.uint64), 1)
-    if me == 2:
-        shmemx.aclshmemx_udma_atomic_inc(word, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-    end()
+    _word_scene(_put_77, _inc, dtype=np.uint64)
 
 
 def h31_direct_store_vs_atomic():
-    me = start()
-    word = shmemx.zeros(1, np.int64, name="word")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        shmemx.aclshmem_ptr(word, 1)[0] = 5
-    if me == 2:
-        shmemx.aclshmemx_udma_atomic_add(word, 1, 1)
-        shmemx.aclshmemx_udma_quiet(1)
-    end()
-
-
-def _mte(signalled: bool) -> None:
-    me = start()
-    buf = shmemx.zeros(8, np.int32, name="buf")
-    flag = shmemx.zeros(1, np.uint64, name="flag")
-    shmemx.aclshmem_barrier_all()
-    if me == 0:
-        shmemx.aclshmemx_mte_put_nbi(buf, _rows(0, 8, np.int32), 8, 1)
-        if signalled:
-            shmemx.aclshmemx_signal_op(flag, 1, SET, 1)
-    else:
-        if signalled:
-            shmemx.aclshmem_signal_wait_until(flag, EQ, 1)
-        else:
-            time.sleep(0.02)
-        use(buf[5])
-    end()
+    _word_scene(_ptr_store, _add_1)
 
 
 def h32_mte_put_unsynchronized_read():
-    _mte(False)
+    _write_then_read(_mte_put_rows, False, 8, np.int32, "buf", 5)
 
 
 def h33_mte_put_signal_then_read():
-    _mte(True)
+    _write_then_read(_mte_put_rows, True, 8, np.int32, "buf", 5)
 
 
 # --- completion and synchronisation -----------------------------------------------------------------------------------

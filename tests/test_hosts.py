@@ -90,6 +90,22 @@ def test_uneven_hosts_and_host_list_parse():
         parse_hosts("a:3,b:2", None, 4)
 
 
+def test_run_hosts_takes_launchs_options():
+    """run_hosts takes launch's RunOptions and keywords (one list); what it cannot do is refused before a start."""
+    from shmemx.launcher import RunOptions
+    from shmemx.launcher.hosts import _host_flags, parse_hosts, run_hosts
+
+    hosts, names = parse_hosts("2", None, 4)
+    with pytest.raises(ValueError, match="--deepep runs on one host"):
+        run_hosts(4, hosts, names, "x.py", (), RunOptions(deepep=True))
+    with pytest.raises(TypeError, match="run_hosts\\(\\) got an unexpected keyword argument 'hostfile'"):
+        run_hosts(4, hosts, names, "x.py", hostfile="h")
+    flags = _host_flags(RunOptions(heap_size="16M", timeout=5.0, tag_output=False, dump=False, check=True,
+                                   chaos=7, module=True))
+    assert flags == ["--heap-size", "16M", "--timeout", "5.0", "--no-tag-output", "--no-dump", "--check",
+                     "--chaos", "7", "-m"]
+
+
 def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
     """kill -9 of one host's launcher: every rank of every host gone and no segment left within 5 s (shmemx's, and
     MPI's own), and the front names the host."""

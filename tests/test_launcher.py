@@ -48,6 +48,22 @@ def test_launch_rejects_bad_arguments():
             launch(bad, _hello)
     with pytest.raises(ValueError, match="timeout must be positive"):
         launch(1, _hello, timeout=0)
+    with pytest.raises(TypeError, match="launch\\(\\) got an unexpected keyword argument 'heapsize'"):
+        launch(1, _hello, heapsize="64M")
+    with pytest.raises(TypeError, match="options must be a RunOptions"):
+        launch(1, _hello, (), {"timeout": 5})
+
+
+def test_run_options_object_and_overrides(run_ok):
+    """``launch(n, f, args, RunOptions(...))`` runs with those options; a keyword overrides its field only."""
+    from shmemx.launcher import RunOptions
+
+    options = RunOptions(tag_output=False, heap_size="64M")
+    result = run_ok(2, _hello, options=options)
+    assert sorted(result.out.splitlines()) == ["hello from pe 0 of 2", "hello from pe 1 of 2"]
+    result = run_ok(2, _hello, options=options, tag_output=True)
+    assert sorted(result.out.splitlines()) == ["[pe 0] hello from pe 0 of 2", "[pe 1] hello from pe 1 of 2"]
+    assert options.tag_output is False  # frozen: an override makes a new record
 
 
 # --- failure injection -------------------------------------------------------------------------------------

@@ -4,48 +4,44 @@ prints the table)."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
+import sys
 
 import pytest
 
-import rma_corpus
+import rma_cases
 import rma_holdout
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import rma_corpus  # noqa: E402  (scripts/rma_corpus.py: one run of a case and its verdict)
 
 JOB_TIMEOUT = 60
 
 
-def _verdict(run_job, tmp_path, case) -> tuple[str, tuple, list[str]]:
+def _verdict(tmp_path, case) -> tuple[str, tuple, list[str]]:
     """(race / safe / error, the (kind, allocation) of its error findings, its ``shmemx check:`` lines)."""
-    result = run_job(case.n_pes, case.body, check=True, dump_dir=str(tmp_path), timeout=JOB_TIMEOUT)
-    found = []
-    for path in glob.glob(os.path.join(tmp_path, "shmemx-check-*.jsonl")):
-        with open(path) as f:
-            found += [json.loads(line) for line in f]
-        os.unlink(path)
-    errors = [f for f in found if f["severity"] == "error"]
-    lines = [line for line in result.err.splitlines() if line.startswith("shmemx check:")]
-    if result.code not in (0, 3):
-        return "error", (), [result.report()]
-    assert (result.code == 3) == bool(errors), result.report()
-    return ("race" if errors else "safe"), tuple(sorted({(f["kind"], f["allocation"] or "") for f in errors})), lines
+    run = rma_corpus.run_case(case, str(tmp_path), JOB_TIMEOUT)
+    if run.verdict == "error":
+        return "error", (), [run.report()]
+    lines = [line for line in run.err.splitlines() if line.startswith("shmemx check:")]
+    assert (run.code == 3) == any(f["severity"] == "error" for f in run.found), run.report()
+    return run.verdict, rma_corpus.signature(run.found), lines
 
 
-@pytest.mark.parametrize("case", rma_corpus.CASES, ids=[c.name for c in rma_corpus.CASES])
-def test_tuning_case_gets_its_label(case, run_job, tmp_path, no_leak):
-    verdict, _, lines = _verdict(run_job, tmp_path, case)
+@pytest.mark.parametrize("case", rma_cases.CASES, ids=[c.name for c in rma_cases.CASES])
+def test_tuning_case_gets_its_label(case, tmp_path, no_leak):
+    verdict, _, lines = _verdict(tmp_path, case)
     assert verdict == case.label, lines
     for line in lines:  # every finding in today's form: kind, both sides with file:line, why, fix
         if "warning:" not in line:
             assert " | why: " in line and " | fix: " in line and ".py:" in line, line
 
 
-def test_holdout_meets_the_bars(run_job, tmp_path, no_leak):
+def test_holdout_meets_the_bars(tmp_path, no_leak):
     tp = fp = fn = 0
     wrong = []
     for case in rma_holdout.CASES:
-        verdict, _, lines = _verdict(run_job, tmp_path, case)
+        verdict, _, lines = _verdict(tmp_path, case)
         tp += verdict == "race" == case.label
         fp += verdict != "safe" and case.label == "safe"
         fn += verdict != "race" and case.label == "race"
@@ -54,18 +50,18 @@ def test_holdout_meets_the_bars(run_job, tmp_path, no_leak):
     assert tp / max(tp + fp, 1) >= 0.98 and tp / max(tp + fn, 1) >= 0.94, wrong
 
 
-def test_local_access_names_array_wqe_and_line(run_job, tmp_path, no_leak):
+def test_local_access_names_array_wqe_and_line(tmp_path, no_leak):
     """A get into a local array read before its quiet: the finding names the variable, the WQE (pe, qp, BB) and
     the line of the read."""
     import inspect
 
-    case = next(c for c in rma_corpus.CASES if c.name.startswith("conflict/004"))
-    src, first = inspect.getsourcelines(rma_corpus.conflict_004)
+    case = next(c for c in rma_cases.CASES if c.name.startswith("conflict/004"))
+    src, first = inspect.getsourcelines(rma_cases.conflict_004)
     read = first + next(i for i, line in enumerate(src) if "use(localbuf[0])" in line)
-    verdict, sig, lines = _verdict(run_job, tmp_path, case)
+    verdict, sig, lines = _verdict(tmp_path, case)
     assert sig == (("get-before-quiet", ""),), lines
     line = lines[0]
-    assert "local array 'localbuf'" in line and f"rma_corpus.py:{read} reads" in line, line
+    assert "local array 'localbuf'" in line and f"rma_cases.py:{read} reads" in line, line
     assert "READ to pe 1 qp 0 at BB 0" in line, line
 
 
@@ -75,19 +71,19 @@ _TIMING = ("conflict/006", "conflict/018", "conflict/019", "conflict/037", "conf
            "conflict/011", "atomic/007", "sync/013", "sync/014", "sync/018")
 
 
-def _stable(run_job, tmp_path, case, runs: int) -> None:
-    seen = {_verdict(run_job, tmp_path, case)[:2] for _ in range(runs)}
+def _stable(tmp_path, case, runs: int) -> None:
+    seen = {_verdict(tmp_path, case)[:2] for _ in range(runs)}
     assert len(seen) == 1, (case.name, seen)
 
 
 @pytest.mark.parametrize("name", _TIMING)
-def test_verdict_is_the_same_in_10_runs(name, run_job, tmp_path, no_leak):
-    case = next(c for c in rma_corpus.CASES + rma_holdout.CASES if c.name.startswith(name))
-    _stable(run_job, tmp_path, case, 10)
+def test_verdict_is_the_same_in_10_runs(name, tmp_path, no_leak):
+    case = next(c for c in rma_cases.CASES + rma_holdout.CASES if c.name.startswith(name))
+    _stable(tmp_path, case, 10)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", rma_corpus.CASES + rma_holdout.CASES,
-                         ids=[c.name for c in rma_corpus.CASES + rma_holdout.CASES])
-def test_every_case_same_verdict_in_10_runs(case, run_job, tmp_path, no_leak):
-    _stable(run_job, tmp_path, case, 10)
+@pytest.mark.parametrize("case", rma_cases.CASES + rma_holdout.CASES,
+                         ids=[c.name for c in rma_cases.CASES + rma_holdout.CASES])
+def test_every_case_same_verdict_in_10_runs(case, tmp_path, no_leak):
+    _stable(tmp_path, case, 10)

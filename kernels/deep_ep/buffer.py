@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -40,11 +41,12 @@ from .event import EventHandle, EventOverlap
 from .handles import InternodeHandle, IntranodeHandle, LowLatencyHandle
 from .intranode import Intranode
 from .kernel_times import record, timed
-from .tensors import Converter, to_numpy
+from .tensors import Converter, TensorLike, to_numpy
 
 __all__ = ["Buffer", "SERVER_SIZE_ENV"]
 
 SERVER_SIZE_ENV = "SHMEMX_SERVER_SIZE"
+NormalHandle = IntranodeHandle | InternodeHandle  # a normal-mode dispatch's handle (the job's kind)
 _HEAP_MARGIN = 64 << 20  # heap bytes beyond the two buffers: small allocations of the job and the kernels
 _MAX_QPS = 32
 
@@ -106,10 +108,11 @@ class Buffer:
 
     num_sms: int = 20
 
-    def __init__(self, group=None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
-                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
-                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False, comm=None,
-                 *, use_fabric: bool = False, server_size: int | None = None, num_channels: int | None = None):
+    def __init__(self, group: Any = None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Any = None, *,
+                 use_fabric: bool = False, server_size: int | None = None, num_channels: int | None = None):
         self.num_nvl_bytes = _check_bytes("num_nvl_bytes", num_nvl_bytes)
         self.num_rdma_bytes = _check_bytes("num_rdma_bytes", num_rdma_bytes)
         if isinstance(num_qps_per_rank, bool) or not isinstance(num_qps_per_rank, (int, np.integer)) \
@@ -233,11 +236,12 @@ class Buffer:
     def get_combine_config(num_ranks: int) -> Config:
         return _config.combine_config(num_ranks, Buffer.num_sms)
 
-    def get_comm_stream(self):
+    def get_comm_stream(self) -> None:
         """None: there are no streams; every call completes before it returns."""
         return None
 
-    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+    def get_local_buffer_tensor(self, dtype: Any, size: tuple[int, ...] | None = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> TensorLike:
         """The raw communication buffer of this rank as a 1-D tensor of ``dtype`` from element ``offset`` on (a view
         of the symmetric heap), or its first ``size`` elements shaped ``size``; ``use_rdma_buffer``: the
         ``num_rdma_bytes`` buffer instead of the ``num_nvl_bytes`` one. Kind: a torch tensor for a torch dtype,
@@ -283,8 +287,8 @@ class Buffer:
 
     # --- normal mode -------------------------------------------------------------------------------------------
 
-    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None, async_finish: bool = False,
-                            allocate_on_comm_stream: bool = False):
+    def get_dispatch_layout(self, topk_idx: TensorLike, num_experts: int, previous_event: EventOverlap | None = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False) -> tuple:
         """Where each token goes (local).
 
         Args:
@@ -321,13 +325,15 @@ class Buffer:
                 self._normal = Internode(self.rank, self.group_size, self.server_size, self.num_nvl_bytes,
                                          self.num_rdma_bytes, self.num_channels)
             else:
-                self._normal = Intranode(self.num_nvl_bytes, self.num_channels, team=self.team)
+                self._normal = Intranode(self.num_nvl_bytes, self.num_channels, peers=self.peers)
         return self._normal
 
-    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
-                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
-                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Config | None = None,
-                 previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+    def dispatch(self, x: TensorLike | tuple, handle: NormalHandle | None = None,
+                 num_tokens_per_rank: TensorLike = None, num_tokens_per_rdma_rank: TensorLike = None,
+                 is_token_in_rank: TensorLike = None, num_tokens_per_expert: TensorLike = None,
+                 topk_idx: TensorLike = None, topk_weights: TensorLike = None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config: Config | None = None, previous_event: EventOverlap | None = None,
+                 async_finish: bool = False, allocate_on_comm_stream: bool = False) -> tuple:
         """Send each token to the ranks of its experts (collective), intranode or internode.
 
         Args:
@@ -372,8 +378,10 @@ class Buffer:
         return (conv.out(recv_x), conv.out(recv_idx), conv.out(recv_w), counts,
                 type(new_handle)(*conv.out(tuple(new_handle))), event)
 
-    def combine(self, x, handle, topk_weights=None, bias=None, config: Config | None = None, previous_event=None,
-                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+    def combine(self, x: TensorLike, handle: NormalHandle, topk_weights: TensorLike = None,
+                bias: TensorLike | tuple = None, config: Config | None = None,
+                previous_event: EventOverlap | None = None, async_finish: bool = False,
+                allocate_on_comm_stream: bool = False) -> tuple:
         """Send every received row back to its token and sum there, without weights (collective).
 
         Args:
@@ -408,13 +416,13 @@ class Buffer:
             seconds -= times["notify"]
         record(kernel, max(seconds, 0.0))
 
-    def internode_dispatch(self, *args, **kwargs):
+    def internode_dispatch(self, *args: Any, **kwargs: Any) -> tuple:
         """DeepEP's internode entry point (``dispatch`` picks it when the job spans servers)."""
         if self.num_rdma_ranks == 1:
             raise ValueError(f"pe {self.rank}: internode_dispatch: this job is one server of {self.server_size}")
         return self.dispatch(*args, **kwargs)
 
-    def internode_combine(self, *args, **kwargs):
+    def internode_combine(self, *args: Any, **kwargs: Any) -> tuple:
         if self.num_rdma_ranks == 1:
             raise ValueError(f"pe {self.rank}: internode_combine: this job is one server of {self.server_size}")
         return self.combine(*args, **kwargs)
@@ -448,10 +456,10 @@ class Buffer:
         self._check_alive()
         self._ll_engine().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
-    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
-                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
-                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
-                             async_finish: bool = False, return_recv_hook: bool = False):
+    def low_latency_dispatch(self, x: TensorLike, topk_idx: TensorLike, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: TensorLike = None,
+                             dispatch_wait_recv_cost_stats: TensorLike = None, use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False) -> tuple:
         """DeepEP's low-latency dispatch (collective); see ``low_latency.LowLatency.dispatch``.
 
         Returns:
@@ -474,9 +482,10 @@ class Buffer:
         handle = LowLatencyHandle(*conv.out(tuple(handle[:2])), *handle[2:])
         return conv.out(recv_x), conv.out(recv_count), handle, EventOverlap(EventHandle()), hook
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
-                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
-                            out=None, combine_wait_recv_cost_stats=None):
+    def low_latency_combine(self, x: TensorLike, topk_idx: TensorLike, topk_weights: TensorLike,
+                            handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False, out: TensorLike = None,
+                            combine_wait_recv_cost_stats: TensorLike = None) -> tuple:
         """DeepEP's low-latency combine (collective, weighted); see ``low_latency.LowLatency.combine``.
 
         Returns:
@@ -511,7 +520,7 @@ class Buffer:
                              f"{self.group_size - 1}")
         self._mask[int(rank_to_mask)] = int(bool(mask))
 
-    def low_latency_query_mask_buffer(self, mask_status) -> None:
+    def low_latency_query_mask_buffer(self, mask_status: TensorLike) -> None:
         """Write the mask of every rank (1 = masked: it missed a shrink-mode deadline, or was masked by hand) into
         ``mask_status [num_ranks] int32`` (in place)."""
         self._check_shrink("low_latency_query_mask_buffer")
@@ -526,7 +535,7 @@ class Buffer:
         self._check_shrink("low_latency_clean_mask_buffer")
         self._mask[...] = 0
 
-    def get_next_low_latency_combine_buffer(self, handle):
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> TensorLike:
         """The send buffer of the next ``low_latency_combine`` (``[E_loc, P * N_max, H] bfloat16``, a view of the
         symmetric heap): fill it and pass ``zero_copy=True`` to skip the copy."""
         self._check_alive()

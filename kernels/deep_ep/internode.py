@@ -42,6 +42,7 @@ import numpy as np
 
 import shmemx
 from shmemx.kernels.moe.lanes import Lanes
+from shmemx.kernels.moe.peers import Peers
 from shmemx.kernels.moe.routing import channel_bounds, channel_counts
 from shmemx.kernels.moe.workspace import WorkspaceLayout
 
@@ -218,7 +219,7 @@ class Internode:
         for name in ("sync", "rdma_signal", "rdma_combine_signal", "barrier", "credits", "nvl_signal",
                      "nvl_combine_signal"):
             self.views[name][...] = 0
-        self.lanes = Lanes(self.block, self.me, self.n_pes, self.rdma_qps)
+        self.lanes = Lanes(self.block, Peers.of(), self.rdma_qps)
         self.tiers = Tiers(self.me, self.n_pes, self.server_size, self.views, self.rdma_qps)
         self.rows = RowLayout(hidden, key[1])
         self.packed = self.rows  # this dispatch's rows (float8: packed, ``RowLayout.packed``)

@@ -14,6 +14,7 @@ import numpy as np
 
 import shmemx
 from shmemx.kernels import moe
+from shmemx.kernels.moe.peers import Peers
 from shmemx.kernels.moe.records import DispatchHandle
 from shmemx.kernels.moe.workspace import plan_workspace
 
@@ -40,11 +41,12 @@ class Intranode:
     Args:
         budget: ``num_nvl_bytes``: the most heap bytes the workspace may take.
         num_channels: channels (AIV blocks) of the kernels; None: ``moe.Buffer``'s default.
+        peers: the Buffer's team (``moe.peers.Peers``; None: the world): the moe.Buffer runs among its PEs.
     """
 
-    def __init__(self, budget: int, num_channels: int | None = None, team: int | None = None):
+    def __init__(self, budget: int, num_channels: int | None = None, peers: Peers | None = None):
         self.budget = budget
-        self.team = team  # the Buffer's team (None: the world): the moe.Buffer runs among its PEs
+        self.peers = Peers.of() if peers is None else peers
         self.num_channels = num_channels
         self.moe: moe.Buffer | None = None
         self.key: tuple | None = None
@@ -62,10 +64,10 @@ class Intranode:
         if key == old and num_tokens <= self.moe.max_tokens:
             return self.moe
         self.close()
-        n_pes = shmemx.n_pes() if self.team is None else shmemx.aclshmem_team_n_pes(self.team)
-        kwargs = {} if self.num_channels is None else {"num_channels": self.num_channels}
-        if self.team is not None:
-            kwargs["team"] = self.team
+        n_pes = self.peers.n_pes
+        kwargs = {"team": self.peers.team}
+        if self.num_channels is not None:
+            kwargs["num_channels"] = self.num_channels
         defaults = moe.Config()
         channels = kwargs.get("num_channels", defaults.num_channels)
         qps = moe.POLICY_QPS[defaults.qp_policy]

@@ -50,6 +50,7 @@ import numpy as np
 
 import shmemx
 from shmemx.kernels.moe.lanes import Lanes
+from shmemx.kernels.moe.peers import Peers
 from shmemx.kernels.moe.workspace import WorkspaceLayout
 
 from .handles import LowLatencyHandle
@@ -212,7 +213,7 @@ class LowLatency:
         for name in ("signal0", "signal1", "credits"):
             self.views[name][...] = 0
         local = num_experts // self.n_pes
-        self.lanes = Lanes(self.block, self.me, self.n_pes, max(1, min(local, shmemx.qp_num())))
+        self.lanes = Lanes(self.block, Peers.of(), max(1, min(local, shmemx.qp_num())))
         self.shape, self.seq, self.pending, self.unquieted = shape, 0, {}, {}
         self._barrier()  # every rank zeroed its signals before anyone posts
 

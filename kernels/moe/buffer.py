@@ -177,8 +177,7 @@ class Buffer:
         self.views["combine_x"][-1] = 0
         self.views["combine_weights"][-1] = 0
         try:
-            self.lanes = Lanes(self._block, self.me, self.n_pes, self.qp_num, self.views, self.offsets,
-                               pes=self.peers.pes)
+            self.lanes = Lanes(self._block, self.peers, self.qp_num, self.views, self.offsets)
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise

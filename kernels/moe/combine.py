@@ -235,5 +235,5 @@ def give_credits(a: CombineArgs, peers: Iterable[int], timer: BlockTimer) -> Non
     """The returned rows of ``peers`` were reduced: their regions here may be written again."""
     word = a.views["credits"][1, a.me, 0:1]  # one view: the signal call finds it in its cache after the first
     for r in peers:
-        shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.pe(r))
+        shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.peers.pe(r))
         timer.count("credit_writes")

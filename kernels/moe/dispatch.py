@@ -288,7 +288,7 @@ def give_credit(a: DispatchArgs, s: int, timer: BlockTimer) -> None:
     this): the region is shared, and where a source's rows land depends on the call (the counts of the lower
     ranks, the row size), so s's next rows may land where another block is still copying another source's rows."""
     if s != a.me and (a.out is None or a.out.credit):
-        shmemx.aclshmemx_signal_op(a.views["credits"][0, a.me, 0:1], a.seq, SET, a.lanes.pe(s))
+        shmemx.aclshmemx_signal_op(a.views["credits"][0, a.me, 0:1], a.seq, SET, a.lanes.peers.pe(s))
         timer.count("credit_writes")
 
 
@@ -300,7 +300,7 @@ def give_credits(a: DispatchArgs, sources: Iterable[int], timer: BlockTimer) -> 
     word = a.views["credits"][0, a.me, 0:1]
     for s in sources:
         if s != a.me:
-            shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.pe(s))
+            shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.peers.pe(s))
             timer.count("credit_writes")
 
 

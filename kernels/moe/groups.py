@@ -149,7 +149,8 @@ def _give_round_credit(a, w: Waves, kind: int, g: int, lane: int, timer) -> None
     if g + 1 < w.gmap.rounds:
         src = w.gmap.incoming(a.me, g + 1, lane)
         i = _credit_word(w, int(w.gmap.position_of[a.me]), g + 1)
-        shmemx.aclshmemx_signal_op(a.views["round_credits"][kind, i:i + 1], w.token(a.seq, g + 1), SET, a.lanes.pe(src))
+        shmemx.aclshmemx_signal_op(a.views["round_credits"][kind, i:i + 1], w.token(a.seq, g + 1), SET,
+                                   a.lanes.peers.pe(src))
         timer.count("credit_writes")
 
 

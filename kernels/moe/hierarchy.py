@@ -233,7 +233,7 @@ def _forward(a, h: HierSpec, src: int, toks: np.ndarray, masks: np.ndarray, rows
             if d == me:
                 dst[...] = data.reshape(dst.shape)
             else:
-                shmemx.aclshmemx_mte_put_nbi(dst, data.reshape(dst.shape), dst.size, a.lanes.pe(d))
+                shmemx.aclshmemx_mte_put_nbi(dst, data.reshape(dst.shape), dst.size, a.lanes.peers.pe(d))
         if d != me:
             timer.count("mte_copies", len(parts))
             a.stats.peer_hidden_bytes[d] += n * rb
@@ -358,7 +358,7 @@ def _rows_to_relays(a, h: HierSpec, b: int, timer, t: float) -> float:
             if r == me:
                 dst[...] = data
             else:
-                shmemx.aclshmemx_mte_put_nbi(dst, np.ascontiguousarray(data), dst.size, a.lanes.pe(r))
+                shmemx.aclshmemx_mte_put_nbi(dst, np.ascontiguousarray(data), dst.size, a.lanes.peers.pe(r))
         if r != me:
             timer.count("mte_copies", len(parts))
             a.stats.peer_hidden_bytes[r] += n * a.xb.shape[1]

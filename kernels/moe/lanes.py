@@ -22,6 +22,7 @@ import numpy as np
 import shmemx
 
 from .measure import BlockTimer, CallStats
+from .peers import Peers
 from .schedule import Plan
 from .workspace import RECORD_WORD, SIGNAL_WORDS
 
@@ -48,17 +49,18 @@ class Lanes:
 
     Args:
         block: this PE's workspace (the uint8 heap allocation).
-        me, n_pes: this PE and P.
+        peers: the team the lanes join (``peers.Peers``): ``me`` and P are team ranks, ``peers.pe(s)`` the global
+            PE of peer ``s`` (the argument of every call that reaches it).
         qp_num: QPs per peer the buffer may use.
         views, offsets: the workspace's regions (typed views of this PE's copy) and their byte offsets.
     """
 
-    def __init__(self, block: np.ndarray, me: int, n_pes: int, qp_num: int, views: dict | None = None,
-                 offsets: dict | None = None, pes: np.ndarray | None = None):
+    def __init__(self, block: np.ndarray, peers: Peers, qp_num: int, views: dict | None = None,
+                 offsets: dict | None = None):
         self.views, self.offsets = views, offsets
-        self.pes = np.arange(n_pes) if pes is None else np.asarray(pes)  # team rank -> global PE (peers.Peers)
-        self.me = me
-        self.n_pes = n_pes
+        self.peers = peers
+        self.me = me = peers.me
+        self.n_pes = n_pes = peers.n_pes
         self.qp_num = qp_num
         self.block = block
         self.queues: dict[tuple[int, int], shmemx.RawQueue] = {}
@@ -67,7 +69,7 @@ class Lanes:
                 continue
             for q in range(qp_num):
                 try:
-                    self.queues[peer, q] = shmemx.aclshmemx_udma_raw_queue(self.pe(peer), q)
+                    self.queues[peer, q] = shmemx.aclshmemx_udma_raw_queue(peers.pe(peer), q)
                 except ValueError as exc:
                     raise ValueError(f"pe {me}: moe.Buffer(qp_num={qp_num}) needs {qp_num} QPs per peer: call "
                                      f"shmemx.aclshmemx_set_qp_num(shmemx.ACLSHMEM_DATA_OP_UDMA, {qp_num}) "
@@ -215,12 +217,8 @@ class Lanes:
         stats.lane_wqes[peers, qps] += w + closes
         stats.lane_bytes[peers, qps] += nbytes + 32 * closes
 
-    def pe(self, peer: int) -> int:
-        """The global PE of team rank ``peer`` (the argument of every call that reaches a peer)."""
-        return int(self.pes[peer])
-
     def quiet(self, peer: int, qp: int) -> None:
-        shmemx.aclshmemx_udma_qp_quiet(self.pe(peer), qp)
+        shmemx.aclshmemx_udma_qp_quiet(self.peers.pe(peer), qp)
 
     def end_round(self, posted: list[tuple[int, int]], timer: BlockTimer, t: float, last: bool = False) -> float:
         """The end of a block's round: quiet every (peer, qp) it posted to (which releases the lane to the block

@@ -122,8 +122,9 @@ def aclshmemx_sdma_quiet(*, buf: np.ndarray | None = None, ub_size: int | None =
         return (f"pe {rt.my_pe}: aclshmemx_sdma_quiet in block {block}: {ch.done} of {target} SDMA SQEs of its "
                 f"channel done")
 
-    block_until(rt, lambda: ch.done >= target, Wait(WaitCall.SDMA_QUIET, pe=rt.my_pe, qp=block, target=target),
-                describe, sleep=Sleep.wake(rt.my_pe), spin=0)
+    block_until(rt, lambda: ch.done >= target,
+                Wait(WaitCall.SDMA_QUIET, pe=rt.my_pe, qp=block, target=target, describe=describe),
+                sleep=Sleep.wake(rt.my_pe), spin=0)
     if ch.error is not None:
         err, ch.error = ch.error, None
         raise err

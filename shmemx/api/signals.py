@@ -26,7 +26,7 @@ import numpy as np
 from ..runtime import Runtime, runtime
 from ..shm import atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
-from ..shm.waits import WORD_KINDS, Sleep, Wait, block_on_word, block_on_words, block_until
+from ..shm.waits import PATIENCE, WORD_KINDS, Patience, Sleep, Wait, block_on_word, block_on_words, block_until
 from ..udma.events import Watched
 from ..udma.layout import Opcode
 from ..udma.rings import Api
@@ -280,9 +280,8 @@ def _wait_word(call: WaitCall, name: str, ivar, cmp, value) -> int:
     v = w.words[w.idx]
     if not _OPS[cmp](v, target):
         v = block_on_word(rt, rt.heap.segments[w.pe].addr + w.offset, w.kind, cmp, _raw(w, target),
-                          Wait(call, pe=w.pe, offset=w.offset, cmp=cmp, value=_raw(w, target) & _U64,
-                               dtype=w.dtype_str),
-                          lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}"))
+                          Wait(call, w.pe, w.offset, cmp, _raw(w, target) & _U64, w.dtype_str,
+                               describe=lambda: _describe_word(rt, name, w, f"{CMP_SYMBOLS[cmp]} {target}")))
     if ev is not None:  # an acquire: recorded after the word met the condition
         ev.wait(Watched(call, w.pe, w.offset, w.dtype.itemsize, 1, w.dtype, cmp, _raw(w, target)), _raw(w, v),
                 t0=t0)
@@ -373,8 +372,8 @@ class _Words:
         if not (call == WaitCall.WAIT_UNTIL_ALL and self.native_block(rt, call, timeout)):
             value = raw_bits(self.ivars.dtype, self.values) if np.ndim(self.values) == 0 else 0
             wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=value & _U64,
-                        dtype=self.ivars.dtype.str.encode(), count=len(self.ivars))
-            block_until(rt, ready, wait, lambda: self.describe(rt), sleep=Sleep.wake(self.pe), timeout=timeout)
+                        dtype=self.ivars.dtype.str.encode(), count=len(self.ivars), describe=lambda: self.describe(rt))
+            block_until(rt, ready, wait, sleep=Sleep.wake(self.pe), timeout=timeout)
         if rt.chaos is not None:
             rt.chaos.jitter()
         return t0
@@ -395,10 +394,10 @@ class _Words:
             return True
         target = raw_bits(ivars.dtype, self.values)
         wait = Wait(call, pe=self.pe, offset=self.offset, cmp=self.cmp, value=target & _U64,
-                    dtype=ivars.dtype.str.encode(), count=len(ivars))
+                    dtype=ivars.dtype.str.encode(), count=len(ivars), describe=lambda: self.describe(rt))
         block_on_words(rt, rt.heap.segments[self.pe].addr + self.offset, max(stride, 1),
-                       self.active.astype(np.uint8).tobytes(), kind, self.cmp, target, wait,
-                       lambda: self.describe(rt), ready, timeout=timeout)
+                       self.active.astype(np.uint8).tobytes(), kind, self.cmp, target, wait, ready,
+                       patience=PATIENCE if timeout is None else Patience(timeout=timeout))
         return True
 
     def event(self, rt, call: WaitCall, met, result: int, *, test: bool = False, t0: int = 0) -> None:

@@ -213,10 +213,11 @@ def aclrtWaitAndResetNotify(notify: Notify, stream: aclrtStream | None = None, t
 
     def wait() -> None:
         rt = runtime()
-        block_until(rt, lambda: notify.recorded > 0, Wait(WaitCall.STREAM_SYNC, pe=rt.my_pe, qp=notify.block),
-                    lambda: f"pe {rt.my_pe}: aclrtWaitAndResetNotify: the notify of block {notify.block} was not "
-                            f"recorded", sleep=Sleep.wake(rt.my_pe), timeout=timeout / 1000 if timeout else None,
-                    spin=0)
+        wait = Wait(WaitCall.STREAM_SYNC, pe=rt.my_pe, qp=notify.block,
+                    describe=lambda: f"pe {rt.my_pe}: aclrtWaitAndResetNotify: the notify of block {notify.block} "
+                                     f"was not recorded")
+        block_until(rt, lambda: notify.recorded > 0, wait, sleep=Sleep.wake(rt.my_pe),
+                    timeout=timeout / 1000 if timeout else None, spin=0)
         notify.recorded = 0
 
     _stream(stream)._queue(f"aclrtWaitAndResetNotify(block {notify.block})", wait)

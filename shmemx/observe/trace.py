@@ -42,6 +42,7 @@ import array
 import json
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -144,7 +145,8 @@ class Tracer:
         self.spans.append((start, end, block, "wait", WaitCall(call).name.lower(),
                            (pe, offset, cmp, value, f"<{kind}{size}", count)))
 
-    def write(self, pe: int, qp_num: int, describe_offset=None, log: Log | None = None) -> str:
+    def write(self, pe: int, qp_num: int, describe_offset: Callable[[int, int], str] | None = None,
+              log: Log | None = None) -> str:
         """Write this PE's events (from its event log ``log`` and the engine's records) to
         ``<out_dir>/pe<pe>.json`` (comma-separated event objects); returns the path."""
         if log is not None:
@@ -162,7 +164,7 @@ class Tracer:
 class _Export:
     """Expands one PE's records into trace-event JSON lines."""
 
-    def __init__(self, tracer: Tracer, pe: int, qp_num: int, describe_offset):
+    def __init__(self, tracer: Tracer, pe: int, qp_num: int, describe_offset: Callable[[int, int], str] | None):
         self.tr = tracer
         self.pe = pe
         self.pid = pe + 1

@@ -23,7 +23,7 @@ blocks of a PE meet first, then one of them joins the PE barrier.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from . import atomics
 from .control import BARRIER_CALLS, WaitCall
@@ -98,7 +98,7 @@ def _barrier(rt, call: WaitCall, timeout: float | None) -> None:
                 f"{'has' if len(missing) == 1 else 'have'} not arrived")
 
     _meet(rt, ctl.header_addr("barrier_count"), ctl.header_addr("barrier_gen"), rt.n_pes,
-          Wait(call, target=number), describe, timeout)
+          Wait(call, target=number, describe=describe), timeout)
 
 
 def team_barrier(rt: Any, team: TeamShape, call: WaitCall = WaitCall.TEAM_BARRIER, what: str = "aclshmem_barrier",
@@ -129,7 +129,7 @@ def team_barrier(rt: Any, team: TeamShape, call: WaitCall = WaitCall.TEAM_BARRIE
                     f"{'has' if len(missing) == 1 else 'have'} not arrived")
 
         _meet(rt, ctl.team_addr(team.slot, "count"), ctl.team_addr(team.slot, "gen"), team.size,
-              Wait(call, pe=-1, offset=team.slot, target=number), describe, timeout)
+              Wait(call, pe=-1, offset=team.slot, target=number, describe=describe), timeout)
         if ev is not None:
             ev.barrier(key, call, False, shape)
     finally:
@@ -139,8 +139,7 @@ def team_barrier(rt: Any, team: TeamShape, call: WaitCall = WaitCall.TEAM_BARRIE
             rt.chaos.barrier_exit(key, team.size)
 
 
-def _meet(rt, count_addr: int, gen_addr: int, size: int, wait: Wait, describe: Callable[[], str],
-          timeout: float | None) -> None:
+def _meet(rt, count_addr: int, gen_addr: int, size: int, wait: Wait, timeout: float | None) -> None:
     """The counter barrier of ``size`` arrivals on the counter at ``count_addr`` and the generation (futex) word
     at ``gen_addr``, both words of the control segment."""
     gen_word = rt.word_view(gen_addr)
@@ -151,7 +150,7 @@ def _meet(rt, count_addr: int, gen_addr: int, size: int, wait: Wait, describe: C
         atomics.fetch_add_u32(gen_addr, 1)  # locked: the reset above is visible before the new generation
         futex_wake(gen_addr)
         return
-    block_until(rt, lambda: gen_word[0] != gen, wait, describe, sleep=Sleep.word(gen_addr), timeout=timeout)
+    block_until(rt, lambda: gen_word[0] != gen, wait, sleep=Sleep.word(gen_addr), timeout=timeout)
 
 
 def _pe_list(pes: list[int]) -> str:

@@ -43,16 +43,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from . import atomics
-from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_CALLS, WAIT_DTYPE, JobState, WaitCall
+from .control import HEADER_DTYPE, MAX_WAIT_SLOTS, WAIT_CALLS, WAIT_DTYPE, Control, JobState, WaitCall
 from ..errors import PeerFailedError, WaitTimeoutError
 from . import _native
 from .futex import futex_wait
 
-__all__ = ["Wait", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words", "thread_slot",
-           "set_thread_slot", "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
+__all__ = ["Wait", "Patience", "PATIENCE", "Sleep", "WaitState", "block_until", "block_on_word", "block_on_words",
+           "thread_slot", "set_thread_slot", "ENGINE_SLOT", "WORD_KINDS", "CMP_MASKED"]
 
 ENGINE_SLOT = MAX_WAIT_SLOTS - 1
 # Plain-store sleeper counting relies on the interpreter lock; a free-threaded build counts every waiter atomically
@@ -110,9 +110,10 @@ def doze_per_word(pes: int, cores: int, doze_us: str | None = None) -> float:
     return DOZE if pes > cores else 0.0
 
 
-@dataclass(frozen=True)
-class Wait:
-    """What a thread's wait slot records while it waits (``WAIT_DTYPE`` but ``since``, which the wait stamps).
+class Wait(NamedTuple):
+    """A wait's description: what the thread's wait slot records while it waits (``WAIT_DTYPE`` but ``since``,
+    which the wait stamps) and what a timeout or abort says. (A named tuple, not a frozen dataclass: one is made
+    for every wait that blocks, and it builds in a third of the time.)
 
     Attributes:
         call: the blocking call.
@@ -121,6 +122,7 @@ class Wait:
             raw 64 bits; ``dtype`` numpy's string of the word, e.g. ``b"<i4"``).
         target: a quiet's CQE count, a barrier's number.
         qp: a quiet's QP.
+        describe: builds the wait's description for a timeout or abort ("pe 3: signal_wait_until on ...").
     """
 
     call: WaitCall
@@ -132,10 +134,30 @@ class Wait:
     count: int = 1
     target: int = 0
     qp: int = -1
+    describe: Callable[[], str] = lambda: "a wait"
 
-    def trace_args(self) -> tuple:
-        """The wait's fields as the trace records them (``Tracer.wait``)."""
-        return self.pe, self.offset, self.cmp, self.value, self.dtype.decode(), self.count
+
+@dataclass(frozen=True)
+class Patience:
+    """How a word wait (``block_on_word`` / ``block_on_words``) waits, apart from what it waits for; made once
+    per kind of wait (``PATIENCE``, a queue's quiet), never per wait.
+
+    Attributes:
+        spin: seconds to spin before sleeping; None: the runtime's grace (``rt.spin``, 0 when ranks outnumber
+            cores).
+        adaptive: whether the spin obeys ``WaitState.spin_factor`` (a quiet's does not: how long its engine
+            takes depends on the bytes it posted, not on how the last waits went).
+        sleep_pe: whose wake word the wait sleeps on; None: the waited PE's (``Wait.pe``).
+        timeout: seconds before ``WaitTimeoutError``; None: the runtime's wait timeout.
+    """
+
+    spin: float | None = None
+    adaptive: bool = True
+    sleep_pe: int | None = None
+    timeout: float | None = None
+
+
+PATIENCE = Patience()  # a wait_until's: the runtime's grace, adaptive, on the waited PE's wake word
 
 
 @dataclass(frozen=True)
@@ -159,7 +181,7 @@ class Sleep:
 class WaitState:
     """One process's state of its waits: where its wait slots are and the spin heuristic (``rt.wait_state``)."""
 
-    def __init__(self, ctl, my_pe: int):
+    def __init__(self, ctl: Control, my_pe: int):
         self.slots_offset = ctl.pe_addr(my_pe, "waits") - ctl.segment.addr  # byte offset in the control segment
         self.spin_misses = 0  # spins in a row that ended asleep (a lost update between threads does no harm)
 
@@ -190,28 +212,27 @@ def set_thread_slot(slot: int) -> None:
     _tls.slot = slot
 
 
-def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[], str], *, sleep: Sleep | None = None,
+def block_until(rt: Any, pred: Callable[[], bool], wait: Wait, *, sleep: Sleep | None = None,
                 timeout: float | None = None, spin: float | None = None) -> None:
     """Return once ``pred()`` is true; record ``wait`` in the thread's slot while blocked.
 
     Args:
         rt: the runtime (its control segment, PE, wait state, spin/timeout settings and recorders).
         pred: the condition; cheap and side-effect free, called many times.
-        wait: what the slot records.
-        describe: builds the wait's description for the timeout error ("pe 3: signal_wait_until on ...").
+        wait: what the slot records, and the description a timeout or abort gives (``wait.describe()``).
         sleep: the futex word to sleep on; default this PE's wake word.
         timeout: seconds; default the runtime's wait timeout.
         spin: seconds to poll before sleeping; default the runtime's (0 when ranks outnumber cores). Waits for
             this PE's own engine pass 0: a spinning thread holds the GIL the engine needs.
 
     Raises:
-        WaitTimeoutError: the deadline passed; the message is ``describe()`` plus the elapsed time.
+        WaitTimeoutError: the deadline passed; the message is ``wait.describe()`` plus the elapsed time.
         PeerFailedError: the launcher aborted the job while this thread waited.
     """
     if pred():
         return
     started = time.perf_counter_ns()
-    if _spin_until(rt, pred, rt.spin if spin is None else spin):
+    if _spin_until(rt, pred, rt.spin if spin is None else spin, True):
         _account(rt, wait, started, thread_slot())
         return
     ctl = rt.ctl
@@ -233,7 +254,7 @@ def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[],
             seen = words[word_idx]
             if pred():
                 return
-            _sleep(rt, word_addr, seen, start, deadline, describe)
+            _sleep(rt, word_addr, seen, start, deadline, wait.describe)
     finally:
         if count is not None:
             count.add(-1)
@@ -241,8 +262,8 @@ def block_until(rt, pred: Callable[[], bool], wait: Wait, describe: Callable[[],
         _account(rt, wait, started, slot_idx)
 
 
-def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, describe: Callable[[], str], *,
-                  mask: int = 0, sleep_pe: int | None = None, spin: float | None = None, adaptive: bool = True) -> int:
+def block_on_word(rt: Any, addr: int, kind: int, cmp: int, target: int, wait: Wait, *, mask: int = 0,
+                  patience: Patience = PATIENCE) -> int:
     """``block_until`` for one word of shared memory, without the interpreter lock while it spins or sleeps;
     returns the value that met the comparison.
 
@@ -255,15 +276,13 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
         addr: the word's address in this process; ``kind``: ``WORD_KINDS`` of its dtype.
         cmp, target: ACLSHMEM_CMP_EQ..LE (0..5) and the value compared against, or ``CMP_MASKED`` (6):
             ``word & mask == target``.
-        wait: what the slot records; the wait sleeps on the wake word of ``sleep_pe`` (default ``wait.pe``).
-        describe: builds the description for a timeout or abort message.
-        spin: seconds to spin first; default the runtime's (0 when ranks outnumber cores).
-        adaptive: whether the spin obeys ``WaitState.spin_factor`` (a quiet's does not: how long its engine takes
-            depends on the bytes it posted, not on how the last waits went).
+        wait: what the slot records and a timeout or abort says.
+        patience: how long it spins, whose wake word it sleeps on, its deadline (``Patience``).
     """
     started = time.perf_counter_ns()
     state = rt.wait_state
-    spin = rt.spin if spin is None else spin
+    spin = rt.spin if patience.spin is None else patience.spin
+    adaptive = patience.adaptive
     if spin > 0 and adaptive:
         spin *= state.spin_factor()
     if spin > 0:
@@ -275,14 +294,13 @@ def block_on_word(rt, addr: int, kind: int, cmp: int, target: int, wait: Wait, d
             return v
         if adaptive:
             state.spin_misses += 1
-    return _sleep_native(rt, wait, describe, started, sleep_pe,
+    return _sleep_native(rt, wait, started, patience,
                          lambda wake, count, remote, left, state: _native.sleep(
                              addr, kind, cmp, target, mask, wake, count, remote, left, state, _ABORTING, _BACKSTOP))
 
 
-def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
-                   describe: Callable[[], str], pred: Callable[[], bool], *, sleep_pe: int | None = None,
-                   timeout: float | None = None) -> None:
+def block_on_words(rt: Any, addr: int, stride: int, active: bytes, kind: int, cmp: int, target: int, wait: Wait,
+                   pred: Callable[[], bool], *, patience: Patience = PATIENCE) -> None:
     """``block_on_word`` for a set of words that must all meet one comparison (wait_until_all): the words at
     ``addr + i * stride`` whose byte ``active[i]`` is non-zero.
 
@@ -294,30 +312,29 @@ def block_on_words(rt, addr: int, stride: int, active: bytes, kind: int, cmp: in
     of being woken by each of the P writes (a wait for 7 peers' signals does not doze: at 8 PEs on 2 cores a
     doze's wake-up waits for a core as long as a futex wake-up does, and dozing measured slower there)."""
     started = time.perf_counter_ns()
-    if _spin_until(rt, pred, rt.spin):
+    if _spin_until(rt, pred, rt.spin if patience.spin is None else patience.spin, patience.adaptive):
         _add_wait_time(rt, _tls.slot, started)
         return
     doze_ns = int(rt.doze * 1e9)
-    _sleep_native(rt, wait, describe, started, sleep_pe,
+    _sleep_native(rt, wait, started, patience,
                   lambda wake, count, remote, left, state: _native.sleep_all(
                       addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
-                      _BACKSTOP, doze_ns), timeout=timeout)
+                      _BACKSTOP, doze_ns))
 
 
-def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sleep_pe: int | None, sleep, *,
-                  timeout: float | None = None):
+def _sleep_native(rt, wait: Wait, started: int, patience: Patience, sleep):
     """The sleeping part of ``block_on_word`` / ``block_on_words``: record the wait in this thread's slot, then
     call ``sleep(wake word, sleeper count, remote, seconds left, state word)`` (one of the native sleeps, which
     returns (0, value) when met, (1, _) at its deadline or backstop, (2, _) on an abort) until it is met, the
-    job's timeout (or ``timeout`` seconds) passes or the job aborts; returns the value."""
+    job's timeout (or ``patience.timeout`` seconds) passes or the job aborts; returns the value."""
     ctl = rt.ctl
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)
-    pe = wait.pe if sleep_pe is None else sleep_pe
+    pe = wait.pe if patience.sleep_pe is None else patience.sleep_pe
     own = pe == rt.my_pe and _PLAIN_SLEEPERS
     count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
     start = time.monotonic()
-    deadline = start + (rt.timeout if timeout is None else timeout)
+    deadline = start + (rt.timeout if patience.timeout is None else patience.timeout)
     try:
         while True:
             code, v = sleep(ctl.wake_addrs[pe], count_addr, not own, deadline - time.monotonic(), _state_addr(ctl))
@@ -325,10 +342,10 @@ def _sleep_native(rt, wait: Wait, describe: Callable[[], str], started: int, sle
                 return v
             now = time.monotonic()
             if code == 1 and now >= deadline:
-                raise WaitTimeoutError(f"{describe()} (waited {now - start:.1f} s)")
+                raise WaitTimeoutError(f"{wait.describe()} (waited {now - start:.1f} s)")
             if code == 2:
                 failed = int(ctl.header["failed_pe"])
-                raise PeerFailedError(f"pe {rt.my_pe}: {describe()}: aborted because pe {failed} failed")
+                raise PeerFailedError(f"pe {rt.my_pe}: {wait.describe()}: aborted because pe {failed} failed")
     finally:
         ctl.words[call_idx] = 0  # WaitCall.NONE
         _add_wait_time(rt, slot_idx, started)
@@ -338,18 +355,22 @@ def _state_addr(ctl) -> int:
     return ctl.segment.addr + 4 * _STATE_IDX
 
 
-def _spin_until(rt, pred: Callable[[], bool], spin: float) -> bool:
-    """Poll ``pred`` for up to ``spin`` seconds times ``WaitState.spin_factor``; True when met."""
+def _spin_until(rt, pred: Callable[[], bool], spin: float, adaptive: bool) -> bool:
+    """Poll ``pred`` for up to ``spin`` seconds (times ``WaitState.spin_factor`` when ``adaptive``); True when
+    met."""
     state = rt.wait_state
-    spin *= state.spin_factor() if spin > 0 else 0.0
+    if spin > 0 and adaptive:
+        spin *= state.spin_factor()
     if spin <= 0:
         return False
     spin_end = time.perf_counter() + spin
     while time.perf_counter() < spin_end:
         if pred():
-            state.spin_misses = 0
+            if adaptive:
+                state.spin_misses = 0
             return True
-    state.spin_misses += 1
+    if adaptive:
+        state.spin_misses += 1
     return False
 
 

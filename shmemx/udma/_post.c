@@ -288,13 +288,17 @@ static void check_pins(Poster *p, uint32_t q, uint32_t tail, int64_t ts, long sl
     }
 }
 
-/* Tell --check's watch (Checker.in_flight / retired) of a local array in flight or retired: the interpreter lock
- * is held (every caller posts or quiets under it); an exception in the hook is reported, never raised here. */
-static void watch_call(PyObject *hook, uint32_t q, uint32_t a, uint64_t b, uint64_t c) {
-    PyObject *r = c ? PyObject_CallFunction(hook, "IIKK", q, a, (unsigned long long)b, (unsigned long long)c)
-                    : PyObject_CallFunction(hook, "II", q, a);
+/* The result ``r`` of a call of one of --check's hooks (set_watch): the interpreter lock is held (every caller
+ * posts or quiets under it); an exception in the hook is reported, never raised here. */
+static void watch_done(PyObject *hook, PyObject *r) {
     if (!r) PyErr_WriteUnraisable(hook);
     Py_XDECREF(r);
+}
+
+/* Tell --check's watch (Checker.in_flight / retired) of a local array in flight or retired. */
+static void watch_call(PyObject *hook, uint32_t q, uint32_t a, uint64_t b, uint64_t c) {
+    watch_done(hook, c ? PyObject_CallFunction(hook, "IIKK", q, a, (unsigned long long)b, (unsigned long long)c)
+                       : PyObject_CallFunction(hook, "II", q, a));
 }
 
 /* One WQE of queue q at BB ``pos`` (``w``: its bytes, two BBs unwrapped): its POST record, its pin, its value. */
@@ -360,11 +364,8 @@ static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int6
 
 /* The events of ``bbs`` BBs of queue q from ``head``, written and about to be doorbelled with ``cqes`` CQEs. */
 static void emit_posted(Poster *p, uint32_t q, uint32_t head, uint32_t bbs, long api, long slot, long cqes) {
-    if (p->on_post) { /* while the call's arguments (heap views derived for it) are still alive */
-        PyObject *r = PyObject_CallNoArgs(p->on_post);
-        if (!r) PyErr_WriteUnraisable(p->on_post);
-        Py_XDECREF(r);
-    }
+    if (p->on_post) /* while the call's arguments (heap views derived for it) are still alive */
+        watch_done(p->on_post, PyObject_CallNoArgs(p->on_post));
     Engine *e = p->engine;
     const Layout *L = &e->L;
     Events *ev = p->ev;

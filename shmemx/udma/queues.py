@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import CompletionError, ShmemError, SubmitterError
 from ..shm.control import WaitCall
-from ..shm.waits import CMP_MASKED, WORD_KINDS, Wait, block_on_word, thread_slot
+from ..shm.waits import CMP_MASKED, WORD_KINDS, Patience, Wait, block_on_word, thread_slot
 from .describe import format_cqe, format_wqe
 from .layout import (C_ENTRY_IDX, C_STATUS, DW0, DW1, M32, NOTIFY_WQE, OWNER_SHIFT, RW_WQE, CqeStatus, Opcode, cqe_owner,
                      decode_cqe, decode_wqe, pack_wqe, tp_word, wqe_length)
@@ -48,6 +48,8 @@ _now = time.perf_counter_ns
 # A quiet spins this many times a wait's spin (waits.grace_period: 0 when PEs outnumber cores) before it sleeps:
 # the engine is executing its WQEs meanwhile, and a 1 MiB copy alone takes ~60 us here
 QUIET_SPIN_FACTOR = 20
+_U32_KIND = WORD_KINDS["<u4"]
+_OWNER_MASK = 1 << OWNER_SHIFT
 
 
 def _state_word(k: int, doc: str) -> property:
@@ -93,6 +95,8 @@ class QueuePair:
         self._i_sidecar = (seg.sidecar_offset + 4 * i * seg.sq_depth) // 4
         self._i_cq = (seg.cq_offset + i * seg.cq_bytes) // 4  # word 0 of CQ slot 0
         self._cq_addr = seg.segment.addr + seg.cq_offset + i * seg.cq_bytes
+        # a quiet spins QUIET_SPIN_FACTOR graces whatever the last waits did, then sleeps on this PE's wake word
+        self._quiet_patience = Patience(spin=QUIET_SPIN_FACTOR * udma.rt.spin, adaptive=False, sleep_pe=self.my_pe)
         rmi = seg.remote_mem_info[i]
         self.tpn = int(rmi["tpn"])
         self.tid = int(rmi["tid"])
@@ -406,11 +410,11 @@ class QueuePair:
         spins or sleeps (on this PE's wake word, which the engine bumps after writing CQEs)."""
         last = (t + min((target - t) & M32, self.cq_depth) - 1) & M32
         rt = self.udma.rt
-        block_on_word(rt, self._cq_addr + 64 * (last % self.cq_depth), WORD_KINDS["<u4"], CMP_MASKED,
+        block_on_word(rt, self._cq_addr + 64 * (last % self.cq_depth), _U32_KIND, CMP_MASKED,
                       cqe_owner(last, self.cq_depth) << OWNER_SHIFT,
-                      Wait(call, pe=self.peer, qp=self.qp_idx, target=target),
-                      lambda: self._describe_wait(what, target), mask=1 << OWNER_SHIFT, sleep_pe=self.my_pe,
-                      spin=QUIET_SPIN_FACTOR * rt.spin, adaptive=False)
+                      Wait(call, pe=self.peer, qp=self.qp_idx, target=target,
+                           describe=lambda: self._describe_wait(what, target)),
+                      mask=_OWNER_MASK, patience=self._quiet_patience)
 
     def _consume(self, t: int, k: int) -> bytes | None:
         """Take the ``k`` written CQEs from position ``t``: restore the SQ tail from the last one's entry_idx;

@@ -280,7 +280,7 @@ class LocalWatch:
 def _is_api(value) -> bool:
     """Whether a variable holds one of shmemx's API functions (a line calling it is not an access: its events
     model what it does)."""
-    return callable(value) and getattr(value, "__name__", "").startswith("aclshmem") and not isinstance(value, np.ndarray)
+    return callable(value) and getattr(value, "__name__", "").startswith("aclshmem")
 
 
 def _select(arr: np.ndarray, key) -> np.ndarray:
