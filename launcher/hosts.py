@@ -90,13 +90,13 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
                          "mapped (drop --hosts; test_internode.py runs as 2 nodes x 8 ranks on one host)")
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
     trace, record = (os.path.abspath(p) if p else None for p in (o.trace, o.record))
-    # hydra would SIGKILL every host's launcher once one dies, leaving no word of which; the NICs find a dead host
-    # themselves (heartbeats) and every launcher then stops its PEs, names the host and removes its segments
+    # without -disable-auto-cleanup hydra would SIGKILL every process of the job once a host launcher exits with
+    # an error; the NICs find a dead host themselves and every launcher stops its PEs, names the host and cleans up
     cmd = [_mpiexec(), "-disable-auto-cleanup", "-n", str(hosts.n_hosts)]
     if names:
         cmd += ["-hosts", ",".join(names), "-ppn", "1"]
     cmd += [sys.executable, "-m", "shmemx.launcher.hosts", "--job", job, "--counts",
-            ",".join(map(str, hosts.counts))]
+            ",".join(map(str, hosts.counts)), "--front", f"{socket.gethostname()}:{os.getpid()}"]
     cmd += _host_flags(o)
     parts = None
     if trace or record or o.check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
@@ -352,7 +352,7 @@ def mpi_versions() -> str:
     return f"mpi4py {mpi4py.__version__}, {lib}, MPI {'.'.join(map(str, MPI.Get_version()))}"
 
 
-def _become_launcher(host: int) -> None:
+def _become_launcher(host: int, front: str = "") -> None:
     """Split the process mpiexec started into the host's agent (which stays mpiexec's child) and the host's
     launcher (its child, which returns from here).
 
@@ -361,21 +361,25 @@ def _become_launcher(host: int) -> None:
     launcher killed by a signal is the agent's child: the agent reports it to the front (``GONE``) and exits
     with a status, so hydra leaves the other hosts alone; they stop their PEs and clean up themselves once they
     find the host silent (``Nic.check_heard``). The launcher dies with its agent (a SIGTERM it handles: it stops
-    its PEs and removes its segments), so ending mpiexec, or the front command with it, still ends every host.
+    its PEs and removes its segments), so ending mpiexec, or the front command with it, still ends every host; an
+    agent on the front's node (``front`` = node:pid) also watches the front itself and ends its launcher the same
+    way when the front is gone, whatever mpiexec does.
     """
     agent = os.getpid()
     pid = os.fork()
     if pid:
-        os._exit(_agent(pid, host))
+        node, _, front_pid = front.rpartition(":")
+        os._exit(_agent(pid, host, int(front_pid) if node == socket.gethostname() and front_pid.isdigit() else 0))
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice of a dead process: handled once the NIC runs
     _die_with_parent()
     if os.getppid() != agent:  # the agent died before the death signal was set
         os._exit(1)
 
 
-def _agent(pid: int, host: int) -> int:
-    """The host agent's life: forward signals to the launcher ``pid``, wait for it, and report a launcher that
-    died of a signal to the front; the launcher's exit status (128 + n for signal n), as an exit status."""
+def _agent(pid: int, host: int, front: int = 0) -> int:
+    """The host agent's life: forward signals to the launcher ``pid``, wait for it (and for the front command
+    ``front``, a pid of this node or 0: its end is passed on as a SIGTERM), and report a launcher that died of a
+    signal to the front; the launcher's exit status (128 + n for signal n), as an exit status."""
     fd = os.environ.get("PMI_FD", "")
     if fd.isdigit():  # the PMI connection is the launcher's alone: it closes when the launcher dies
         try:
@@ -392,6 +396,7 @@ def _agent(pid: int, host: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):  # SIGUSR1: hydra's notice that a
         signal.signal(sig, forward)  # process of the job ended, for the launcher's NIC (Nic.notice)
     _die_with_parent()  # mpiexec's proxy gone: the launcher is told by a SIGTERM (forwarded), and ends the job
+    _watch_front(pid, front)
     _, status = os.waitpid(pid, 0)
     if not os.WIFSIGNALED(status):
         return os.waitstatus_to_exitcode(status)
@@ -404,11 +409,36 @@ def _agent(pid: int, host: int) -> int:
     return 128 + sig
 
 
+def _watch_front(pid: int, front: int) -> None:
+    """Until the launcher ``pid`` ends: if the front command ``front`` (0: not on this node) ends first, send the
+    launcher a SIGTERM (once)."""
+    import select
+
+    try:
+        fds = {os.pidfd_open(pid): "launcher"}
+    except (OSError, AttributeError):  # (no pidfds: the parent-death signals alone)
+        return
+    try:
+        if front:
+            fds[os.pidfd_open(front)] = "front"
+    except ProcessLookupError:  # gone already
+        os.kill(pid, signal.SIGTERM)
+    while "launcher" in fds.values():
+        for fd in select.select(list(fds), [], [])[0]:
+            if fds.pop(fd) == "front":
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            os.close(fd)
+
+
 def host_main(argv=None) -> int:
     """One host's launcher (started by mpiexec: the host index is the MPI rank from the environment)."""
     p = argparse.ArgumentParser(prog="python -m shmemx.launcher.hosts")
     p.add_argument("--job", required=True)
     p.add_argument("--counts", required=True)
+    p.add_argument("--front", default="")  # node:pid of the front command
     p.add_argument("--heap-size", default=None)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--no-tag-output", action="store_true")
@@ -426,7 +456,7 @@ def host_main(argv=None) -> int:
     a = p.parse_args(argv)
     index = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     hosts = HostMap([int(c) for c in a.counts.split(",")], index)
-    _become_launcher(index)
+    _become_launcher(index, a.front)
     from .job import Job
 
     print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)

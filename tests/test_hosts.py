@@ -153,6 +153,57 @@ def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
             proc.kill()
 
 
+def test_killed_front_ends_every_host(tmp_path):
+    """kill -9 of the front command (``shmemx run``): mpiexec gets a SIGTERM (its parent-death signal), each host's
+    agent passes it to its launcher, which stops its PEs and removes its segments; nothing of the job is left
+    within 5 s (mpiexec and its proxy, agents, launchers, reapers, ranks, segments)."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
+                      "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
+                      "    time.sleep(0.02)\n")
+    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "120", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        while ready < 4:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            ready += "ready" in line
+        jobs = [j for j in list_jobs() if str(script) in j["script"]]
+        base = jobs[0]["job"].rsplit(".h", 1)[0]
+        job_pids = _descendants(proc.pid)
+        assert len(job_pids) >= 1 + 1 + 2 * (1 + 1 + 1 + 2), job_pids  # mpiexec, proxy, per host agent, launcher,
+        start = time.monotonic()  # reaper, 2 ranks
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        while time.monotonic() - start < 5 and (any(_alive(p) for p in job_pids) or _segments(base)):
+            time.sleep(0.05)
+        assert not [p for p in job_pids if _alive(p)], f"alive {time.monotonic() - start:.1f} s after the kill"
+        assert not _segments(base), _segments(base)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first found through /proc's ppid fields)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
