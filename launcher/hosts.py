@@ -19,6 +19,7 @@ removes its segments (its reaper does when the launcher itself was killed).
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 import re
@@ -80,8 +81,8 @@ def _mpiexec() -> str:
 def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args: Sequence = (),
               options: RunOptions | None = None, *, job_id: str | None = None, **overrides) -> int:
     """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's). ``options`` and
-    ``overrides`` are ``launch``'s (``RunOptions``); ``stats`` is not merged across hosts yet (ignored), and
-    ``deepep`` is refused (ValueError)."""
+    ``overrides`` are ``launch``'s (``RunOptions``); ``deepep`` is refused (ValueError). ``stats``: one table of
+    every PE's counters, whatever host it is on, after the job."""
     import secrets
 
     o = RunOptions.of(options, overrides, "run_hosts")
@@ -99,7 +100,8 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
             ",".join(map(str, hosts.counts)), "--front", f"{socket.gethostname()}:{os.getpid()}"]
     cmd += _host_flags(o)
     parts = None
-    if trace or record or o.check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
+    if trace or record or o.check or o.stats:  # the hosts' trace / recording parts, event logs and counters meet
+        # here (a shared directory)
         parts = tempfile.mkdtemp(prefix=f"shmemx_{job}_parts_", dir=os.environ.get("SHMEMX_PARTS_DIR"))
         cmd += ["--parts", parts, "--t0", str(time.perf_counter_ns())]
         cmd += ["--trace"] if trace else []
@@ -116,7 +118,7 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         code = front.follow(proc)
         code = 128 - code if code < 0 else code
         if parts is not None:
-            code = _gather(parts, n, job, target, trace, record, o.check, o.heap_size, code)
+            code = _gather(parts, n, job, target, o, code)
     finally:
         if parts is not None:
             shutil.rmtree(parts, ignore_errors=True)
@@ -133,6 +135,7 @@ def _host_flags(o: RunOptions) -> list[str]:
     flags += ["--dump-dir", o.dump_dir] if o.dump_dir else []
     flags += [] if o.dump else ["--no-dump"]
     flags += ["--check"] if o.check else []
+    flags += ["--stats"] if o.stats else []
     chaos = o.chaos
     if chaos == "random":  # one seed for every host (each host's launcher would draw its own)
         chaos = secrets.randbelow(1 << 32)
@@ -154,11 +157,15 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def _gather(parts: str, n: int, job: str, target: str, trace, record, check, heap_size, code: int) -> int:
-    """After every host ended: one trace, one recording, one --check analysis of every host's event logs."""
+def _gather(parts: str, n: int, job: str, target: str, o: RunOptions, code: int) -> int:
+    """After every host ended: one trace, one recording, one --check analysis of every host's event logs, one
+    table of every host's counters (--stats)."""
     from shmemx.observe import record as recording
     from shmemx.observe.trace import merge_parts
 
+    trace, record = (os.path.abspath(p) if p else None for p in (o.trace, o.record))
+    if o.stats:
+        _stats(os.path.join(parts, "stats"), n, job)
     meta = {"job": job, "n_pes": n, "script": target, "hosts": True}
     if trace:
         missing = merge_parts(trace, os.path.join(parts, "trace"), n, meta)
@@ -171,9 +178,20 @@ def _gather(parts: str, n: int, job: str, target: str, trace, record, check, hea
              f"{os.path.relpath(record)} --topology ascend950")
         if missing and code == 0:
             code = 1
-    if check:
-        code = _check(os.path.join(parts, "events"), n, heap_size, code)
+    if o.check:
+        code = _check(os.path.join(parts, "events"), n, o.heap_size, code)
     return code
+
+
+def _stats(directory: str, n: int, job: str) -> None:
+    """--stats over hosts: every host's counters (``JobStats.save``) in one table, as within one host."""
+    from shmemx.observe.counters import JobStats
+
+    paths = sorted(glob.glob(os.path.join(directory, "host*.npz")))
+    stats = JobStats.merge(paths, n)
+    _say(f"counters of job {job} ({n} PEs over {len(paths)} hosts):")
+    sys.stderr.write(stats.table() + "\n")
+    sys.stderr.flush()
 
 
 def _check(directory: str, n: int, heap_size, code: int) -> int:
@@ -293,7 +311,17 @@ class HostPart:
 
     def export(self, job) -> None:
         """This host's inspection goes to the front: the trace and recording parts are in its directories; the
-        event logs (--check) are copied there from this host's segments."""
+        event logs (--check) are copied there from this host's segments, and its PEs' counters (--stats) saved
+        there."""
+        if job.stats and self.parts:
+            from shmemx.observe.counters import JobStats
+
+            os.makedirs(os.path.join(self.parts, "stats"), exist_ok=True)
+            try:
+                JobStats.read(job.job_id, self.hosts.n_pes).save(
+                    os.path.join(self.parts, "stats", f"host{self.hosts.index}.npz"), self.hosts.pes())
+            except (OSError, ValueError) as exc:
+                job._message(f"could not read this host's counters: {exc}")
         if job.check and self.parts:
             out = os.path.join(self.parts, "events")
             os.makedirs(out, exist_ok=True)
@@ -445,6 +473,7 @@ def host_main(argv=None) -> int:
     p.add_argument("--dump-dir", default=None)
     p.add_argument("--no-dump", action="store_true")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--stats", action="store_true")
     p.add_argument("--chaos", default=None)
     p.add_argument("--parts", default=None)
     p.add_argument("--t0", type=int, default=None)
@@ -461,7 +490,7 @@ def host_main(argv=None) -> int:
 
     print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)
     options = RunOptions(module=a.module, heap_size=a.heap_size, timeout=a.timeout, tag_output=not a.no_tag_output,
-                         dump_dir=a.dump_dir, dump=not a.no_dump, check=a.check, chaos=a.chaos)
+                         dump_dir=a.dump_dir, dump=not a.no_dump, check=a.check, chaos=a.chaos, stats=a.stats)
     job = Job(hosts.n_pes, a.target, a.args, options)
     job.job_id = host_job_id(a.job, index)
     job.pes = hosts.pes()

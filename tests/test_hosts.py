@@ -79,6 +79,43 @@ def test_cam_8_pes_over_2_hosts_and_its_demo():
     assert proc.returncode == 0 and proc.stdout.count("PASS: pe") == 8, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+def test_ps_groups_a_jobs_hosts_and_stats_merge_them(tmp_path):
+    """`shmemx ps` lists a job of 2 hosts as one job with its two host parts under it; `--stats` prints one table
+    with every PE's counters, whatever host it ran on."""
+    go = tmp_path / "go"
+    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--stats", "--timeout", "120",
+                                      str(HERE / "ps_stats.py"), str(go)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        while ready < 4:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            ready += "ready" in line
+        job = next(j for j in list_jobs() if "ps_stats.py" in j["script"] and str(go) in j["script"])["base"]
+        listing = subprocess.run(SHMEMX + ["ps"], capture_output=True, text=True, timeout=60).stdout
+        go.write_text("")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    lines = listing.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(job))
+    assert lines[at].split()[:2] == [job, "4"] and "2 hosts" in lines[at] and "4 ready" in lines[at], listing
+    assert [line.split()[:2] for line in lines[at + 1:at + 3]] == [["h0", "0..1"], ["h1", "2..3"]], listing
+    assert sum(line.startswith(job) for line in lines) == 1, listing  # (no line of its own per host part)
+    head = err.index(f"counters of job {job} (4 PEs over 2 hosts):")
+    table = err[head:].splitlines()[1:]
+    cols = table[0].split()
+    rows = {r.split()[0]: r.split() for r in table[1:5]}
+    assert sorted(rows) == ["0", "1", "2", "3"], err[head:]
+    for pe in "0123":  # at least the 7 puts of 8 KiB to the other host, counted on every host
+        assert int(rows[pe][cols.index("wqes_posted")].replace(",", "")) >= 7, err[head:]
+        assert int(rows[pe][cols.index("bytes_posted")].replace(",", "")) >= 7 * 8192, err[head:]
+    assert "no counters from" not in err[head:], err[head:]
+
+
 def test_uneven_hosts_and_host_list_parse():
     from shmemx.launcher.hosts import parse_hosts
 

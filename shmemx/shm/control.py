@@ -135,7 +135,11 @@ HEADER_DTYPE = np.dtype(
         ("job_id", "S32"),
         ("script", "S256"),
         ("team_uids", "<u4"),  # the last job-wide team id handed out (shm.teams; ACLSHMEM_TEAM_WORLD's is 1)
-        ("_pad0", "V116"),
+        ("n_hosts", "<u4"),  # a job of several hosts (shm.hosts): how many, and this segment's host: its index,
+        ("host", "<u4"),  # its first PE and its number of PEs (1, 0, 0, n_pes for a job of one host)
+        ("host_first_pe", "<u4"),
+        ("host_pes", "<u4"),
+        ("_pad0", "V100"),
         *_line("barrier_count"),
         *_line("barrier_gen"),
     ]
@@ -266,10 +270,13 @@ class Control:
     # --- creation / attachment -----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, job_id: str, n_pes: int, *, heap_size: int, timeout: float, script: str = "") -> "Control":
+    def create(cls, job_id: str, n_pes: int, *, heap_size: int, timeout: float, script: str = "",
+               host: tuple[int, int, int, int] | None = None) -> "Control":
+        """A new control segment; ``host`` = (hosts, this host, its first PE, its PEs) in a job of several hosts."""
         seg = Segment(segment_name(job_id, "ctl"), control_size(n_pes), create=True)
         hdr = seg.view(HEADER_DTYPE, 0, (1,)).reshape(())
         hdr["n_pes"] = n_pes
+        hdr["n_hosts"], hdr["host"], hdr["host_first_pe"], hdr["host_pes"] = host or (1, 0, 0, n_pes)
         hdr["version"] = VERSION
         hdr["launcher_pid"] = os.getpid()
         hdr["state"] = JobState.STARTING
