@@ -99,19 +99,22 @@ def _run_options(module: bool, flags: dict) -> RunOptions:
 @click.option("--out", "out", default=None, metavar="DIR", help="Write NAME.csv, NAME.json and NAME.png into DIR.")
 @click.option("--model", default=None, metavar="TOPO",
               help="Also record each job and add modelled columns from its replay on TOPO (e.g. ascend950).")
-def experiment(name, quick, out, model) -> None:
+@click.option("--hosts", default=None, metavar="H",
+              help="Run every job over H emulated hosts joined by MPI (or over hosts a,b,...), as shmemx run --hosts.")
+def experiment(name, quick, out, model, hosts) -> None:
     """Run the MoE schedule experiment NAME (P0-P5, or all); print its table and verdict."""
     from pathlib import Path
 
     from shmemx.launcher.experiment import EXPERIMENTS, run_experiment
 
     for one in (list(EXPERIMENTS) if name.lower() == "all" else [name.upper()]):
-        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model)
+        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model, hosts=hosts)
         cols = [c for c in ("n", "schedule", "qp_policy", "routing", "group_width", "token_blocks", "weight_blocks",
                             "skew", "hidden", "rounds", "wqes", "qp_wqes", "qp_bytes_max_min", "cross_server_mb",
                             "max_in_degree", "quiets", "route_reads", "dispatch_ms_max", "dispatch_ms_p50")]
         cols += ["model_dispatch_us", "model_combine_us", "model_bound"] if model else []
-        click.echo(f"{one}: {result['what']} ({result['seconds']} s)")
+        over = f", over hosts {hosts}" if hosts else ""
+        click.echo(f"{one}: {result['what']} ({result['seconds']} s{over})")
         click.echo("  ".join(cols))
         for r in result["rows"]:
             click.echo("  ".join(str(r.get(c, "")) for c in cols))

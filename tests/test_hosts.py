@@ -116,6 +116,24 @@ def test_ps_groups_a_jobs_hosts_and_stats_merge_them(tmp_path):
     assert "no counters from" not in err[head:], err[head:]
 
 
+def test_experiment_configuration_over_two_hosts_counts_as_on_one():
+    """``shmemx experiment --hosts``: one configuration run as a job of 2 hosts (its ranks run the experiment
+    module by name) moves exactly what it moves on one host; a hierarchy whose servers straddle hosts is
+    refused before anything runs."""
+    from shmemx.launcher.experiment import BASE, run_config
+
+    rows = []
+    for hosts in (None, 2):
+        cfg = dict(BASE, n=4, tokens=16, hidden=256, topk=4, experts_per_rank=2, reps=1, hosts=hosts)
+        rows.append(run_config(cfg, timeout=120)[0])
+    keys = ("rounds", "wqes", "payload_mb", "qp_wqes", "recv_rows", "quiets", "syncs", "flag_writes", "route_reads")
+    assert {k: rows[0][k] for k in keys} == {k: rows[1][k] for k in keys}, rows
+    assert rows[1]["hosts"] == 2 and "hosts" not in rows[0]
+    bad = dict(BASE, n=12, schedule="hierarchy", server_size=4, hosts=2)  # hosts of 6 PEs, servers of 4
+    with pytest.raises(ValueError, match=r"servers of 4 PEs must lie within hosts .* hosts of \[6, 6\] PEs"):
+        run_config(bad)
+
+
 def test_uneven_hosts_and_host_list_parse():
     from shmemx.launcher.hosts import parse_hosts
 
