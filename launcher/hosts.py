@@ -3,17 +3,19 @@
 ``shmemx run -n N --hosts H`` runs H emulated hosts on this machine; ``--hosts host1:8,host2:8`` (or
 ``--hostfile FILE``, one ``host[:pes]`` a line) runs on those hosts. Either way the front command starts
 ``mpiexec`` (MPICH's hydra, from the ``mpich`` wheel of ``shmemx[mpi]``) with one process per host, each running
-``python -m shmemx.launcher.hosts`` (``host_main``): the host's launcher. It is the single-host launcher
+``python -m shmemx.launcher.hosts`` (``host_main``), which forks the host's launcher and stays its parent, the
+host's agent (``_become_launcher``). The launcher is the single-host launcher
 (``job.Job``) over the host's PEs (``job.pes``) with its own segments (job id ``<job>.h<k>``, ``shm.hosts``), plus
 this host's part (``HostPart``): once the ranks are forked it initialises MPI (never in a rank: the ranks are
 plain shmemx processes) and starts the host's NIC (``udma.nic``), which carries every WQE to another host's PE
 and the barriers between hosts. On emulated hosts MPI is told to use its network path (``MPIR_CVAR_NOLOCAL``):
 no memory is shared between hosts, MPICH's own included.
 
-Ending: a host whose PE fails tells the others (``Nic.abort``); a host that goes silent (its launcher was killed)
-is declared dead by every other NIC after ``nic.DEAD_AFTER`` seconds, and mpiexec ends the processes of a job
-one of which was killed; either way every host's launcher stops its PEs, saying which host ended the job, and
-removes its segments (its reaper does when the launcher itself was killed).
+Ending: a host whose PE fails tells the others (``Nic.abort``); a host that goes silent (its launcher was killed:
+its agent tells the front, which names it) is declared dead by every other host after ``nic.DEAD_AFTER`` seconds,
+or ``nic.NOTICED_DEAD_AFTER`` once mpiexec has said that a process of the job ended; either way every host's
+launcher stops its PEs, saying which host ended the job, and removes its segments (its reaper does when the
+launcher itself was killed). The launchers end the same way when the front command dies (``_watch_front``).
 """
 
 from __future__ import annotations

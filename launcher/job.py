@@ -230,7 +230,7 @@ class Job:
             self.ctl.header["state"] = JobState.RUNNING
             return self._supervise()
         except _Interrupted as exc:
-            self._message(f"interrupted by {signal.Signals(exc.signum).name}; stopping {self.n} PEs")
+            self._message(f"interrupted by {signal.Signals(exc.signum).name}; stopping {len(self.pes)} PEs")
             self._stop_all(grace=0.5)
             return EXIT_INTERRUPTED if exc.signum == signal.SIGINT else EXIT_TERMINATED
         finally:
