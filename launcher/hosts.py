@@ -266,8 +266,8 @@ class _Front:
         pes = self.hosts.pes(int(host))
         try:
             self.err.write(f"shmemx: host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid}) "
-                           f"died (killed by {_signame(int(sig))}); its PEs ended with it and its segments were "
-                           f"removed; the other hosts end the job when they find it silent\n")
+                           f"died (killed by {_signame(int(sig))}); its PEs end with it and its reaper removes its "
+                           f"segments; the other hosts end the job when they find it silent\n")
             self.err.flush()
         except (BrokenPipeError, ValueError):
             pass
