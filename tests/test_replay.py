@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,6 +290,25 @@ def test_topology_optional_keys_take_their_defaults(tmp_path, record):
                                   if not line.startswith(required)))
         with pytest.raises(ValueError, match="missing key"):
             load_topology(str(broken))
+
+
+def test_deepep_fit_skips_a_fit_whose_eps_were_not_recorded():
+    """``scripts/replay/deepep_fit.py --mode ll --eps 8,16,32`` runs its 'cost' fit (on EP 16) and says that its
+    'kernel' fit, which fits on EP 16 and 64 (``--fit-eps``'s default), has no recording of EP 64 and is skipped
+    (it died with KeyError: 64)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "replay" / "deepep_fit.py"
+    spec = importlib.util.spec_from_file_location("deepep_fit", path)
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    recorded, fit_eps, tier_eps = [8, 16, 32], (16, 64), (8, 64)
+    assert fit.unfit("cost", fit_eps, tier_eps, recorded) is None
+    assert fit.unfit("kernel", fit_eps, tier_eps, recorded) == (
+        "fit 'kernel': skipped: it fits on EP 64 (--fit-eps), which was not recorded (recorded: EP 8, 16, 32); "
+        "name recorded EPs with --fit-eps")
+    assert "EP 64 (--tier-eps)" in fit.unfit("tiers", fit_eps, tier_eps, recorded)
+    assert fit.unfit("none", fit_eps, tier_eps, []) is None
 
 
 # --- recordings ----------------------------------------------------------------------------------------------------

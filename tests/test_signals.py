@@ -547,6 +547,49 @@ def test_doze_per_word_only_where_pes_outnumber_cores():
     assert doze_per_word(8, 2, "0") == 0.0 and abs(doze_per_word(2, 2, "25") - 25e-6) < 1e-12  # SHMEMX_DOZE_US overrides it
 
 
+def test_native_sleeps_meet_time_out_and_doze():
+    """The native sleeps on their own (one process, words a thread writes): sleep (one word) and sleep_all (many
+    words, dozing while more than 16 are to come) return (0, value / -1) once met, (1, first unmet) at the
+    deadline, (2, ...) when the state word says the job aborts; the sleeper count is back to 0 after each."""
+    import threading
+
+    from shmemx.shm import _native
+
+    words = np.zeros(40, np.int64)
+    ctl = np.zeros(3, np.uint32)  # wake word, sleeper count, state word
+    wake, count, state = (ctl.ctypes.data + 4 * i for i in range(3))
+    kind = waits.WORD_KINDS["<i8"]
+    active = bytes([1] * 40)
+
+    def write_all():
+        for i in range(40):
+            time.sleep(0.0005)
+            words[i] = 7
+        atomics.fetch_add_u32(wake, 1)
+        futex.futex_wake(wake)
+
+    for doze_ns in (0, 20_000):
+        words[:] = 0
+        writer = threading.Thread(target=write_all)
+        writer.start()
+        got = _native.sleep_all(words.ctypes.data, 8, active, kind, 0, 7, wake, count, False, 10.0, state, 9,
+                                0.005, doze_ns)
+        writer.join()
+        assert got == (0, -1) and ctl[1] == 0, (doze_ns, got)
+    words[:] = 0
+    words[:5] = 7
+    assert _native.sleep_all(words.ctypes.data, 8, active, kind, 0, 7, wake, count, True, 0.02, state, 9, 0.005,
+                             20_000) == (1, 5)
+    assert _native.sleep(words.ctypes.data + 8 * 5, kind, 0, 7, 0, wake, count, False, 0.02, state, 9, 0.005) \
+        == (1, None)
+    ctl[2] = 9  # the job aborts
+    assert _native.sleep(words.ctypes.data + 8 * 5, kind, 0, 7, 0, wake, count, False, 5.0, state, 9, 0.005)[0] == 2
+    ctl[2] = 0
+    words[5] = 7
+    assert _native.sleep(words.ctypes.data + 8 * 5, kind, 0, 7, 0, wake, count, True, 5.0, state, 9, 0.005) \
+        == (0, 7) and ctl[1] == 0
+
+
 def test_init_timeout_grows_only_for_oversubscribed_jobs():
     from shmemx.runtime import DEFAULT_TIMEOUT, init_timeout
 

@@ -375,6 +375,17 @@ def fit_points(how: str, fit_eps: tuple, tier_eps: tuple) -> tuple:
     return {"none": (), "tiers": tier_eps, "cost": fit_eps[:1]}.get(how, fit_eps)
 
 
+def unfit(how: str, fit_eps: tuple, tier_eps: tuple, recorded: list) -> str | None:
+    """Why fit ``how`` cannot run on the ``recorded`` EPs (the EPs it fits on were not recorded: with ``--mode ll
+    --eps 8,16,32`` the 'kernel' fit's default EP 64), or None when it can."""
+    absent = [n for n in fit_points(how, fit_eps, tier_eps) if n not in recorded]
+    if not absent:
+        return None
+    flag = "--tier-eps" if how == "tiers" else "--fit-eps"
+    return (f"fit '{how}': skipped: it fits on EP {', '.join(map(str, absent))} ({flag}), which was not recorded "
+            f"(recorded: EP {', '.join(map(str, recorded))}); name recorded EPs with {flag}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default="deep_ep", choices=("deep_ep", "moe", "ll"),
@@ -442,11 +453,9 @@ def main() -> None:
         published = dict(zip(eps, published.values()))
         tier_eps = tuple(eps[:2])
     for how in fits:
-        absent = [n for n in fit_points(how, fit_eps, tier_eps) if n not in models]
-        if absent:
-            flag = "--tier-eps" if how == "tiers" else "--fit-eps"
-            print(f"\nfit '{how}': skipped: it fits on EP {', '.join(map(str, absent))} ({flag}), which was not "
-                  f"recorded (recorded: EP {', '.join(map(str, eps))}); name recorded EPs with {flag}")
+        why = unfit(how, fit_eps, tier_eps, eps)
+        if why:
+            print(f"\n{why}")
             continue
         t = time.perf_counter()
         note = ""

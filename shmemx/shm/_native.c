@@ -177,42 +177,124 @@ static int doze(int64_t ns, int64_t deadline, uint32_t *state, unsigned int abor
     return 0;
 }
 
+/* Where and how long a native sleep sleeps: the arguments sleep_on and sleep_all share. */
+typedef struct {
+    uint32_t *wake, *count, *state; /* the wake word, its sleeper count, the job's state word */
+    int atomic;                     /* count with atomic adds (another PE's count), else plain stores */
+    unsigned int aborting;          /* the state word's value while the job aborts */
+    int64_t timeout_ns, backstop_ns;
+} Sleeper;
+
+static int parse_sleeper(PyObject *wake_o, PyObject *count_o, int atomic, double timeout_s, PyObject *state_o,
+                         unsigned int aborting, double backstop_s, Sleeper *s) {
+    s->wake = PyLong_AsVoidPtr(wake_o);
+    s->count = PyLong_AsVoidPtr(count_o);
+    s->state = PyLong_AsVoidPtr(state_o);
+    s->atomic = atomic;
+    s->aborting = aborting;
+    s->timeout_ns = (int64_t)(timeout_s * 1e9);
+    s->backstop_ns = (int64_t)(backstop_s * 1e9);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* What one look at the words found: met, not met (sleep on the wake word), or look again at once (a doze was
+ * taken); a doze may also end the sleep with 1 (the deadline) or 2 (the job aborts). */
+enum { LOOK_MET = 0, LOOK_NAP = -1, LOOK_AGAIN = -2 };
+typedef int (*Look)(void *ctx, int64_t deadline, const Sleeper *s);
+
+/* The sleep of sleep_on and sleep_all: announce the thread in the sleeper count, then {read the wake word, look
+ * at the words, nap on the wake word} until they are met (0), the deadline passes (1) or the job aborts (2); then
+ * withdraw the count. Called with the interpreter lock held, which it lets go meanwhile: a plain count changes
+ * only under that lock (this PE's own count; see waits.py), an atomic one without it. */
+static int sleep_loop(const Sleeper *s, Look look, void *ctx) {
+    int code;
+    if (!s->atomic) *(volatile uint32_t *)s->count += 1;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t deadline = now_ns() + s->timeout_ns;
+    if (s->atomic) __atomic_fetch_add(s->count, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        uint32_t seen = __atomic_load_n(s->wake, __ATOMIC_SEQ_CST);
+        code = look(ctx, deadline, s);
+        if (code == LOOK_AGAIN) continue;
+        if (code != LOOK_NAP) break;
+        if ((code = nap(s->wake, seen, deadline, s->backstop_ns, s->state, s->aborting))) break;
+    }
+    if (s->atomic) __atomic_fetch_sub(s->count, 1, __ATOMIC_SEQ_CST);
+    Py_END_ALLOW_THREADS
+    if (!s->atomic) *(volatile uint32_t *)s->count -= 1;
+    return code;
+}
+
+typedef struct {
+    Cond c;
+    uint64_t raw; /* the word at the last look */
+} WordLook;
+
+static int look_word(void *ctx, int64_t deadline, const Sleeper *s) {
+    WordLook *w = ctx;
+    w->raw = load_word(&w->c);
+    return met(&w->c, w->raw) ? LOOK_MET : LOOK_NAP;
+}
+
 /* sleep(addr, kind, cmp, target, mask, wake_addr, count_addr, atomic, timeout_s, state_addr, aborting,
  *       backstop_s) -> (code, value): code 0 met (value: the word), 1 deadline passed, 2 the job is aborting.
  * Announces itself in the sleeper count at count_addr, then loops {read the wake word, read the word, compare,
- * check deadline and job state, futex-sleep on the wake word}, then withdraws the count. ``atomic``: count with
- * atomic adds (another PE's count), else with plain stores made while holding the interpreter lock (this PE's
- * own count, which its threads change only under that lock; see waits.py). */
+ * check deadline and job state, futex-sleep on the wake word}, then withdraws the count (sleep_loop). ``atomic``:
+ * count with atomic adds (another PE's count), else with plain stores made while holding the interpreter lock
+ * (this PE's own count, which its threads change only under that lock; see waits.py). */
 static PyObject *sleep_on(PyObject *self, PyObject *args) {
     PyObject *addr, *target, *mask, *wake_o, *count_o, *state_o;
     int kind, cmp, atomic;
     unsigned int aborting;
     double timeout_s, backstop_s;
-    Cond c;
+    WordLook w = {0};
+    Sleeper s;
     if (!PyArg_ParseTuple(args, "OiiOOOOpdOId", &addr, &kind, &cmp, &target, &mask, &wake_o, &count_o, &atomic,
                           &timeout_s, &state_o, &aborting, &backstop_s))
         return NULL;
-    if (parse_cond(addr, kind, cmp, target, mask, &c)) return NULL;
-    uint32_t *wake = PyLong_AsVoidPtr(wake_o), *count = PyLong_AsVoidPtr(count_o), *state = PyLong_AsVoidPtr(state_o);
-    if (PyErr_Occurred()) return NULL;
-    int code = 1;
-    uint64_t raw = 0;
-    if (!atomic) *(volatile uint32_t *)count += 1;
-    Py_BEGIN_ALLOW_THREADS
-    int64_t start = now_ns(), deadline = start + (int64_t)(timeout_s * 1e9), backstop = (int64_t)(backstop_s * 1e9);
-    if (atomic) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
-    for (;;) {
-        uint32_t seen = __atomic_load_n(wake, __ATOMIC_SEQ_CST);
-        raw = load_word(&c);
-        if (met(&c, raw)) { code = 0; break; }
-        if ((code = nap(wake, seen, deadline, backstop, state, aborting))) break;
-    }
-    if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
-    Py_END_ALLOW_THREADS
-    if (!atomic) *(volatile uint32_t *)count -= 1;
-    PyObject *value = code == 0 ? value_of(&c, raw) : (Py_INCREF(Py_None), Py_None);
+    if (parse_cond(addr, kind, cmp, target, mask, &w.c)) return NULL;
+    if (parse_sleeper(wake_o, count_o, atomic, timeout_s, state_o, aborting, backstop_s, &s)) return NULL;
+    int code = sleep_loop(&s, look_word, &w);
+    PyObject *value = code == 0 ? value_of(&w.c, w.raw) : (Py_INCREF(Py_None), Py_None);
     if (!value) return NULL;
     return Py_BuildValue("(iN)", code, value);
+}
+
+typedef struct {
+    Cond c;
+    const uint8_t *on; /* one byte per word: non-zero for the words that must meet the comparison */
+    uint8_t *base;
+    Py_ssize_t stride, n, first; /* ``first``: the first word not met at the last look */
+    int64_t doze_ns;
+} WordsLook;
+
+static inline int word_met(WordsLook *w, Py_ssize_t i) {
+    w->c.addr = w->base + i * w->stride;
+    return met(&w->c, load_word(&w->c));
+}
+
+/* One look at sleep_all's words, from the first one not met at the last look; a doze instead of a nap while many
+ * are still to come (doze_ns > 0). */
+static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
+    WordsLook *w = ctx;
+    while (w->first < w->n && (!w->on[w->first] || word_met(w, w->first)))
+        w->first++;
+    if (w->first == w->n) { /* every word met: one more pass over them all (cheap) before saying so */
+        for (w->first = 0; w->first < w->n; w->first++)
+            if (w->on[w->first] && !word_met(w, w->first)) break;
+        if (w->first == w->n) return LOOK_MET;
+    }
+    if (w->doze_ns > 0) { /* more than one word to come: doze by how many, then look again */
+        Py_ssize_t unmet = 0;
+        for (Py_ssize_t k = w->first; k < w->n; k++)
+            unmet += w->on[k] && !word_met(w, k);
+        if (unmet > DOZE_MIN_WORDS) {
+            int64_t ns = w->doze_ns * (int64_t)(unmet - 1);
+            int code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, s->state, s->aborting);
+            return code ? code : LOOK_AGAIN;
+        }
+    }
+    return LOOK_NAP;
 }
 
 /* sleep_all(addr, stride, active, kind, cmp, target, wake_addr, count_addr, atomic, timeout_s, state_addr,
@@ -229,67 +311,32 @@ static PyObject *sleep_on(PyObject *self, PyObject *args) {
  * last word is waited for on the futex as before. */
 static PyObject *sleep_all(PyObject *self, PyObject *args) {
     PyObject *addr_o, *target, *wake_o, *count_o, *state_o;
-    Py_ssize_t stride;
     Py_buffer active;
     int kind, cmp, atomic;
     unsigned int aborting;
     double timeout_s, backstop_s;
     long long doze_ns = 0;
-    if (!PyArg_ParseTuple(args, "Ony*iiOOOpdOId|L", &addr_o, &stride, &active, &kind, &cmp, &target, &wake_o,
+    WordsLook w = {0};
+    Sleeper s;
+    if (!PyArg_ParseTuple(args, "Ony*iiOOOpdOId|L", &addr_o, &w.stride, &active, &kind, &cmp, &target, &wake_o,
                           &count_o, &atomic, &timeout_s, &state_o, &aborting, &backstop_s, &doze_ns))
         return NULL;
-    Cond c;
+    w.doze_ns = doze_ns;
     PyObject *zero = PyLong_FromLong(0);
-    int bad = !zero || parse_cond(addr_o, kind, cmp, target, zero, &c) || cmp == 6;
+    int bad = !zero || parse_cond(addr_o, kind, cmp, target, zero, &w.c) || cmp == 6
+              || parse_sleeper(wake_o, count_o, atomic, timeout_s, state_o, aborting, backstop_s, &s);
     Py_XDECREF(zero);
-    uint32_t *wake = PyLong_AsVoidPtr(wake_o), *count = PyLong_AsVoidPtr(count_o), *state = PyLong_AsVoidPtr(state_o);
     if (bad || PyErr_Occurred()) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sleep_all: bad comparison");
         PyBuffer_Release(&active);
         return NULL;
     }
-    const uint8_t *on = active.buf;
-    Py_ssize_t n = active.len, first = 0;
-    uint8_t *base = c.addr;
-    int code = 1;
-    if (!atomic) *(volatile uint32_t *)count += 1;
-    Py_BEGIN_ALLOW_THREADS
-    int64_t start = now_ns(), deadline = start + (int64_t)(timeout_s * 1e9), backstop = (int64_t)(backstop_s * 1e9);
-    if (atomic) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
-    for (;;) {
-        uint32_t seen = __atomic_load_n(wake, __ATOMIC_SEQ_CST);
-        while (first < n) {
-            if (on[first]) {
-                c.addr = base + first * stride;
-                if (!met(&c, load_word(&c))) break;
-            }
-            first++;
-        }
-        if (first == n) { /* every word met: one more pass over them all (cheap) before saying so */
-            for (first = 0; first < n; first++) {
-                if (!on[first]) continue;
-                c.addr = base + first * stride;
-                if (!met(&c, load_word(&c))) break;
-            }
-            if (first == n) { code = 0; break; }
-        }
-        if (doze_ns > 0) { /* more than one word to come: doze by how many, then look again */
-            Py_ssize_t unmet = 0;
-            for (Py_ssize_t k = first; k < n; k++)
-                if (on[k]) { c.addr = base + k * stride; unmet += !met(&c, load_word(&c)); }
-            if (unmet > DOZE_MIN_WORDS) {
-                int64_t ns = doze_ns * (int64_t)(unmet - 1);
-                if ((code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, state, aborting))) break;
-                continue;
-            }
-        }
-        if ((code = nap(wake, seen, deadline, backstop, state, aborting))) break;
-    }
-    if (atomic) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
-    Py_END_ALLOW_THREADS
-    if (!atomic) *(volatile uint32_t *)count -= 1;
+    w.on = active.buf;
+    w.n = active.len;
+    w.base = w.c.addr;
+    int code = sleep_loop(&s, look_words, &w);
     PyBuffer_Release(&active);
-    return Py_BuildValue("(in)", code, code == 0 ? (Py_ssize_t)-1 : first);
+    return Py_BuildValue("(in)", code, code == 0 ? (Py_ssize_t)-1 : w.first);
 }
 
 /* futex_wait(addr, expected, timeout_s) -> bool: sleep while the u32 at addr equals expected (shared futex);

@@ -58,10 +58,19 @@ class SimError(Exception):
     """The recording cannot be replayed (it is inconsistent, or the model deadlocks)."""
 
 
+class Copies:
+    """A thread's copies of one engine ("mte" or "sdma") that its quiet waits for."""
+
+    __slots__ = ("pending", "done", "gid")
+
+    def __init__(self):
+        self.pending = 0  # copies issued whose landing time is not known yet (non-blocking copies)
+        self.done, self.gid = 0.0, -1  # the latest landing among those known, and its copy
+
+
 class Thread:
     __slots__ = ("pe", "slot", "ops", "pc", "clock", "blocked", "releases", "regions", "syncs", "end", "computes",
-                 "blocked_since", "mte_pending", "mte_done", "mte_gid", "sdma_pending", "sdma_done", "sdma_gid",
-                 "sdma_free", "sdma_last")
+                 "blocked_since", "copies", "sdma_free", "sdma_last")
 
     def __init__(self, pe: int, slot: int, ops: list):
         self.pe, self.slot, self.ops = pe, slot, ops
@@ -74,10 +83,7 @@ class Thread:
         self.syncs: dict[int, int] = {}  # launch id -> sync_all calls so far
         self.end: float | None = None
         self.computes: list[tuple] = []  # (start, end) of compute annotations
-        self.mte_pending = 0  # MTE copies issued whose landing time is not known yet (non-blocking copies)
-        self.mte_done, self.mte_gid = 0.0, -1  # the latest landing among those known, and its copy
-        self.sdma_pending = 0  # the same for the thread's SDMA channel
-        self.sdma_done, self.sdma_gid = 0.0, -1
+        self.copies = {"mte": Copies(), "sdma": Copies()}  # its MTE copies, its SDMA channel's
         self.sdma_free, self.sdma_last = 0.0, -1  # when the channel takes its next SQE, and the copy before it
 
     def __repr__(self) -> str:
@@ -458,23 +464,24 @@ class Sim(Collectives):
         else:  # the request goes one latency ahead of the data
             self.at(t + self.lat[self.w_tier[gid]], self._send, gid)
         if self.prog.mte_nbi:  # issued: the thread goes on, the copy completes at its MTE_QUIET
-            th.mte_pending += 1
+            th.copies["mte"].pending += 1
             return True
         self._block(th, ("mte", gid))  # (a format /1 recording: no quiets recorded, each copy blocks)
         return False
 
     def _op_mte_quiet(self, th: Thread, op) -> bool:
         """``aclshmemx_mte_quiet``: until every MTE copy this thread issued has landed."""
-        return self._quiet_copies(th, "mte", th.mte_pending, th.mte_done, th.mte_gid)
+        return self._quiet_copies(th, "mte")
 
-    def _quiet_copies(self, th: Thread, kind: str, pending: int, done: float, last: int) -> bool:
-        """A quiet of the thread's ``kind`` copies ("mte" or "sdma"): blocked while some are pending (``landed``
-        releases it when the last one is known), then until ``done``, when the last one (record ``last``) lands."""
-        if pending:
+    def _quiet_copies(self, th: Thread, kind: str) -> bool:
+        """A quiet of the thread's ``kind`` copies ("mte" or "sdma"): blocked while some are pending
+        (``_copy_landed`` releases it when the last one is known), then until the last one lands."""
+        copies = th.copies[kind]
+        if copies.pending:
             return self._block(th, (f"{kind}_quiet",))
-        if done > th.clock:
+        if copies.done > th.clock:
             self._block(th, (f"{kind}_quiet",))
-            self.at(done, self._resume_event, (th, (kind, last)))
+            self.at(copies.done, self._resume_event, (th, (kind, copies.gid)))
             return False
         return True
 
@@ -491,7 +498,7 @@ class Sim(Collectives):
         self.w_ready[gid], self.w_s[gid] = th.clock, start
         self.w_T[gid] = self.w_x[gid] = start + self.wqe[0] * max(1, -(-nbytes // SDMA_SQE_BYTES))
         th.sdma_free, th.sdma_last = self.w_T[gid], gid
-        th.sdma_pending += 1
+        th.copies["sdma"].pending += 1
         if put:
             self.at(self.w_T[gid], self._send, gid)
         else:  # the read request goes one latency ahead of the data
@@ -500,7 +507,7 @@ class Sim(Collectives):
 
     def _op_sdma_quiet(self, th: Thread, op) -> bool:
         """``aclshmemx_sdma_quiet``: until every SDMA copy of this thread's channel has landed."""
-        return self._quiet_copies(th, "sdma", th.sdma_pending, th.sdma_done, th.sdma_gid)
+        return self._quiet_copies(th, "sdma")
 
     def _op_sdma_notify(self, th: Thread, op) -> bool:
         """A notify record: the thread goes on (a host's wait for the notify is not modelled)."""
@@ -636,26 +643,11 @@ class Sim(Collectives):
         self.w_ack[gid] = ack
         if self.w_effect[gid] is not None:
             self.at(done, self._deliver, gid)
-        if kind == W_MTE:
-            th = self.w_poster[gid]
-            if not self.prog.mte_nbi:
-                self.at(done, self._resume_event, (th, ("mte", gid)))
-                return
-            th.mte_pending -= 1
-            if done >= th.mte_done:
-                th.mte_done, th.mte_gid = done, gid
-            if not th.mte_pending and th.blocked == ("mte_quiet",):
-                th.blocked = ("released",)
-                self.at(max(th.mte_done, th.clock), self._resume_event, (th, ("mte", th.mte_gid)))
+        if kind == W_MTE and not self.prog.mte_nbi:  # a format /1 recording: the copy blocked its thread
+            self.at(done, self._resume_event, (self.w_poster[gid], ("mte", gid)))
             return
-        if kind == W_SDMA:
-            th = self.w_poster[gid]
-            th.sdma_pending -= 1
-            if done >= th.sdma_done:
-                th.sdma_done, th.sdma_gid = done, gid
-            if not th.sdma_pending and th.blocked == ("sdma_quiet",):
-                th.blocked = ("released",)
-                self.at(max(th.sdma_done, th.clock), self._resume_event, (th, ("sdma", th.sdma_gid)))
+        if kind == W_MTE or kind == W_SDMA:
+            self._copy_landed(self.w_poster[gid], "mte" if kind == W_MTE else "sdma", gid, done)
             return
         q = self.w_queue[gid]
         q.unacked -= 1
@@ -667,6 +659,17 @@ class Sim(Collectives):
             self._advance_cqes(q, now)
         if q.fence_wait and not q.unacked:
             self.at(max(now, q.ack_max), self._unpark, q)
+
+    def _copy_landed(self, th: Thread, kind: str, gid: int, done: float) -> None:
+        """Copy ``gid`` of the thread's ``kind`` copies lands at ``done``: when it was the last one pending, a quiet
+        of them blocked on it resumes once the latest of them landed."""
+        copies = th.copies[kind]
+        copies.pending -= 1
+        if done >= copies.done:
+            copies.done, copies.gid = done, gid
+        if not copies.pending and th.blocked == (f"{kind}_quiet",):
+            th.blocked = ("released",)
+            self.at(max(copies.done, th.clock), self._resume_event, (th, (kind, copies.gid)))
 
     def _advance_cqes(self, q: Queue, now: float) -> None:
         times = q.cqe_times
