@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import click
 
@@ -98,19 +99,22 @@ def _run_options(module: bool, flags: dict) -> RunOptions:
 @click.option("--out", "out", default=None, metavar="DIR", help="Write NAME.csv, NAME.json and NAME.png into DIR.")
 @click.option("--model", default=None, metavar="TOPO",
               help="Also record each job and add modelled columns from its replay on TOPO (e.g. ascend950).")
-def experiment(name, quick, out, model) -> None:
+@click.option("--hosts", default=None, metavar="H",
+              help="Run every job over H emulated hosts joined by MPI (or over hosts a,b,...), as shmemx run --hosts.")
+def experiment(name, quick, out, model, hosts) -> None:
     """Run the MoE schedule experiment NAME (P0-P5, or all); print its table and verdict."""
     from pathlib import Path
 
     from shmemx.launcher.experiment import EXPERIMENTS, run_experiment
 
     for one in (list(EXPERIMENTS) if name.lower() == "all" else [name.upper()]):
-        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model)
+        result = run_experiment(one, quick=quick, out=Path(out) if out else None, model=model, hosts=hosts)
         cols = [c for c in ("n", "schedule", "qp_policy", "routing", "group_width", "token_blocks", "weight_blocks",
                             "skew", "hidden", "rounds", "wqes", "qp_wqes", "qp_bytes_max_min", "cross_server_mb",
                             "max_in_degree", "quiets", "route_reads", "dispatch_ms_max", "dispatch_ms_p50")]
         cols += ["model_dispatch_us", "model_combine_us", "model_bound"] if model else []
-        click.echo(f"{one}: {result['what']} ({result['seconds']} s)")
+        over = f", over hosts {hosts}" if hosts else ""
+        click.echo(f"{one}: {result['what']} ({result['seconds']} s{over})")
         click.echo("  ".join(cols))
         for r in result["rows"]:
             click.echo("  ".join(str(r.get(c, "")) for c in cols))
@@ -120,9 +124,9 @@ def experiment(name, quick, out, model) -> None:
 @main.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (a list of jobs).")
 def ps(as_json) -> None:
-    """List the shmemx jobs on this machine (from /dev/shm/shmemx_*_ctl); 'stale' = the launcher is gone."""
+    """List the shmemx jobs on this machine (from /dev/shm/shmemx_*_ctl); 'stale' = the launcher is gone. A job
+    of several hosts is one line, followed by one line per host part (h0, h1, ... with its PEs)."""
     import json
-    import time
 
     from shmemx.observe.jobs import list_jobs
 
@@ -135,16 +139,50 @@ def ps(as_json) -> None:
         return
     rows = [("JOB", "PES", "STATE", "STARTED", "AGE", "LAUNCHER", "SHM", "PE STATUS", "SCRIPT")]
     now = time.time()
-    for j in jobs:
-        started = time.strftime("%H:%M:%S", time.localtime(j["start_time"])) if j["start_time"] else "-"
-        age = _age(now - j["start_time"]) if j["start_time"] else "-"
-        launcher = f"{j['launcher_pid']}" + (" (stale)" if j["stale"] else "") if j["launcher_pid"] else "stale"
-        statuses = ",".join(f"{v} {k.lower()}" for k, v in j["pes"].items()) or "-"
-        rows.append((j["job"], str(j["n_pes"] or "-"), j["state"].lower(), started, age, launcher,
-                     _size(j["bytes"]), statuses, j["script"]))
+    groups: dict[str, list[dict]] = {}
+    for j in jobs:  # a job of several hosts: one line, then one per host part found here
+        groups.setdefault(j["base"] if j["n_hosts"] > 1 else j["job"], []).append(j)
+    for base, parts in groups.items():
+        if parts[0]["n_hosts"] > 1:
+            rows.append(_ps_job_row(base, parts, now))
+            rows += [_ps_row(j, now, f"  h{j['host']}", _pe_range(j["host_pes"]), "") for j in parts]
+        else:
+            rows.append(_ps_row(parts[0], now, parts[0]["job"], str(parts[0]["n_pes"] or "-"),
+                                parts[0]["script"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        click.echo(("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
+
+
+def _ps_row(j: dict, now: float, name: str, pes: str, script: str) -> tuple:
+    started = time.strftime("%H:%M:%S", time.localtime(j["start_time"])) if j["start_time"] else "-"
+    age = _age(now - j["start_time"]) if j["start_time"] else "-"
+    launcher = f"{j['launcher_pid']}" + (" (stale)" if j["stale"] else "") if j["launcher_pid"] else "stale"
+    return (name, pes, j["state"].lower(), started, age, launcher, _size(j["bytes"]), _statuses(j["pes"]), script)
+
+
+def _ps_job_row(base: str, parts: list[dict], now: float) -> tuple:
+    """The line of a job of several hosts: its PEs, its state (each host's), its hosts here, all their PEs."""
+    first = parts[0]
+    starts = [j["start_time"] for j in parts if j["start_time"]]
+    states = sorted({j["state"].lower() for j in parts})
+    here = f"{len(parts)} of {first['n_hosts']} hosts here" if len(parts) < first["n_hosts"] else \
+        f"{first['n_hosts']} hosts"
+    total: dict[str, int] = {}
+    for j in parts:
+        for k, v in j["pes"].items():
+            total[k] = total.get(k, 0) + v
+    return (base, str(first["n_pes"] or "-"), "/".join(states), time.strftime("%H:%M:%S", time.localtime(
+        min(starts))) if starts else "-", _age(now - min(starts)) if starts else "-", here,
+        _size(sum(j["bytes"] for j in parts)), _statuses(total), first["script"])
+
+
+def _statuses(pes: dict) -> str:
+    return ",".join(f"{v} {k.lower()}" for k, v in pes.items()) or "-"
+
+
+def _pe_range(host_pes) -> str:
+    return f"{host_pes[0]}..{host_pes[0] + host_pes[1] - 1}" if host_pes else "-"
 
 
 def _age(seconds: float) -> str:

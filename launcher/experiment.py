@@ -10,6 +10,11 @@ shared machine, not link time: the counts are what a schedule changes for certai
 and the row gains the modelled columns: ``model_dispatch_us`` / ``model_combine_us`` (per timed call, max over
 PEs), ``model_makespan_us``, ``model_bound`` (what the critical path spent most on) and ``model_warnings``.
 
+With ``--hosts H`` every job runs over H emulated hosts joined by MPI (or over named hosts), as ``shmemx run
+--hosts`` runs a script: the schedules' UDMA traffic between hosts goes through the hosts' NICs, and the rows
+gain a ``hosts`` column. A hierarchy configuration needs its servers within hosts (host sizes a multiple of its
+``server_size``: its intra-server copies are MTE, which does not cross hosts); one that does not fit is refused.
+
 Outputs in ``--out DIR``: ``NAME.csv`` (one row per configuration), ``NAME.json`` (rows, verdict, settings) and
 ``NAME.png`` (one matplotlib figure), and the verdict printed: which of the seed's hypotheses the numbers support.
 """
@@ -122,14 +127,15 @@ def _rank_main(cfg: dict, out_dir: str) -> None:
 
 def run_config(cfg: dict, timeout: float = 900) -> tuple[dict, list]:
     """Run one configuration as a job; returns ``(row, records)`` (``records[pe][rep]`` = {"dispatch": ...,
-    "combine": ...}, each a ``CallStats.record()``)."""
-    from shmemx.launcher.job import launch
-
-    with tempfile.TemporaryDirectory(prefix="shmemx-exp-") as tmp:
+    "combine": ...}, each a ``CallStats.record()``). ``cfg["hosts"]`` (``shmemx experiment --hosts``): the job
+    runs over those hosts (a number of emulated hosts, or host names), as ``shmemx run --hosts`` runs it; the
+    ranks then run this module by name (``-m``) and write their records into a directory every host sees
+    (``$SHMEMX_PARTS_DIR``, default the temporary directory: one machine)."""
+    with tempfile.TemporaryDirectory(prefix="shmemx-exp-", dir=os.environ.get("SHMEMX_PARTS_DIR")) as tmp:
         heap = "16M" if cfg["n"] >= 64 else "64M"
         recording = os.path.join(tmp, "run.rec") if cfg.get("model") else None
-        code = launch(cfg["n"], _rank_main, (cfg, tmp), timeout=timeout, heap_size=heap,
-                      stdout=open(os.devnull, "w"), record=recording)
+        with open(os.devnull, "w") as devnull:
+            code = _run_job(cfg, tmp, timeout=timeout, heap_size=heap, stdout=devnull, record=recording)
         if code != 0:
             raise RuntimeError(f"experiment job {cfg} failed with exit status {code}")
         records = [json.loads(Path(tmp, f"pe{pe}.json").read_text()) for pe in range(cfg["n"])]
@@ -137,6 +143,25 @@ def run_config(cfg: dict, timeout: float = 900) -> tuple[dict, list]:
         if recording:
             row.update(_modelled(cfg, recording))
     return row, records
+
+
+def _run_job(cfg: dict, out_dir: str, **options) -> int:
+    """One configuration's job, on one host (``launch``, the body inherited by fork) or over ``cfg["hosts"]``
+    (``run_hosts``, the body run as ``python -m shmemx.launcher.experiment CFG OUT_DIR`` in every rank)."""
+    if not cfg.get("hosts"):
+        from shmemx.launcher.job import launch
+
+        return launch(cfg["n"], _rank_main, (cfg, out_dir), **options)
+    from shmemx.launcher.hosts import parse_hosts, run_hosts
+
+    spec = str(cfg["hosts"])
+    hosts, names = parse_hosts(spec, None, cfg["n"])
+    size = cfg["server_size"]
+    if cfg["schedule"] == "hierarchy" and size and any(c % size for c in hosts.counts):
+        raise ValueError(f"experiment configuration {cfg}: the hierarchy's servers of {size} PEs must lie within "
+                         f"hosts (its intra-server copies are MTE), but --hosts {spec} gives hosts of "
+                         f"{hosts.counts} PEs: choose hosts of a multiple of {size} PEs")
+    return run_hosts(cfg["n"], hosts, names, __name__, (json.dumps(cfg), out_dir), module=True, **options)
 
 
 def _modelled(cfg: dict, recording: str) -> dict:
@@ -165,6 +190,8 @@ def summarize(cfg: dict, records: list) -> dict:
 
     row = {k: cfg[k] for k in ("n", "schedule", "qp_policy", "routing", "group_width", "token_blocks",
                                "weight_blocks", "skew", "tokens", "hidden")}
+    if cfg.get("hosts"):
+        row["hosts"] = cfg["hosts"]
     last = [r[-1] for r in records]
     for kind in ("dispatch", "combine"):
         walls = [np.mean([rep[kind]["wall"] for rep in r]) for r in records]
@@ -379,18 +406,21 @@ EXPERIMENTS = {
 }
 
 
-def run_experiment(name: str, *, quick: bool, out: Path | None, progress=True, model: str | None = None) -> dict:
+def run_experiment(name: str, *, quick: bool, out: Path | None, progress=True, model: str | None = None,
+                   hosts: str | int | None = None) -> dict:
     """Run every configuration of ``name``, write the CSV, JSON and PNG into ``out``; returns the JSON. With
-    ``model`` (a topology), the rows gain the modelled columns (see the module docstring)."""
+    ``model`` (a topology), the rows gain the modelled columns (see the module docstring); with ``hosts`` (as
+    ``shmemx run --hosts``: a number of emulated hosts, or host names), every job runs over those hosts."""
     from tqdm import tqdm
 
     cfgs = [dict(c, model=model) if model else c for c in configs(name, quick)]
+    cfgs = [dict(c, hosts=hosts) for c in cfgs] if hosts else cfgs
     rows = []
     start = time.time()
     for cfg in tqdm(cfgs, desc=f"{name}", unit="config", disable=not progress):
         rows.append(run_config(cfg)[0])
     result = {"experiment": name, "what": EXPERIMENTS[name], "quick": quick, "seconds": round(time.time() - start, 1),
-              "rows": rows, "verdict": verdict(name, rows)}
+              "rows": rows, "verdict": verdict(name, rows), "hosts": hosts}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -401,3 +431,9 @@ def run_experiment(name: str, *, quick: bool, out: Path | None, progress=True, m
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))
         _plot(name, rows, out / f"{name}.png")
     return result
+
+
+if __name__ == "__main__":  # a rank of a job over several hosts runs its configuration by name (_run_job)
+    import sys
+
+    _rank_main(json.loads(sys.argv[1]), sys.argv[2])

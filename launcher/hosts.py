@@ -3,22 +3,25 @@
 ``shmemx run -n N --hosts H`` runs H emulated hosts on this machine; ``--hosts host1:8,host2:8`` (or
 ``--hostfile FILE``, one ``host[:pes]`` a line) runs on those hosts. Either way the front command starts
 ``mpiexec`` (MPICH's hydra, from the ``mpich`` wheel of ``shmemx[mpi]``) with one process per host, each running
-``python -m shmemx.launcher.hosts`` (``host_main``): the host's launcher. It is the single-host launcher
+``python -m shmemx.launcher.hosts`` (``host_main``), which forks the host's launcher and stays its parent, the
+host's agent (``_become_launcher``). The launcher is the single-host launcher
 (``job.Job``) over the host's PEs (``job.pes``) with its own segments (job id ``<job>.h<k>``, ``shm.hosts``), plus
 this host's part (``HostPart``): once the ranks are forked it initialises MPI (never in a rank: the ranks are
 plain shmemx processes) and starts the host's NIC (``udma.nic``), which carries every WQE to another host's PE
 and the barriers between hosts. On emulated hosts MPI is told to use its network path (``MPIR_CVAR_NOLOCAL``):
 no memory is shared between hosts, MPICH's own included.
 
-Ending: a host whose PE fails tells the others (``Nic.abort``); a host that goes silent (its launcher was killed)
-is declared dead by every other NIC after ``nic.DEAD_AFTER`` seconds, and mpiexec ends the processes of a job
-one of which was killed; either way every host's launcher stops its PEs, saying which host ended the job, and
-removes its segments (its reaper does when the launcher itself was killed).
+Ending: a host whose PE fails tells the others (``Nic.abort``); a host that goes silent (its launcher was killed:
+its agent tells the front, which names it) is declared dead by every other host after ``nic.DEAD_AFTER`` seconds,
+or ``nic.NOTICED_DEAD_AFTER`` once mpiexec has said that a process of the job ended; either way every host's
+launcher stops its PEs, saying which host ended the job, and removes its segments (its reaper does when the
+launcher itself was killed). The launchers end the same way when the front command dies (``_watch_front``).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 import re
@@ -39,6 +42,7 @@ from .options import RunOptions
 __all__ = ["HostPart", "run_hosts", "parse_hosts", "host_main", "mpi_versions"]
 
 HELLO = "\x1eshmemx-host"  # a host launcher's first line to the front: host, pid, node (not shown)
+GONE = "\x1eshmemx-gone"  # a host agent's line to the front: its launcher died of a signal (host, pid, node, signal)
 _NOLOCAL = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 
@@ -79,8 +83,8 @@ def _mpiexec() -> str:
 def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args: Sequence = (),
               options: RunOptions | None = None, *, job_id: str | None = None, **overrides) -> int:
     """Run ``target`` on ``n`` PEs over ``hosts``; the job's exit status (the worst host's). ``options`` and
-    ``overrides`` are ``launch``'s (``RunOptions``); ``stats`` is not merged across hosts yet (ignored), and
-    ``deepep`` is refused (ValueError)."""
+    ``overrides`` are ``launch``'s (``RunOptions``); ``deepep`` is refused (ValueError). ``stats``: one table of
+    every PE's counters, whatever host it is on, after the job."""
     import secrets
 
     o = RunOptions.of(options, overrides, "run_hosts")
@@ -89,16 +93,17 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
                          "mapped (drop --hosts; test_internode.py runs as 2 nodes x 8 ranks on one host)")
     job = job_id or f"{os.getpid():x}{secrets.token_hex(3)}"
     trace, record = (os.path.abspath(p) if p else None for p in (o.trace, o.record))
-    # hydra would SIGKILL every host's launcher once one dies, leaving no word of which; the NICs find a dead host
-    # themselves (heartbeats) and every launcher then stops its PEs, names the host and removes its segments
+    # without -disable-auto-cleanup hydra would SIGKILL every process of the job once a host launcher exits with
+    # an error; the NICs find a dead host themselves and every launcher stops its PEs, names the host and cleans up
     cmd = [_mpiexec(), "-disable-auto-cleanup", "-n", str(hosts.n_hosts)]
     if names:
         cmd += ["-hosts", ",".join(names), "-ppn", "1"]
     cmd += [sys.executable, "-m", "shmemx.launcher.hosts", "--job", job, "--counts",
-            ",".join(map(str, hosts.counts))]
+            ",".join(map(str, hosts.counts)), "--front", f"{socket.gethostname()}:{os.getpid()}"]
     cmd += _host_flags(o)
     parts = None
-    if trace or record or o.check:  # the hosts' trace / recording parts and event logs meet here (a shared directory)
+    if trace or record or o.check or o.stats:  # the hosts' trace / recording parts, event logs and counters meet
+        # here (a shared directory)
         parts = tempfile.mkdtemp(prefix=f"shmemx_{job}_parts_", dir=os.environ.get("SHMEMX_PARTS_DIR"))
         cmd += ["--parts", parts, "--t0", str(time.perf_counter_ns())]
         cmd += ["--trace"] if trace else []
@@ -115,7 +120,7 @@ def run_hosts(n: int, hosts: HostMap, names: list[str] | None, target: str, args
         code = front.follow(proc)
         code = 128 - code if code < 0 else code
         if parts is not None:
-            code = _gather(parts, n, job, target, trace, record, o.check, o.heap_size, code)
+            code = _gather(parts, n, job, target, o, code)
     finally:
         if parts is not None:
             shutil.rmtree(parts, ignore_errors=True)
@@ -132,6 +137,7 @@ def _host_flags(o: RunOptions) -> list[str]:
     flags += ["--dump-dir", o.dump_dir] if o.dump_dir else []
     flags += [] if o.dump else ["--no-dump"]
     flags += ["--check"] if o.check else []
+    flags += ["--stats"] if o.stats else []
     chaos = o.chaos
     if chaos == "random":  # one seed for every host (each host's launcher would draw its own)
         chaos = secrets.randbelow(1 << 32)
@@ -142,7 +148,8 @@ def _host_flags(o: RunOptions) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """mpiexec gets SIGTERM when the front command dies (it then ends every host's launcher)."""
+    """SIGTERM when the parent dies: mpiexec when the front command dies, a host agent when mpiexec's proxy does,
+    a host launcher when its agent does (each passes it on; the launcher stops its PEs and cleans up)."""
     import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -152,11 +159,15 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def _gather(parts: str, n: int, job: str, target: str, trace, record, check, heap_size, code: int) -> int:
-    """After every host ended: one trace, one recording, one --check analysis of every host's event logs."""
+def _gather(parts: str, n: int, job: str, target: str, o: RunOptions, code: int) -> int:
+    """After every host ended: one trace, one recording, one --check analysis of every host's event logs, one
+    table of every host's counters (--stats)."""
     from shmemx.observe import record as recording
     from shmemx.observe.trace import merge_parts
 
+    trace, record = (os.path.abspath(p) if p else None for p in (o.trace, o.record))
+    if o.stats:
+        _stats(os.path.join(parts, "stats"), n, job)
     meta = {"job": job, "n_pes": n, "script": target, "hosts": True}
     if trace:
         missing = merge_parts(trace, os.path.join(parts, "trace"), n, meta)
@@ -169,9 +180,20 @@ def _gather(parts: str, n: int, job: str, target: str, trace, record, check, hea
              f"{os.path.relpath(record)} --topology ascend950")
         if missing and code == 0:
             code = 1
-    if check:
-        code = _check(os.path.join(parts, "events"), n, heap_size, code)
+    if o.check:
+        code = _check(os.path.join(parts, "events"), n, o.heap_size, code)
     return code
+
+
+def _stats(directory: str, n: int, job: str) -> None:
+    """--stats over hosts: every host's counters (``JobStats.save``) in one table, as within one host."""
+    from shmemx.observe.counters import JobStats
+
+    paths = sorted(glob.glob(os.path.join(directory, "host*.npz")))
+    stats = JobStats.merge(paths, n)
+    _say(f"counters of job {job} ({n} PEs over {len(paths)} hosts):")
+    sys.stderr.write(stats.table() + "\n")
+    sys.stderr.flush()
 
 
 def _check(directory: str, n: int, heap_size, code: int) -> int:
@@ -197,17 +219,14 @@ def _check(directory: str, n: int, heap_size, code: int) -> int:
 
 
 class _Front:
-    """The front command's view of the host launchers: forwards their output, keeps their announcements (a
-    line ``HELLO host pid node`` each, not shown), and names the host when mpiexec reports a launcher's death."""
-
-    _DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)")
-    _CODE = re.compile(r"EXIT STRING: (.+ \(signal \d+\))|KILLED BY SIGNAL: (\d+)")
+    """The front command's view of the host launchers: forwards their output, keeps their announcements (a line
+    ``HELLO host pid node`` each, not shown), and turns a host agent's ``GONE`` line (its launcher died of a
+    signal) into the message that names the host."""
 
     def __init__(self, hosts: HostMap, out, err):
         self.hosts, self.out, self.err = hosts, out, err
         self.launchers: dict[int, tuple[int, str]] = {}  # pid -> (host, node)
-        self.dead: list[tuple[int, str]] = []  # (pid, node) of launchers mpiexec saw die
-        self.code: int | None = None
+        self.gone: list[tuple[int, int, str, int]] = []  # (host, launcher pid, node, signal) of dead launchers
 
     def follow(self, proc) -> int:
         threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out), daemon=True),
@@ -215,71 +234,51 @@ class _Front:
         for t in threads:
             t.start()
         try:
-            code = self._watch(proc)
+            code = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             code = proc.wait()
         for t in threads:
             t.join()
-        if code and self.code_text and not self.dead and self.first_gone is not None:
-            self.dead.append((self.first_gone, socket.gethostname()))
-        for pid, node in self.dead[:1]:
-            host, _ = self.launchers.get(pid, (None, node))
-            pes = self.hosts.pes(host) if host is not None else None
-            who = f"host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid})" if pes \
-                else f"the launcher pid {pid} on node {node}"
-            how = f" ({self.code_text})" if self.code_text else ""
-            self.err.write(f"shmemx: {who} died{how}; mpiexec ended the launchers of every other host, their PEs "
-                           f"ended with them and their segments were removed\n")
-            self.err.flush()
         return code
-
-    code_text = ""
-    first_gone: int | None = None  # the launcher on this node that ended first while the others ran
-
-    def _watch(self, proc) -> int:
-        """Wait for mpiexec; meanwhile note which launcher of this node ends first (mpiexec's report of a dead
-        launcher need not say which one it was)."""
-        here = socket.gethostname()
-        while True:
-            try:
-                return proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
-            if self.first_gone is None:
-                mine = [pid for pid, (_, node) in self.launchers.items() if node == here]
-                gone = [pid for pid in mine if not _running(pid)]
-                if gone and len(gone) < len(self.launchers):
-                    self.first_gone = gone[0]
 
     def _pump(self, stream, dest) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            while line.startswith(HELLO):  # (another host's hello or a rank's output may follow on its line)
-                _, host, pid, node, *rest = line.split(None, 4)
-                self.launchers[int(pid)] = (int(host), node)
-                line = rest[0] if rest else ""
+            while line.startswith((HELLO, GONE)):  # (another host's line or a rank's output may follow on its line)
+                line = self._announcement(line)
             if not line:
                 continue
-            m = self._DEATH.search(line)
-            if m:
-                self.dead.append((int(m.group(1)), m.group(2)))
-            m = self._CODE.search(line)
-            if m:
-                self.code_text = m.group(1).lower() if m.group(1) else f"killed by signal {m.group(2)}"
             try:
                 dest.write(line)
                 dest.flush()
             except (BrokenPipeError, ValueError):
                 pass
 
+    def _announcement(self, line: str) -> str:
+        """Take the HELLO or GONE at the start of ``line``; the rest of the line."""
+        if line.startswith(HELLO):
+            _, host, pid, node, *rest = line.split(None, 4)
+            self.launchers[int(pid)] = (int(host), node)
+            return rest[0] if rest else ""
+        _, host, pid, node, sig, *rest = line.split(None, 5)
+        self.gone.append((int(host), int(pid), node, int(sig)))
+        pes = self.hosts.pes(int(host))
+        try:
+            self.err.write(f"shmemx: host {host} (pes {pes.start}..{pes.stop - 1}, node {node}, launcher pid {pid}) "
+                           f"died (killed by {_signame(int(sig))}); its PEs end with it and its reaper removes its "
+                           f"segments; the other hosts end the job when they find it silent\n")
+            self.err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+        return rest[0] if rest else ""
 
-def _running(pid: int) -> bool:
+
+def _signame(signum: int) -> str:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class HostPart:
@@ -298,6 +297,7 @@ class HostPart:
 
         from shmemx.udma.nic import Nic
 
+        _unlink_mpi_segments()
         comm = MPI.COMM_WORLD
         comm.Set_errhandler(MPI.ERRORS_RETURN)  # a dead host is an exception of the NIC, not an abort of this one
         if comm.Get_size() != self.hosts.n_hosts:
@@ -308,10 +308,22 @@ class HostPart:
             heap = DEFAULT_HEAP_SIZE
         self.nic = Nic(job.job_id, self.hosts, job.ctl, comm, heap, chaos=job.chaos)
         self.nic.start()
+        if threading.current_thread() is threading.main_thread():  # (after MPI's own handler: ours replaces it)
+            signal.signal(signal.SIGUSR1, lambda signum, frame: self.nic.notice())
 
     def export(self, job) -> None:
         """This host's inspection goes to the front: the trace and recording parts are in its directories; the
-        event logs (--check) are copied there from this host's segments."""
+        event logs (--check) are copied there from this host's segments, and its PEs' counters (--stats) saved
+        there."""
+        if job.stats and self.parts:
+            from shmemx.observe.counters import JobStats
+
+            os.makedirs(os.path.join(self.parts, "stats"), exist_ok=True)
+            try:
+                JobStats.read(job.job_id, self.hosts.n_pes).save(
+                    os.path.join(self.parts, "stats", f"host{self.hosts.index}.npz"), self.hosts.pes())
+            except (OSError, ValueError) as exc:
+                job._message(f"could not read this host's counters: {exc}")
         if job.check and self.parts:
             out = os.path.join(self.parts, "events")
             os.makedirs(out, exist_ok=True)
@@ -321,7 +333,7 @@ class HostPart:
                     shutil.copyfile(path, os.path.join(out, f"events{pe}"))
 
     def failure(self) -> str | None:
-        return None if self.nic is None else self.nic.failure
+        return None if self.nic is None else self.nic.check_heard()
 
     def abort(self, why: str) -> None:
         if self.nic is not None:
@@ -336,6 +348,31 @@ class HostPart:
         self.nic.stop(meet=not failing)
 
 
+def _unlink_mpi_segments() -> list[str]:
+    """Unlink the /dev/shm files MPI mapped into this process during its initialisation (MPICH's
+    ``mpich_shm_*``, its bootstrap segment); the names removed.
+
+    Each host's launcher is the only MPI process of its node (emulated hosts are told ``MPIR_CVAR_NOLOCAL``),
+    and MPI_Init returns once every process of a node attached, so no one needs the names any more: the mappings
+    live on until the process ends and MPI_Finalize does not mind the missing names. A launcher killed by a
+    signal then leaves nothing behind (MPICH only removes them in MPI_Finalize)."""
+    names = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if path.startswith(os.path.join(SHM_DIR, "mpich_shm_")):
+                    names.add(path)
+    except OSError:
+        return []
+    for path in names:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return sorted(names)
+
+
 def mpi_versions() -> str:
     """The MPI library and mpi4py versions in use (for reports and docs)."""
     import mpi4py
@@ -345,17 +382,100 @@ def mpi_versions() -> str:
     return f"mpi4py {mpi4py.__version__}, {lib}, MPI {'.'.join(map(str, MPI.Get_version()))}"
 
 
+def _become_launcher(host: int, front: str = "") -> None:
+    """Split the process mpiexec started into the host's agent (which stays mpiexec's child) and the host's
+    launcher (its child, which returns from here).
+
+    Why: hydra SIGKILLs every process of the job as soon as one of its own children dies of a signal, whatever
+    ``-disable-auto-cleanup`` says, and then no host can say which one died first. With the agent in between, a
+    launcher killed by a signal is the agent's child: the agent reports it to the front (``GONE``) and exits
+    with a status, so hydra leaves the other hosts alone; they stop their PEs and clean up themselves once they
+    find the host silent (``Nic.check_heard``). The launcher dies with its agent (a SIGTERM it handles: it stops
+    its PEs and removes its segments), so ending mpiexec, or the front command with it, still ends every host; an
+    agent on the front's node (``front`` = node:pid) also watches the front itself and ends its launcher the same
+    way when the front is gone, whatever mpiexec does.
+    """
+    agent = os.getpid()
+    pid = os.fork()
+    if pid:
+        node, _, front_pid = front.rpartition(":")
+        os._exit(_agent(pid, host, int(front_pid) if node == socket.gethostname() and front_pid.isdigit() else 0))
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice of a dead process: handled once the NIC runs
+    _die_with_parent()
+    if os.getppid() != agent:  # the agent died before the death signal was set
+        os._exit(1)
+
+
+def _agent(pid: int, host: int, front: int = 0) -> int:
+    """The host agent's life: forward signals to the launcher ``pid``, wait for it (and for the front command
+    ``front``, a pid of this node or 0: its end is passed on as a SIGTERM), and report a launcher that died of a
+    signal to the front; the launcher's exit status (128 + n for signal n), as an exit status."""
+    fd = os.environ.get("PMI_FD", "")
+    if fd.isdigit():  # the PMI connection is the launcher's alone: it closes when the launcher dies
+        try:
+            os.close(int(fd))
+        except OSError:
+            pass
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):  # SIGUSR1: hydra's notice that a
+        signal.signal(sig, forward)  # process of the job ended, for the launcher's NIC (Nic.notice)
+    _die_with_parent()  # mpiexec's proxy gone: the launcher is told by a SIGTERM (forwarded), and ends the job
+    _watch_front(pid, front)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFSIGNALED(status):
+        return os.waitstatus_to_exitcode(status)
+    sig = os.WTERMSIG(status)
+    try:
+        sys.stderr.write(f"{GONE} {host} {pid} {socket.gethostname()} {sig}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return 128 + sig
+
+
+def _watch_front(pid: int, front: int) -> None:
+    """Until the launcher ``pid`` ends: if the front command ``front`` (0: not on this node) ends first, send the
+    launcher a SIGTERM (once)."""
+    import select
+
+    try:
+        fds = {os.pidfd_open(pid): "launcher"}
+    except (OSError, AttributeError):  # (no pidfds: the parent-death signals alone)
+        return
+    try:
+        if front:
+            fds[os.pidfd_open(front)] = "front"
+    except ProcessLookupError:  # gone already
+        os.kill(pid, signal.SIGTERM)
+    while "launcher" in fds.values():
+        for fd in select.select(list(fds), [], [])[0]:
+            if fds.pop(fd) == "front":
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            os.close(fd)
+
+
 def host_main(argv=None) -> int:
     """One host's launcher (started by mpiexec: the host index is the MPI rank from the environment)."""
     p = argparse.ArgumentParser(prog="python -m shmemx.launcher.hosts")
     p.add_argument("--job", required=True)
     p.add_argument("--counts", required=True)
+    p.add_argument("--front", default="")  # node:pid of the front command
     p.add_argument("--heap-size", default=None)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--no-tag-output", action="store_true")
     p.add_argument("--dump-dir", default=None)
     p.add_argument("--no-dump", action="store_true")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--stats", action="store_true")
     p.add_argument("--chaos", default=None)
     p.add_argument("--parts", default=None)
     p.add_argument("--t0", type=int, default=None)
@@ -367,11 +487,12 @@ def host_main(argv=None) -> int:
     a = p.parse_args(argv)
     index = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     hosts = HostMap([int(c) for c in a.counts.split(",")], index)
+    _become_launcher(index, a.front)
     from .job import Job
 
     print(f"{HELLO} {index} {os.getpid()} {socket.gethostname()}", flush=True)
     options = RunOptions(module=a.module, heap_size=a.heap_size, timeout=a.timeout, tag_output=not a.no_tag_output,
-                         dump_dir=a.dump_dir, dump=not a.no_dump, check=a.check, chaos=a.chaos)
+                         dump_dir=a.dump_dir, dump=not a.no_dump, check=a.check, chaos=a.chaos, stats=a.stats)
     job = Job(hosts.n_pes, a.target, a.args, options)
     job.job_id = host_job_id(a.job, index)
     job.pes = hosts.pes()

@@ -218,8 +218,10 @@ class Job:
             self.record_dir = tempfile.mkdtemp(prefix=f"shmemx_{self.job_id}_record_")
             self.reaper.trace_dir(self.record_dir)
         try:
+            host = None if self.host is None else (self.host.hosts.n_hosts, self.host.hosts.index, self.pes.start,
+                                                   len(self.pes))
             self.ctl = Control.create(self.job_id, self.n, heap_size=self.heap_size or 0,
-                                      timeout=self.timeout or 0.0, script=self._target_name())
+                                      timeout=self.timeout or 0.0, script=self._target_name(), host=host)
             if self.deepep:
                 self.deepep_port = deepep.free_port()  # one per job, chosen before the ranks fork
             self._start_ranks()
@@ -228,7 +230,7 @@ class Job:
             self.ctl.header["state"] = JobState.RUNNING
             return self._supervise()
         except _Interrupted as exc:
-            self._message(f"interrupted by {signal.Signals(exc.signum).name}; stopping {self.n} PEs")
+            self._message(f"interrupted by {signal.Signals(exc.signum).name}; stopping {len(self.pes)} PEs")
             self._stop_all(grace=0.5)
             return EXIT_INTERRUPTED if exc.signum == signal.SIGINT else EXIT_TERMINATED
         finally:

@@ -9,7 +9,8 @@ shared-memory substrate), ``udma`` (the emulated data plane), ``observe`` (count
 import sys as _sys
 
 from .errors import (ClosedError, CompletionError, HeapExhaustedError, InternalError, NotInitializedError,
-                     PeerFailedError, ShmemError, StreamError, SubmitterError, SymmetryError, WaitTimeoutError)
+                     OtherHostError, PeerFailedError, ShmemError, StreamError, SubmitterError, SymmetryError,
+                     WaitTimeoutError)
 from .api.memory import (DEVICE_SIDE, HOST_SIDE, HeapInfo, aclshmem_align, aclshmem_calloc, aclshmem_free,
                          aclshmem_malloc, aclshmem_ptr, aclshmemx_align, aclshmemx_calloc, aclshmemx_free,
                          aclshmemx_get_heap_base, aclshmemx_malloc, array, empty, full, heap_info, prefault, zeros)
@@ -67,7 +68,7 @@ __version__ = "0.1.0"
 __all__ = [
     # errors
     "ShmemError", "NotInitializedError", "ClosedError", "SymmetryError", "HeapExhaustedError", "WaitTimeoutError",
-    "PeerFailedError", "CompletionError", "SubmitterError", "InternalError", "StreamError",
+    "PeerFailedError", "CompletionError", "SubmitterError", "InternalError", "StreamError", "OtherHostError",
     # host
     "init", "finalize", "my_pe", "n_pes", "InitAttr", "OptionalAttr", "is_initialized",
     "aclshmemx_init_attr", "aclshmem_finalize", "aclshmem_my_pe", "aclshmem_n_pes", "aclshmemx_set_qp_num", "qp_num",

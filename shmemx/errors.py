@@ -22,6 +22,7 @@ __all__ = [
     "SubmitterError",
     "InternalError",
     "StreamError",
+    "OtherHostError",
 ]
 
 
@@ -102,3 +103,9 @@ class CompletionError(ShmemError):
         self.pe = pe
         self.peer = peer
         self.qp_idx = qp_idx
+
+
+class OtherHostError(ValueError):
+    """A direct access (MTE copy, ``aclshmem_ptr`` view, load or store) to a PE of another host (``shmemx run
+    --hosts``): its memory is not mapped here; the UDMA calls reach it. A ``ValueError``, as other refusals of a
+    call's arguments are."""

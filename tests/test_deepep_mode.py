@@ -107,6 +107,26 @@ def test_the_v2_reference_combine_places_a_ranks_sum_at_its_last_slot():
     assert refs.ordered_accumulate(y).item() == 5.0
 
 
+@pytest.mark.parametrize("tokens, experts, ranks, topk, ratio", [(1024, 64, 8, 6, 2.0), (512, 16, 4, 4, 1.0),
+                                                                 (256, 72, 72, 1, 4.0), (300, 64, 16, 9, 4.0)])
+def test_precise_unbalanced_scores_give_rank_0_its_ratio_exactly(tokens, experts, ranks, topk, ratio):
+    from shmemx.deep_ep.utils import gate
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # as DeepEP's init_dist leaves it: the scores stay float32
+    try:
+        scores = gate.get_unbalanced_scores(tokens, experts, ranks, topk, ratio, True)
+    finally:
+        torch.set_default_dtype(default)
+    assert scores.shape == (tokens, experts) and scores.dtype == torch.float32
+    rank = torch.topk(scores, topk, dim=-1, sorted=False).indices // (experts // ranks)
+    counts = torch.zeros((tokens, ranks), dtype=torch.bool).scatter_(1, rank, True).sum(0)
+    assert counts[1:].max() - counts[1:].min() <= 1  # the other ranks within one token of each other
+    assert abs(counts[0].item() / counts[1:].float().mean().item() - ratio) / ratio < 0.1
+    with pytest.raises(ValueError, match="need at least 4 ranks per token"):
+        gate.get_unbalanced_scores(64, 4, 4, 4, 2.0, True)  # 1 expert per rank, but ratio 2 allows 2 ranks
+
+
 # --- through shmemx run --deepep --------------------------------------------------------------------------------
 
 
@@ -124,12 +144,26 @@ def test_elastic_script_matches_the_reference_bit_for_bit(n, tmp_path):
     assert "[pe 0] elastic ok" in proc.stdout
 
 
-@pytest.mark.slow
-def test_elastic_script_under_check_and_chaos(tmp_path):
-    """The mode is the one path: the sanitizer and the chaos scheduler see its kernels like any other."""
-    proc = _deepep(2, "elastic_roundtrip.py", tmp_path=tmp_path, extra=["--check", "--chaos", "7"])
+@pytest.mark.parametrize("n, nodes, multiple", [(2, 2, 1), (2, 1, 0), pytest.param(4, 2, 1, marks=pytest.mark.slow),
+                                                pytest.param(4, 2, 0, marks=pytest.mark.slow)])
+def test_elastic_script_takes_the_hybrid_route_over_nodes(n, nodes, multiple, tmp_path):
+    """A job of several nodes (spawn's nprocs below the ranks): scale-out x scale-up, DeepEP's hybrid recipe; and
+    without multiple reduction (one reduction, at the source), on either route."""
+    proc = _deepep(n, "elastic_roundtrip.py", "--num-processes", str(n // nodes), "--allow-multiple-reduction",
+                   str(multiple), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "0 findings" in proc.stderr
+    assert "[pe 0] elastic ok" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [2, 1])
+def test_elastic_script_under_check_and_chaos(nprocs, tmp_path):
+    """The mode is the one path: the sanitizer and the chaos scheduler see its kernels like any other (the direct
+    route, and the hybrid one over 2 nodes of 1 rank)."""
+    proc = _deepep(2, "elastic_roundtrip.py", "--num-processes", str(nprocs), tmp_path=tmp_path,
+                   extra=["--check", "--chaos", "7"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--check: no findings" in proc.stderr
 
 
 @pytest.mark.slow
@@ -180,6 +214,8 @@ DEEPEP_CASES = {  # test file, ranks, its own options for small sizes, extra env
                                           "--num-stress-iterations", "2"], {}),
     "ep": ("tests/elastic/test_ep.py", 4, ["--num-tokens", "32", "--hidden", "256", "--num-topk", "4",
                                           "--num-experts", "16"], {}),
+    "ep_hybrid": ("tests/elastic/test_ep.py", 4, ["--num-tokens", "32", "--hidden", "256", "--num-topk", "4",
+                                                 "--num-experts", "16", "--num-processes", "2"], {}),  # 2 x 2
     "intranode": ("tests/legacy/test_intranode.py", 4, ["--num-tokens", "64", "--hidden", "256", "--num-topk", "4",
                                                         "--num-experts", "32"], {}),
     "shrink": ("tests/legacy/test_low_latency.py", 6, ["--num-tokens", "16", "--hidden", "512", "--num-topk", "4",

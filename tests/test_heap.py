@@ -340,3 +340,33 @@ def _prefault_peer_pages():
 @pytest.mark.parametrize("n", [1, 2])
 def test_prefault_maps_peer_pages_before_the_first_store(run_ok, n):
     run_ok(n, _prefault_peer_pages)
+
+
+def _zeros_do_not_touch_pages():
+    import os
+
+    shmemx.init()
+    me = shmemx.my_pe()
+    seg = runtime().heap.segments[me]
+
+    def backed() -> int:  # bytes of this PE's heap file held in memory
+        return os.stat(seg.path).st_blocks * 512
+
+    dirty = shmemx.full((8 << 20) + 100, 7, np.uint8, name="dirty")  # touched pages, then freed: recycled below
+    offset = _address(dirty) - _address(seg.bytes)
+    shmemx.aclshmem_free(dirty)
+    before = backed()
+    z = shmemx.zeros((8 << 20) + 100, np.uint8, name="zeroed", prefault=False)
+    c = shmemx.aclshmem_calloc(3, 1000, name="small")
+    assert _address(z) - _address(seg.bytes) == offset  # the same (dirty) bytes came back
+    assert backed() < before - (7 << 20), (before, backed())  # its whole pages were released, not written
+    assert not z.any() and not c.any()  # and read as zeros, edges included
+    shmemx.aclshmem_barrier_all()
+    if shmemx.n_pes() > 1:
+        assert not shmemx.aclshmem_ptr(z, (me + 1) % shmemx.n_pes()).any()  # a peer's mapping sees the zeros
+    shmemx.aclshmem_barrier_all()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_zeros_release_pages_instead_of_writing_them(run_ok, n):
+    run_ok(n, _zeros_do_not_touch_pages)

@@ -13,7 +13,9 @@ Every block runs, with no SyncAll between them (seed 7.4)::
 
 The combine flags live in the In window, in front of the combine data area (README A20). Emulation: the rows and
 flags of one destination rank are vectorised stores through ``aclshmem_ptr`` views, rows before flags; the last
-flag for each destination goes through ``aclshmemx_mte_put_nbi`` to wake it. The receive side waits on all
+flag for each destination goes through ``aclshmemx_mte_put_nbi`` to wake it. A destination on another host gets
+the same rows and flags over UDMA, the rows quiet before the flags, all of them posted by block 0 for every block
+(one submitter per queue; ``far``). The receive side waits on all
 of its pending tokens at once (``aclshmem_wait_until_any`` on the flag bits, excluding finished tokens) and
 processes whichever tokens are complete, in token order; the seed walks its tokens strictly in order, which only
 changes when a token is summed, not the result.
@@ -28,6 +30,7 @@ import numpy as np
 
 import shmemx
 
+from . import far
 from .constants import FLOAT_NUM_PER_ALIGN, TOKEN_SRC_INFO_LEN, UB_32_ALIGN
 from .dispatch import BlockResults, _out, cost_stats
 from .tiling import DispatchLayout, MoeCombineNormalInfo, check_combine_tiling, check_context, op_attrs, split
@@ -74,6 +77,7 @@ class _Run(BlockResults):
         self.max_slots = info.global_bs // self.R * info.k  # rows a combine data area holds
         self.out = _out(x_out, "x_out", (info.bs, info.h), recv_x.dtype, self.me)
         self.diagnose = info.is_enable_diagnose
+        self.any_far = ctx.ep.any_far  # ranks on other hosts (far): their rows and flags go over UDMA
         super().__init__(info.aiv_num, self.R, np.float64)
         self.chunk = max(1, _CHUNK_BYTES // (layout.h512_align_recv_x_len))
 
@@ -103,29 +107,65 @@ def _copy_buffer_to_share_and_set_status(run: _Run, b: int, B: int, magic: int) 
     per run cost more than the copies).
     """
     start, end = split(run.rows, B, b)
+    local_state = run.state(run.me, magic)  # symmetric address of every rank's flag slots
+    if b == 0 and run.any_far:  # every block's rows to ranks of other hosts: block 0 sends them (far)
+        far_runs = _owner_runs(run, 0, run.rows)
+        with far.section() as udma:
+            for dst in sorted(d for d in far_runs if not run.ctx.ep.near(d)):
+                _timed(run, dst, _send_far, udma, dst, far_runs[dst], magic, local_state)
     if start >= end:
         return
+    runs = _owner_runs(run, start, end)
+    for dst in sorted(d for d in runs if run.ctx.ep.near(d)):
+        _timed(run, dst, _send_near, dst, runs[dst], magic, local_state)
+    run.flags_written[b] += end - start
+    run.bytes_copied[b] += (end - start) * run.H * run.recv_x.itemsize
+
+
+def _owner_runs(run: _Run, start: int, end: int) -> dict[int, list[tuple[int, int]]]:
+    """Received rows ``[start, end)`` as runs of consecutive rows per token owner: owner -> [(r0, r1)]."""
     dst_of = run.src_info[start:end, 0]
     breaks = np.flatnonzero(np.diff(dst_of)) + 1
     runs: dict[int, list[tuple[int, int]]] = {}
     for r0, r1 in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [end - start]])):
         runs.setdefault(int(dst_of[r0]), []).append((start + int(r0), start + int(r1)))
-    local_state = run.state(run.me, magic)  # symmetric address of every rank's flag slots
-    for dst in sorted(runs):
-        t0 = time.perf_counter()
-        buffer, state = run.buffer(dst, magic), run.state(dst, magic)
-        chunks = [(c0, min(c0 + run.chunk, r1)) for r0, r1 in runs[dst] for c0 in range(r0, r1, run.chunk)]
-        for i, (c0, c1) in enumerate(chunks):
-            slot = run.src_info[c0:c1, 1] * run.K + run.src_info[c0:c1, 2]  # srcTokenId * K + srcTopkId
-            buffer[slot] = run.recv_x[c0:c1]  # CopyBufferToShare
-            state[slot[:-1] if i == len(chunks) - 1 else slot] = 1.0  # SetStatusBySrcInfo: 8 x 1.0f, after rows
-        shmemx.aclshmemx_mte_put_nbi(local_state[slot[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[dst])
-        if run.diagnose:
-            spent = (time.perf_counter() - t0) * 1e6
-            with run.lock:
-                run.stats[dst] += spent
-    run.flags_written[b] += end - start
-    run.bytes_copied[b] += (end - start) * run.H * run.recv_x.itemsize
+    return runs
+
+
+def _timed(run: _Run, dst: int, send, *args) -> None:
+    """``send(run, *args)``, its time added to the diagnose cost of rank ``dst``."""
+    t0 = time.perf_counter()
+    send(run, *args)
+    if run.diagnose:
+        spent = (time.perf_counter() - t0) * 1e6
+        with run.lock:
+            run.stats[dst] += spent
+
+
+def _send_near(run: _Run, dst: int, runs: list[tuple[int, int]], magic: int, local_state: np.ndarray) -> None:
+    """Rows ``runs`` (``[r0, r1)`` of recv_x) into rank ``dst``'s combine data area through its window view, each
+    chunk's flags after its rows; the very last flag by an MTE put, which wakes ``dst``."""
+    buffer, state = run.buffer(dst, magic), run.state(dst, magic)
+    chunks = [(c0, min(c0 + run.chunk, r1)) for r0, r1 in runs for c0 in range(r0, r1, run.chunk)]
+    for i, (c0, c1) in enumerate(chunks):
+        slot = run.src_info[c0:c1, 1] * run.K + run.src_info[c0:c1, 2]  # srcTokenId * K + srcTopkId
+        buffer[slot] = run.recv_x[c0:c1]  # CopyBufferToShare
+        state[slot[:-1] if i == len(chunks) - 1 else slot] = 1.0  # SetStatusBySrcInfo: 8 x 1.0f, after rows
+    shmemx.aclshmemx_mte_put_nbi(local_state[slot[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[dst])
+
+
+def _send_far(run: _Run, udma: far.FarSection, dst: int, runs: list[tuple[int, int]], magic: int,
+              local_state: np.ndarray) -> None:
+    """The same rows and flags to rank ``dst`` of another host over UDMA (addressed by this rank's own combine
+    area and flag slots: the symmetric address); the rows are quiet before any flag is written."""
+    own, pe = run.buffer(run.me, magic), run.ctx.ep.pes[dst]
+    rows = np.concatenate([np.arange(r0, r1) for r0, r1 in runs])
+    slots = (run.src_info[rows, 1] * run.K + run.src_info[rows, 2]).tolist()
+    for a, slot in zip(rows.tolist(), slots):
+        udma.put(own[slot], run.recv_x[a], pe)  # CopyBufferToShare
+    udma.quiet()  # every row is at the owner before its flags
+    for slot in slots:
+        udma.flag(local_state[slot], pe)  # SetStatusBySrcInfo
 
 
 def _runs(tokens: np.ndarray) -> list[tuple[int, int]]:
@@ -189,6 +229,8 @@ def _read_buffer_from_remote(run: _Run, b: int, B: int, magic: int) -> None:
         sums = state.sum(axis=1, dtype=np.float32)
         ready = np.flatnonzero(pending & (sums == target))
         if len(ready):
+            if run.any_far:  # rows and flags of ranks on other hosts are UDMA writes: taken by a wait (met at once)
+                far.acquire(bits, ready, K8)
             state[ready] = 0.0  # WaitBuffCopy's clear
             pending[ready] = False
             _weighted_sum(run, start + ready, magic)

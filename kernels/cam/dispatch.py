@@ -19,7 +19,9 @@ block's slots has finished its rows. Ping-pong: call n uses half n % 2 of both w
 only be seen by call n + 2, and by then the reader has cleared it (README "ping-pong").
 
 Emulation: peer windows are ``aclshmem_ptr`` views (direct MTE loads/stores); each block's work is vectorised
-numpy. Flag stores to one peer are plain stores except the last, which goes through ``aclshmemx_mte_put_nbi`` so
+numpy. A rank of another host (``shmemx run --hosts``) is reached over UDMA (``far``): its flags are UDMA flag
+writes, its rows UDMA reads, all posted by block 0 for every block (one submitter per queue), the reads after
+WaitStatus' SyncAll and followed by one more SyncAll (only in a job with such ranks). Flag stores to one peer are plain stores except the last, which goes through ``aclshmemx_mte_put_nbi`` so
 that the peer's sleeping waiters wake; the wait is ``aclshmem_wait_until_any(flag bits != last snapshot)`` around
 the seed's sum, so no thread busy-polls.
 """
@@ -34,6 +36,7 @@ import numpy as np
 
 import shmemx
 
+from . import far
 from .constants import COMM_EP_IDX, EXPAND_IDX_INFO, FLOAT_NUM_PER_ALIGN, QUANT_MODE_DYNAMIC, STATE_OFFSET
 from .quant import dynamic_quant
 from .tiling import DispatchLayout, MoeDispatchNormalInfo, check_context, check_dispatch_tiling, op_attrs, split
@@ -124,6 +127,8 @@ class _Run(BlockResults):
         self.diagnose = info.is_enable_diagnose
         super().__init__(info.aiv_num, self.R, np.int64)
         self.chunk = max(1, _CHUNK_BYTES // (info.h * x.itemsize))  # tokens per InputToShare step
+        self.any_far = ctx.ep.any_far  # ranks on other hosts (far): their flags and rows go over UDMA
+        self.fetched: dict[int, np.ndarray] = {}  # status -> the rows read from a far rank (_fetch_far)
 
     def rows(self, rank: int, data_state: int) -> np.ndarray:
         """``[maxBs*K, hOutGMAlignSize] uint8``: rank ``rank``'s dispatch area in half ``data_state``."""
@@ -191,18 +196,32 @@ def _set_status(run: _Run, b: int, B: int, data_state: int) -> None:
     if len(set(run.states)) != 1:
         raise RuntimeError(f"pe {run.me}: moe_dispatch_normal: AIV blocks read different dataState words "
                            f"{run.states}: aiv_num changed between calls on this WindowContext")
+    local = run.flags(run.me, data_state)  # the symmetric address of every rank's flag slots
+    if b == 0 and run.any_far:
+        _far_flags(run, local)
     if start >= end:
         return
     experts = np.arange(start, end)
     targets = experts // run.e_loc
     slots = run.me + experts % run.e_loc * run.R  # offset / STATE_OFFSET: slot (local expert, me)
-    local = run.flags(run.me, data_state)  # the symmetric address of every rank's flag slots
-    for target in np.unique(targets):
+    for target in np.unique(targets).tolist():
+        if not run.ctx.ep.near(target):
+            continue  # (block 0 sent it: _far_flags)
         mine = slots[targets == target]
-        peer = run.flags(int(target), data_state)
+        peer = run.flags(target, data_state)
         peer[mine[:-1]] = 1.0  # all 8 floats 1.0f (0x3F800000), as the seed's Duplicate
-        shmemx.aclshmemx_mte_put_nbi(local[mine[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[int(target)])
+        shmemx.aclshmemx_mte_put_nbi(local[mine[-1]], _ONES8, FLOAT_NUM_PER_ALIGN, run.ctx.ep.pes[target])
     run.flags_written[b] += end - start
+
+
+def _far_flags(run: _Run, local: np.ndarray) -> None:
+    """The flags of every expert on a rank of another host, each a UDMA flag write (``far``), by block 0 for
+    every block (one submitter per queue); the rows they announce are all in this rank's window (SyncAll)."""
+    experts = np.arange(run.E)
+    far_experts = experts[[not run.ctx.ep.near(int(t)) for t in experts // run.e_loc]]
+    with far.section() as udma:
+        for e in far_experts.tolist():
+            udma.flag(local[run.me + e % run.e_loc * run.R], run.ctx.ep.pes[e // run.e_loc])
 
 
 def _missing(run: _Run, start: int, bits: np.ndarray) -> str:
@@ -239,6 +258,8 @@ def _wait_status(run: _Run, b: int, B: int, data_state: int, stats: np.ndarray) 
             raise shmemx.WaitTimeoutError(f"pe {run.me}: moe_dispatch_normal WaitStatus (block {b}, half "
                                           f"{data_state}, slots {start}..{end - 1}): {_missing(run, start, first)}; "
                                           f"{exc}") from None
+    if run.any_far:  # flags of ranks on other hosts are UDMA writes: taken by a wait (met at once) before use
+        shmemx.aclshmem_wait_until_all(words, shmemx.ACLSHMEM_CMP_EQ, far.ONE_BITS)
     flags[start:end] = 0  # clear all 32 B of each slot (README A3)
     shmemx.sync_all()
 
@@ -264,19 +285,33 @@ def _share_to_output(run: _Run, b: int, B: int, data_state: int) -> None:
     live = np.flatnonzero(counts > 0)
     if not len(live):
         return
-    windows = [run.rows(r, data_state) for r in range(run.R)]  # [maxBs*K, hOutGMAlignSize] uint8 each
+    windows = [run.rows(r, data_state) if run.ctx.ep.near(r) else None for r in range(run.R)]  # [maxBs*K, hOut]
     out_rows = run.recv_x.view(np.uint8).reshape(len(run.recv_x), -1)
     triples = run.expand_idx.reshape(-1, 3)
     scales = run.x_scales
     for i, p, n, o in zip((start + live).tolist(), pre[live].tolist(), counts[live].tolist(),
                           run.recv_offset[start + live].tolist()):
-        rows = windows[i % run.R][o:o + n]
+        rows = windows[i % run.R][o:o + n] if windows[i % run.R] is not None else run.fetched[i]
         out_rows[p:p + n] = rows[:, :data_bytes]
         triples[p:p + n] = rows[:, triple_at:triple_at + 12].view(np.int32)
         if scales is not None:
             scales[p:p + n] = rows[:, lay.h_ub_align_size:lay.h_ub_align_size + 4].view(np.float32)[:, 0]
     moved = int(counts[live].sum())
     run.bytes_copied[b] += moved * (data_bytes + 12 + (4 if run.quant else 0))
+
+
+def _fetch_far(run: _Run, data_state: int) -> None:
+    """Block 0, for every block: the rows of every status whose source rank is on another host, read over UDMA
+    from that rank's dispatch area (the symmetric address: this rank's own area) into ``run.fetched`` (status
+    -> ``[count, hOut]``); every flag is in (WaitStatus' SyncAll), the blocks meet again after it."""
+    own = run.rows(run.me, data_state)
+    counts = np.diff(run.recv_count, prepend=0)
+    with far.section() as udma:
+        for i in np.flatnonzero(counts > 0).tolist():
+            if not run.ctx.ep.near(i % run.R):
+                o, n = int(run.recv_offset[i]), int(counts[i])
+                run.fetched[i] = np.empty((n, own.shape[1]), np.uint8)
+                udma.get(run.fetched[i], own[o:o + n], run.ctx.ep.pes[i % run.R])
 
 
 def _kernel(run: _Run) -> None:
@@ -286,6 +321,10 @@ def _kernel(run: _Run) -> None:
     _set_status(run, b, B, data_state)
     stats = np.zeros(run.R, np.int64)
     _wait_status(run, b, B, data_state, stats)
+    if run.any_far:  # ranks of other hosts: block 0 reads their rows for every block (far)
+        if b == 0:
+            _fetch_far(run, data_state)
+        shmemx.sync_all()
     _share_to_output(run, b, B, data_state)
     if run.diagnose:
         with run.lock:  # SetAtomicAdd<int32_t> into the GM output

@@ -16,7 +16,8 @@ so a rank's dispatch area holds its own rows sorted by expert, then in (t, k) or
 
 ``notify_dispatch`` computes them collectively: each rank writes its ``cnt`` row into every rank's notify area
 (the first 204 MB of an In-window half, ``NOTIFY_DISPATCH_BUFF_OFFSET``, which the dispatch and combine kernels
-skip) with MTE puts, all ranks meet in one barrier, and each derives its arrays. Calls alternate between the notify
+skip) with MTE puts (UDMA writes to ranks of other hosts, ``far``), all ranks meet in one barrier, and each derives
+its arrays. Calls alternate between the notify
 areas of the two halves, so one barrier per call suffices: a rank can only overwrite the area of call n in call
 n + 2, after the barrier of call n + 1, which no rank passes before it finished reading call n.
 """
@@ -29,6 +30,7 @@ import numpy as np
 
 import shmemx
 
+from . import far
 from .window import WindowContext
 
 __all__ = ["NotifyDispatchOutput", "notify_dispatch", "send_layout"]
@@ -87,8 +89,12 @@ def notify_dispatch(ctx: WindowContext, topk_idx: np.ndarray, moe_expert_num: in
     ctx.notify_calls += 1
     off = half * (ep.win_size // 2)
     table = ep.local_windows_in[off:off + R * E * 4].view(np.int32).reshape(R, E)
-    for r in range(R):
-        shmemx.aclshmemx_mte_put_nbi(table[me], cnt, E, ep.pes[r])
+    with far.section() as udma:  # ranks of other hosts over UDMA, complete before the barrier
+        for r in range(R):
+            if ep.near(r):
+                shmemx.aclshmemx_mte_put_nbi(table[me], cnt, E, ep.pes[r])
+            else:
+                udma.put(table[me], cnt, ep.pes[r])
     shmemx.aclshmem_barrier_all()
     counts = table.copy()  # counts[src, g]
     e_loc = E // R

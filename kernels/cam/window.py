@@ -26,6 +26,9 @@ Windows are allocated without pre-faulting (the heap is a sparse /dev/shm file),
 the unused tail of each half cost nothing; only the Exp window and the two combine flag areas are zeroed at
 creation (flags must start at 0, and the ping-pong words must start at half 0). The context lives across calls:
 the dataState and magic words in it carry the ping-pong state from one call to the next.
+
+Across hosts (``shmemx run --hosts``) a rank of another host has no views here (``HcclOpResParam.near`` is
+False): the kernels reach its windows over UDMA at the same offsets (``far``), as CAM does across servers.
 """
 
 from __future__ import annotations
@@ -73,13 +76,14 @@ class HcclRankRelationResV2:
     """One rank's windows as another rank sees them (``remoteRes[r].nextDevicePtr``).
 
     Attributes:
-        windows_in: ``[winSize] uint8`` view of rank r's input window.
+        windows_in: ``[winSize] uint8`` view of rank r's input window; None when rank r is on another host (its
+            windows are reached over UDMA: ``far``).
         windows_out: reserved by HCCL ("预留"); never touched by these kernels, so None here.
-        windows_exp: ``[WIN_EXP_SIZE] uint8`` view of rank r's extension window.
+        windows_exp: ``[WIN_EXP_SIZE] uint8`` view of rank r's extension window (None: another host).
     """
 
-    windows_in: np.ndarray
-    windows_exp: np.ndarray
+    windows_in: np.ndarray | None
+    windows_exp: np.ndarray | None
     windows_out: None = None
 
 
@@ -105,17 +109,35 @@ class HcclOpResParam:
     remote_res: list[HcclRankRelationResV2] = field(default_factory=list)
     local_windows_out: None = None
 
+    def near(self, rank_id: int) -> bool:
+        """Whether rank ``rank_id``'s windows are mapped here (the same host: MTE loads and stores reach them);
+        a rank of another host is reached over UDMA (``far``)."""
+        return self.remote_res[rank_id].windows_in is not None
+
+    @property
+    def any_far(self) -> bool:
+        """Whether some rank of the domain is on another host (a job of several hosts)."""
+        return not all(map(self.near, range(self.rank_size)))
+
     def windows_in(self, rank_id: int) -> np.ndarray:
         """``[win_size] uint8``: the own ``localWindowsIn`` for ``rank_id == self.rank_id``, else the remote one."""
         if rank_id == self.rank_id:
             return self.local_windows_in
-        return self.remote_res[rank_id].windows_in
+        return self._mapped(rank_id).windows_in
 
     def windows_exp(self, rank_id: int) -> np.ndarray:
         """``[WIN_EXP_SIZE] uint8``: the own ``localWindowsExp`` or rank ``rank_id``'s ``windowsExp``."""
         if rank_id == self.rank_id:
             return self.local_windows_exp
-        return self.remote_res[rank_id].windows_exp
+        return self._mapped(rank_id).windows_exp
+
+    def _mapped(self, rank_id: int) -> HcclRankRelationResV2:
+        res = self.remote_res[rank_id]
+        if res.windows_in is None:
+            raise shmemx.OtherHostError(f"pe {self.pes[self.rank_id]}: rank {rank_id} (pe {self.pes[rank_id]}) is on "
+                                        f"another host: its windows are not mapped here; CAM reaches them over "
+                                        f"UDMA (kernels/cam/far.py)")
+        return res
 
 
 def _allocate_domain(rank_id: int, pes: list[int], win_size: int, label: str) -> HcclOpResParam:
@@ -134,9 +156,16 @@ def _allocate_domain(rank_id: int, pes: list[int], win_size: int, label: str) ->
         if r == rank_id:
             res.remote_res.append(HcclRankRelationResV2(win_in, win_exp))
         else:
-            res.remote_res.append(HcclRankRelationResV2(shmemx.aclshmem_ptr(win_in, pe),
-                                                        shmemx.aclshmem_ptr(win_exp, pe)))
+            res.remote_res.append(HcclRankRelationResV2(_peer_view(win_in, pe), _peer_view(win_exp, pe)))
     return res
+
+
+def _peer_view(arr: np.ndarray, pe: int) -> np.ndarray | None:
+    """``aclshmem_ptr(arr, pe)``, or None when ``pe`` is on another host (its memory is not mapped here)."""
+    try:
+        return shmemx.aclshmem_ptr(arr, pe)
+    except shmemx.OtherHostError:
+        return None
 
 
 class WindowContext:
@@ -255,7 +284,7 @@ class WindowContext:
         lay = DispatchLayout(h, out_size, x_size)
         max_rows = global_bs // self.ep_world_size * k
         combine_area = max_rows * lay.h_size_align_combine
-        for rank in range(self.ep_world_size):
+        for rank in filter(self.ep.near, range(self.ep_world_size)):  # (a far rank's windows: not mapped here)
             for half in (0, 1):
                 shmemx.prefault(self.get_buffer_addr_by_rank_id(rank, half, max_rows * lay.h512_align_recv_x_len))
                 shmemx.prefault(self.get_wind_addr_by_rank_id(COMM_EP_IDX, rank,

@@ -12,8 +12,11 @@ What differs from DeepEP, and why:
   as DeepEP checks them, and change nothing; ``do_cpu_sync=False`` returns worst-case sized outputs
   (``num_ranks * num_max_tokens_per_rank`` rows) as DeepEP does without the CPU sync.
 * Alignment padding rows are always zero (``do_zero_padding`` asks for what is already there).
-* The logical domain is one scale-up domain of every rank unless the job spans servers and ``allow_hybrid_mode``
-  is set; the hybrid (scale-out x scale-up) dispatch is refused with an error naming it.
+* The logical domain is one scale-up domain of every rank unless the job spans servers (``SHMEMX_SERVER_SIZE``
+  ranks each; ``torch.multiprocessing.spawn(nprocs=...)`` under ``--deepep`` sets it) and ``allow_hybrid_mode`` is
+  set: then dispatch and combine take DeepEP's hybrid route, through a forwarder of each scale-out domain
+  (``elastic_ep``), and a handle's ``token_metadata_at_forward`` is ``[R, 1 + S_up] int32`` (the source global
+  token index of each row this rank forwarded, then its row in the block to each rank of the domain, -1: none).
 * ``deterministic`` is accepted: the order of the received rows is already deterministic (sorted by source).
 * ``num_cpu_bytes`` (CPU-side Engram storage) is accepted: the storage is on the symmetric heap.
 """
@@ -59,8 +62,9 @@ class EPHandle:
     scaleup_rank [P_su] int32`` (inclusive), ``psum_num_recv_tokens_per_expert [E_loc] int32``,
     ``num_unaligned_recv_tokens_per_expert [E_loc] int32``, ``recv_src_metadata [n, 2 + K] int32`` (source global
     token index, source rank, then the expanded slot of each top-k entry or -1), ``dst_buffer_slot_idx [T, P]
-    int32`` (each token's row among those sent to each rank, -1 if not sent), ``token_metadata_at_forward`` and
-    ``channel_linked_list`` (None: no hybrid mode).
+    int32`` (each token's row among those sent to each rank, or each scale-out domain in hybrid mode, -1 if not
+    sent), ``token_metadata_at_forward`` (hybrid mode: see the module docstring; else None) and
+    ``channel_linked_list`` (None).
     """
 
     def __init__(self, do_expand: bool, num_experts: int, expert_alignment: int, num_max_tokens_per_rank: int, num_sms: int, topk_idx: TensorLike,
@@ -81,7 +85,8 @@ class EPHandle:
         self.dst_buffer_slot_idx = dst_buffer_slot_idx
         self.token_metadata_at_forward = token_metadata_at_forward
         self.channel_linked_list = channel_linked_list
-        self.per_rank: np.ndarray | None = None  # [P] rows received from each source (numpy, for the combine)
+        self.per_block: np.ndarray | None = None  # rows from each peer of the last hop (numpy, for the combine)
+        self.forward = None  # hybrid: what this rank forwarded (elastic_ep.Forward), for the combine
         self.local_slots: np.ndarray | None = None  # [n, K] bool: the received top-k slots of this rank's experts
 
     def __repr__(self) -> str:
@@ -140,7 +145,8 @@ class ElasticBuffer:
         self.num_rdma_ranks, self.num_nvlink_ranks = self.get_physical_domain_size()
         self.num_scaleout_ranks, self.num_scaleup_ranks = self.get_logical_domain_size()
         self.scaleout_rank_idx, self.scaleup_rank_idx = divmod(self.rank_idx, self.num_scaleup_ranks)
-        self._ep = ElasticEP(self.rank_idx, self.num_ranks, self.num_bytes)
+        self._ep = ElasticEP(self.rank_idx, self.num_ranks, self.num_bytes, self.num_scaleout_ranks,
+                             wide=not self.allow_multiple_reduction)
         self._barrier = Barrier(self.rank_idx, self.num_ranks)
         self._pp: PipeChannels | None = None
         self._agrs: Sessions | None = None
@@ -179,8 +185,9 @@ class ElasticBuffer:
         k = num_topk or 32
         x_bytes = hidden if use_fp8_dispatch else 2 * hidden
         sf_bytes = 4 * -(-hidden // 128) if use_fp8_dispatch else 0
-        rows = Rows(k, max(x_bytes, 2 * hidden), sf_bytes, hidden)
-        return _align(max(workspace_bytes(n, max(num_max_tokens_per_rank, 1), rows), 1), ALIGNMENT)
+        rows = Rows(k, max(x_bytes, 2 * hidden), sf_bytes, hidden, not allow_multiple_reduction)
+        scaleout = _domains(n, allow_hybrid_mode)[0]
+        return _align(max(workspace_bytes(n, max(num_max_tokens_per_rank, 1), rows, scaleout), 1), ALIGNMENT)
 
     @staticmethod
     def get_engram_storage_size_hint(num_entries: int, hidden: int, num_max_tokens_per_rank: int,
@@ -219,13 +226,11 @@ class ElasticBuffer:
 
     def get_physical_domain_size(self) -> tuple[int, int]:
         """``(servers, ranks per server)`` (``SHMEMX_SERVER_SIZE``, default 8)."""
-        nvl = min(int(os.environ.get(SERVER_SIZE_ENV) or NUM_MAX_NVL_PEERS), self.num_ranks)
-        return self.num_ranks // nvl, nvl
+        return _domains(self.num_ranks, True)
 
     def get_logical_domain_size(self) -> tuple[int, int]:
-        """One scale-up domain of every rank, or the servers with hybrid mode across servers."""
-        rdma, nvl = self.get_physical_domain_size()
-        return (rdma, nvl) if self.allow_hybrid_mode and rdma > 1 else (1, self.num_ranks)
+        """``(scale-out, scale-up)``: the servers with hybrid mode, else one scale-up domain of every rank."""
+        return _domains(self.num_ranks, self.allow_hybrid_mode)
 
     @staticmethod
     def capture() -> EventHandle:
@@ -274,7 +279,7 @@ class ElasticBuffer:
         max_tokens, alignment = self._check_routing(topk_idx, num_experts, num_max_tokens_per_rank, expert_alignment)
         conv = Converter(x, topk_idx, topk_weights)
         data, sf = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
-        with timed("dispatch_impl"):
+        with timed(self._kernel("dispatch_impl")):
             out = self._ep.dispatch(to_numpy(data, "x"), None if sf is None else to_numpy(sf, "x scales"),
                                     to_numpy(topk_idx, "topk_idx"), to_numpy(topk_weights, "topk_weights"),
                                     max_tokens, int(num_experts))
@@ -305,10 +310,11 @@ class ElasticBuffer:
             raise ValueError("dispatch: num_max_tokens_per_rank is required (here or at construction)")
         if num_experts % self.num_ranks:
             raise ValueError(f"dispatch: num_experts {num_experts} is not a multiple of the {self.num_ranks} ranks")
-        if self.num_scaleout_ranks > 1:
-            raise NotImplementedError("ElasticBuffer.dispatch: hybrid mode (scale-out x scale-up domains) is not "
-                                      "implemented on shmemx; make the buffer with allow_hybrid_mode=False")
         return max_tokens, int(expert_alignment or 1)
+
+    def _kernel(self, name: str) -> str:
+        """DeepEP's kernel name: ``hybrid_`` + name on the hybrid route."""
+        return f"hybrid_{name}" if self.num_scaleout_ranks > 1 else name
 
     def _dispatch_outputs(self, out: dict, num_experts: int, max_tokens: int, alignment: int, expand: bool,
                           exact: bool, col_major_sf: bool, with_weights: bool) -> dict:
@@ -319,12 +325,10 @@ class ElasticBuffer:
         hits = (idx[:, :, None] == np.arange(local)).any(1)  # [n, E_loc]
         unaligned = hits.sum(0).astype(np.int32)
         aligned = np.array([_align(c, alignment) for c in unaligned], np.int64)
-        per_rank = out["per_rank"]
-        su = self.num_scaleup_ranks
-        psum_rank = np.cumsum(per_rank.reshape(-1, su).sum(0) if len(per_rank) % su == 0 else per_rank)
+        psum_rank = np.cumsum(out["per_block"])  # rows from each scale-up peer (each rank, or each forwarder)
         metadata = np.full((n, 2 + k), -1, np.int32)
         metadata[:, 0] = out["src"]
-        metadata[:, 1] = np.repeat(np.arange(self.num_ranks), per_rank)
+        metadata[:, 1] = out["src"] // max_tokens
         res = {"unaligned": unaligned, "aligned": aligned, "num_recv": n, "psum_rank": psum_rank.astype(np.int32)}
         worst = self.num_ranks * max_tokens  # the rows DeepEP allocates without the CPU sync
         if not expand:
@@ -382,7 +386,7 @@ class ElasticBuffer:
         """
         self._check_alive("combine")
         event = _event(previous_event, async_with_compute_stream, allocate_on_comm_stream)
-        if not isinstance(handle, EPHandle) or handle.per_rank is None:
+        if not isinstance(handle, EPHandle) or handle.per_block is None:
             raise TypeError(f"combine: handle must be the EPHandle of a dispatch on this buffer, got "
                             f"{type(handle).__name__}")
         conv = Converter(x, topk_weights)
@@ -391,32 +395,38 @@ class ElasticBuffer:
         n = handle.num_recv_tokens
         k = meta.shape[1] - 2
         if handle.do_expand:
-            partial, weights = self._reduce_expanded(rows, meta, to_numpy(topk_weights, "topk_weights"), k)
+            partial, weights = self._reduce_expanded(rows, meta, to_numpy(topk_weights, "topk_weights"), k,
+                                                     self._ep.wide)
         else:
-            partial = np.ascontiguousarray(rows[:n]).astype(bf16, copy=False)
+            partial = _at_last_slot(rows[:n], handle.local_slots) if self._ep.wide else \
+                np.ascontiguousarray(rows[:n]).astype(bf16, copy=False)
             w = to_numpy(topk_weights, "topk_weights")
             weights = np.zeros((n, k), np.float32) if w is None else np.asarray(w[:n], np.float32).copy()
             weights[~handle.local_slots] = 0  # (the other slots' weights come back from their ranks)
         bias_sum = _bias_sum(bias)
-        with timed("combine_impl"):
-            combined, combined_w = self._ep.combine(partial, weights, handle.per_rank, to_numpy(handle.topk_idx),
+        with timed(self._kernel("combine_impl")):
+            combined, combined_w = self._ep.combine(partial, weights, handle.per_block, to_numpy(handle.topk_idx),
                                                     to_numpy(handle.dst_buffer_slot_idx), handle.num_experts,
-                                                    bias_sum)
+                                                    bias_sum, handle.forward)
         with timed("combine_reduce_epilogue_impl"):
             pass  # (the reduction ran inside the combine above: it needs every rank's rows)
         return conv.out(combined), (conv.out(combined_w) if topk_weights is not None else None), event
 
     @staticmethod
-    def _reduce_expanded(rows: np.ndarray, meta: np.ndarray, w, k: int):
-        """Each received token's local slots summed in top-k order (float32, rounded once); the slots' weights."""
+    def _reduce_expanded(rows: np.ndarray, meta: np.ndarray, w, k: int, wide: bool):
+        """Each received token's local slots summed in top-k order (float32, rounded once), or (``wide``: no
+        multiple reduction) each slot's row in its place ``[n, K, H]``; the slots' weights."""
         n, hidden = len(meta), rows.shape[1]
-        acc = np.zeros((n, hidden), np.float32)
+        acc = np.zeros((n, k, hidden) if wide else (n, hidden), np.float32)
         weights = np.zeros((n, k), np.float32)
         for j in range(k):
             slot = meta[:, 2 + j]
             ok = slot >= 0
             if ok.any():
-                acc[ok] += rows[slot[ok]].astype(np.float32)
+                if wide:
+                    acc[ok, j] = rows[slot[ok]].astype(np.float32)
+                else:
+                    acc[ok] += rows[slot[ok]].astype(np.float32)
                 if w is not None:
                     weights[ok, j] = np.asarray(w, np.float32)[slot[ok]]
         return acc.astype(bf16), weights
@@ -553,6 +563,13 @@ class ElasticBuffer:
         return hook
 
 
+def _domains(n: int, hybrid: bool) -> tuple[int, int]:
+    """``(scale-out, scale-up)`` ranks of a job of ``n``: its servers of ``SHMEMX_SERVER_SIZE`` ranks (default 8)
+    with ``hybrid``, else ``(1, n)``."""
+    nvl = min(int(os.environ.get(SERVER_SIZE_ENV) or NUM_MAX_NVL_PEERS), n)
+    return (n // nvl, nvl) if hybrid else (1, n)
+
+
 def _is_size(x) -> bool:
     torch = torch_module()
     return torch is not None and isinstance(x, torch.Size)
@@ -575,6 +592,15 @@ def _pad(a: np.ndarray, rows: int, fill=0) -> np.ndarray:
         return a
     out = np.full((rows, *a.shape[1:]), fill, a.dtype)
     out[:len(a)] = a
+    return out
+
+
+def _at_last_slot(rows: np.ndarray, local_slots: np.ndarray) -> np.ndarray:
+    """``[n, K, H] bfloat16``: each token's row (the caller's sum over its local slots) at its last local slot."""
+    n, k = local_slots.shape
+    out = np.zeros((n, k, rows.shape[1]), bf16)
+    last = k - 1 - np.argmax(local_slots[:, ::-1], axis=1)
+    out[np.arange(n), last] = rows
     return out
 
 
@@ -611,5 +637,8 @@ def _new_handle(conv: Converter, out: dict, result: dict, expand: bool, num_expe
                       result["num_expanded"], result["aligned"].tolist(), conv.out(result["psum_rank"]),
                       conv.out(result["psum_expert"]), conv.out(result["unaligned"]), conv.out(result["metadata"]),
                       conv.out(out["slot"]))
-    handle.per_rank, handle.local_slots = out["per_rank"], out["topk_idx"] >= 0
+    handle.per_block, handle.local_slots, handle.forward = out["per_block"], out["topk_idx"] >= 0, out["forward"]
+    if out["forward"] is not None:
+        fwd = out["forward"]
+        handle.token_metadata_at_forward = conv.out(np.column_stack([fwd.src, fwd.pos]).astype(np.int32))
     return handle

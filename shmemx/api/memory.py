@@ -6,7 +6,9 @@ compares its entry with every peer's before committing anything. A mismatch rais
 and exhaustion raises ``HeapExhaustedError`` on every PE, both with the heap unchanged.
 
 Initial contents (zeros, full, array) are written into the new block before that barrier, so when any PE
-returns, every PE's copy is initialised and a peer's first put cannot be overwritten by a late memset.
+returns, every PE's copy is initialised and a peer's first put cannot be overwritten by a late memset. Zeros are
+not written but punched out of the heap file, whole pages at a time (``Segment.zero``): a large zeroed window
+costs memory only where it is later used.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def _allocate(size: int, align: int, name: str, fill: Callable[[np.ndarray], Non
     offset = heap.plan(size, align)
     if offset >= 0:
         block = heap.view(rt.my_pe, offset, (size,), np.uint8)
+        if zero:  # whole pages are punched out, not written: a large zeroed window costs only what is used
+            heap.segments[rt.my_pe].zero(offset, size)
         if prefault:
             heap.segments[rt.my_pe].prefault(offset, size)
         if fill is not None:
@@ -161,7 +165,7 @@ def aclshmem_calloc(nmemb: int, size: int, *, name: str = "", prefault: bool = T
     total = _check_size("aclshmem_calloc", nmemb) * _check_size("aclshmem_calloc", size)
     if total == 0:
         return None
-    return _allocate(total, DEFAULT_ALIGN, name or "calloc", lambda b: b.fill(0), prefault, zero=True)
+    return _allocate(total, DEFAULT_ALIGN, name or "calloc", None, prefault, zero=True)
 
 
 def aclshmem_align(alignment: int, size: int, *, name: str = "", prefault: bool = True) -> np.ndarray | None:
@@ -304,7 +308,7 @@ def empty(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float64, *, na
 def zeros(shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float64, *, name: str = "",
           prefault: bool = True) -> np.ndarray:
     """A zeroed heap array on every PE (collective)."""
-    return _shaped(shape, dtype, name, lambda a: a.fill(0), prefault, zero=True)
+    return _shaped(shape, dtype, name, None, prefault, zero=True)
 
 
 def full(shape: int | tuple[int, ...], fill_value: object, dtype: npt.DTypeLike = None, *, name: str = "",

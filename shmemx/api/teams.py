@@ -24,11 +24,12 @@ translation between teams.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ShmemError
+from ..errors import ShmemError, WaitTimeoutError
 from ..runtime import runtime
 from ..shm import teams as table
 from ..shm.barrier import TeamShape, barrier, team_barrier
@@ -237,11 +238,34 @@ def aclshmem_team_destroy(team: int) -> None:
         raise ValueError(f"pe {rt.my_pe}: {what}: ACLSHMEM_TEAM_WORLD cannot be destroyed")
     t = _team(rt, team, what)
     _collective(rt, t, what, _OP_DESTROY, (team, 0, 0), None)
+    _relayed(rt, t.shape, [rt.my_pe], what)
     rt.ctl.pes[rt.my_pe]["team_barriers"][t.shape.slot] = 0
     del _teams(rt)[team]
     if t.my_index == 0:
+        _relayed(rt, t.shape, [p for p in t.shape.members() if rt.hosts.local(p)], what)
         table.release(rt.ctl, t.shape.slot)
     log(LogLevel.INFO, rt.my_pe, f"{what}: destroyed team {team}")
+
+
+def _relayed(rt, shape: TeamShape, pes: list[int], what: str) -> None:
+    """In a job of several hosts, for a team with members on other hosts: wait until this host's NIC has taken
+    the barrier arrivals of ``pes`` (PEs of this host) on the team's slot to the other hosts
+    (``team_relayed``), before this PE resets the slot's counter or releases the slot. The NIC reads the
+    counters when it gets to them: one reset or reused before would lose an arrival the other hosts wait for."""
+    if not rt.hosts.multi or all(rt.hosts.local(p) for p in shape.members()):
+        return
+    rows, slot = rt.ctl.pes, shape.slot
+    deadline = time.monotonic() + rt.timeout
+    for p in pes:
+        while True:
+            n = int(rows[p]["team_barriers"][slot])
+            if n == 0 or int(rows[p]["team_relayed"][slot]) == shape.uid << 32 | n:
+                break
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(f"pe {rt.my_pe}: {what} of team {slot} ({shape}): this host's NIC did not "
+                                       f"take pe {p}'s {n} arrivals on the team's barrier to the other hosts "
+                                       f"within {rt.timeout:g} s")
+            time.sleep(0.0002)
 
 
 def aclshmem_team_my_pe(team: int) -> int:

@@ -28,6 +28,7 @@ prints its ``table()``, and ``shmemx.stats()`` returns it inside a rank.
 from __future__ import annotations
 
 import threading
+from typing import Iterable
 
 import numpy as np
 
@@ -239,6 +240,40 @@ class JobStats:
             for pe, seg in mapped.items():
                 if pe not in given:
                     seg.close()
+        return out
+
+    _ROWS = ("posted_wqes", "posted_bytes", "completed_wqes", "completed_bytes", "block_posted_wqes",
+             "block_posted_bytes")
+
+    def save(self, path: str, pes: Iterable[int]) -> None:
+        """The rows of ``pes`` to ``path`` (``.npz``): a host's part of the counters of a job of several hosts,
+        for ``merge``."""
+        rows = np.asarray(list(pes), np.int64)
+        arrays = {"pes": rows, "shape": np.array([self.n_pes, self.qp_num], np.int64)}
+        arrays.update({name: getattr(self, name)[rows] for name in self._ROWS})
+        for prefix, table in (("timer__", self.timers), ("count__", self.counts), ("user__", self.user)):
+            arrays.update({prefix + name: arr[rows] for name, arr in table.items()})
+        np.savez(path, **arrays)
+
+    @classmethod
+    def merge(cls, paths: Iterable[str], n_pes: int) -> "JobStats":
+        """One job's counters from its hosts' parts (``save``): every PE's rows, whatever host wrote them."""
+        out, seen = None, set()
+        for path in paths:
+            with np.load(path) as z:
+                if out is None:
+                    out = cls(n_pes, int(z["shape"][1]))
+                rows = z["pes"]
+                for name in cls._ROWS:
+                    getattr(out, name)[rows] = z[name]
+                for key in z.files:
+                    prefix, _, name = key.partition("__")
+                    if prefix in ("timer", "count", "user"):
+                        table = {"timer": out.timers, "count": out.counts, "user": out.user}[prefix]
+                        table.setdefault(name, np.zeros((n_pes, MAX_WAIT_SLOTS), np.uint64))[rows] = z[key]
+                seen.update(rows.tolist())
+        out = out or cls(n_pes, 1)
+        out.missing = sorted(set(range(n_pes)) - seen)
         return out
 
     def _take_completed(self, job_id: str, pe: int) -> None:

@@ -12,6 +12,7 @@ import os
 import time
 
 from ..shm.control import Control, JobState, PeStatus
+from ..shm.hosts import base_job_id
 from ..shm.segment import SHM_DIR, remove_job_segments, segment_name
 
 __all__ = ["list_jobs", "find_job", "clean_job", "pid_alive"]
@@ -47,13 +48,18 @@ def _segments_by_job() -> dict[str, list[str]]:
 def list_jobs() -> list[dict]:
     """Every shmemx job with segments in /dev/shm: job, n_pes, script, start time, state, PE statuses, stale.
 
+    A host's part of a job of several hosts (``shmemx run --hosts``) is a job of its own here (``<job>.h<k>``)
+    with ``base`` (the job), ``n_hosts``, ``host`` and ``host_pes`` ([first PE, PEs]); its PE statuses count its
+    own PEs. A job of one host has ``base`` = its id and ``n_hosts`` = 1.
+
     A job is stale when its launcher's process is gone (or its control segment is missing or unreadable);
     ``clean_job`` removes such a job's segments.
     """
     jobs = []
     for job, names in sorted(_segments_by_job().items()):
         rec = {"job": job, "segments": len(names), "bytes": _disk_bytes(names), "n_pes": None, "script": "",
-               "start_time": None, "state": "NO_CONTROL_SEGMENT", "launcher_pid": 0, "pes": {}, "stale": True}
+               "start_time": None, "state": "NO_CONTROL_SEGMENT", "launcher_pid": 0, "pes": {}, "stale": True,
+               "base": base_job_id(job), "n_hosts": 1, "host": 0, "host_pes": None}
         try:
             ctl = Control.attach(job, readonly=True)
         except PermissionError:  # another user's job (segments are mode 0600): not ours to judge or clean
@@ -70,13 +76,16 @@ def list_jobs() -> list[dict]:
             continue
         try:
             hdr = ctl.header
+            first, count = (int(hdr["host_first_pe"]), int(hdr["host_pes"])) if int(hdr["n_hosts"]) > 1 \
+                else (0, ctl.n_pes)
             statuses: dict[str, int] = {}
-            for p in range(ctl.n_pes):
+            for p in range(first, first + count):  # (a host's own PEs: the other hosts' rows are copies)
                 name = PeStatus(int(ctl.pes[p]["status"])).name
                 statuses[name] = statuses.get(name, 0) + 1
             rec.update(n_pes=ctl.n_pes, script=hdr["script"].item().decode(errors="replace"),
                        start_time=float(hdr["start_time"]), state=JobState(int(hdr["state"])).name,
-                       launcher_pid=int(hdr["launcher_pid"]), pes=statuses)
+                       launcher_pid=int(hdr["launcher_pid"]), pes=statuses, base=base_job_id(job),
+                       n_hosts=max(1, int(hdr["n_hosts"])), host=int(hdr["host"]), host_pes=[first, count])
             rec["stale"] = not pid_alive(rec["launcher_pid"])
         finally:
             ctl.close()

@@ -135,7 +135,11 @@ HEADER_DTYPE = np.dtype(
         ("job_id", "S32"),
         ("script", "S256"),
         ("team_uids", "<u4"),  # the last job-wide team id handed out (shm.teams; ACLSHMEM_TEAM_WORLD's is 1)
-        ("_pad0", "V116"),
+        ("n_hosts", "<u4"),  # a job of several hosts (shm.hosts): how many, and this segment's host: its index,
+        ("host", "<u4"),  # its first PE and its number of PEs (1, 0, 0, n_pes for a job of one host)
+        ("host_first_pe", "<u4"),
+        ("host_pes", "<u4"),
+        ("_pad0", "V100"),
         *_line("barrier_count"),
         *_line("barrier_gen"),
     ]
@@ -194,10 +198,14 @@ _PE_HEAD.append(("_pad0", "V%d" % (128 - np.dtype(_PE_HEAD).itemsize)))
 # plain stores); n_remote_sleepers counts other PEs' threads asleep on it (atomic adds). One cache line: a waker
 # reads both.
 _SLEEPERS = [("n_sleepers", "<u4"), ("n_remote_sleepers", "<u4"), ("_n_sleepers_pad", "V56")]
-# team_barriers[s]: the barriers this PE entered on team slot s since it joined the team there (shm.barrier)
+# team_barriers[s]: the barriers this PE entered on team slot s since it joined the team there (shm.barrier);
+# team_relayed[s]: in a job of several hosts, (team uid << 32) | the arrivals of those its host's NIC has taken
+# to the other hosts (written by the NIC, udma.nic; api.teams waits on it before a slot's counter is reused)
 _PE_WORDS = [*_line("wake_seq"), *_SLEEPERS, ("error", "S512"), ("coll", COLL_DTYPE, (COLL_LOG,)),
-             ("team_barriers", "<u4", (MAX_TEAMS,))]
-_PE_WORDS.append(("_pad1", "V%d" % (4096 - 128 - np.dtype(_PE_WORDS).itemsize)))
+             ("team_barriers", "<u4", (MAX_TEAMS,)), ("team_relayed", "<u8", (MAX_TEAMS,))]
+_PAD1 = 4096 - 128 - np.dtype(_PE_WORDS).itemsize
+if _PAD1:
+    _PE_WORDS.append(("_pad1", "V%d" % _PAD1))
 PE_DTYPE = np.dtype(
     _PE_HEAD + _PE_WORDS + [("waits", WAIT_DTYPE, (MAX_WAIT_SLOTS,)), ("allocs", ALLOC_DTYPE, (MAX_ALLOCS,))]
 )
@@ -220,7 +228,8 @@ TEAM_DTYPE = np.dtype(
         ("coll_args", "<i4", (3,)),  # the leader's arguments
         ("coll_result", "<i4"),  # the slot it allocated (-1: none free)
         ("coll_bad", "<i4"),  # 1 + the team index of the first member that disagreed (0: none)
-        ("_pad", "V12"),
+        ("released", "<u4"),  # the uid of the team whose leader released the slot last (teams.release)
+        ("_pad", "V8"),
     ]
 )
 assert TEAM_DTYPE.itemsize == 64
@@ -261,10 +270,13 @@ class Control:
     # --- creation / attachment -----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, job_id: str, n_pes: int, *, heap_size: int, timeout: float, script: str = "") -> "Control":
+    def create(cls, job_id: str, n_pes: int, *, heap_size: int, timeout: float, script: str = "",
+               host: tuple[int, int, int, int] | None = None) -> "Control":
+        """A new control segment; ``host`` = (hosts, this host, its first PE, its PEs) in a job of several hosts."""
         seg = Segment(segment_name(job_id, "ctl"), control_size(n_pes), create=True)
         hdr = seg.view(HEADER_DTYPE, 0, (1,)).reshape(())
         hdr["n_pes"] = n_pes
+        hdr["n_hosts"], hdr["host"], hdr["host_first_pe"], hdr["host_pes"] = host or (1, 0, 0, n_pes)
         hdr["version"] = VERSION
         hdr["launcher_pid"] = os.getpid()
         hdr["state"] = JobState.STARTING

@@ -136,6 +136,23 @@ class Segment:
         except ValueError:
             self._touch(start, length)
 
+    def zero(self, offset: int, length: int) -> None:
+        """Zero ``[offset, offset+length)`` without touching the whole pages inside it: they are punched out of the
+        file (``MADV_REMOVE``: freed, and read back as zeros by every process mapping the segment), so a large
+        zeroed allocation costs memory only where it is later written. The partial pages at either end are
+        written (``memset``); so is everything where the kernel refuses the hole punch."""
+        end = min(self.size, offset + length)
+        lo, hi = align_up(offset, PAGE_SIZE), end - end % PAGE_SIZE
+        if hi - lo < PAGE_SIZE:
+            self.bytes[offset:end] = 0
+            return
+        try:
+            self.mm.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+        except (OSError, ValueError, AttributeError):
+            self.bytes[lo:hi] = 0
+        self.bytes[offset:lo] = 0
+        self.bytes[hi:end] = 0
+
     def _touch(self, start: int, length: int) -> None:
         """Older kernels (no MADV_POPULATE_WRITE): touch one byte per page (read then write back the same value)."""
         pages = self.bytes[start:start + length:PAGE_SIZE]

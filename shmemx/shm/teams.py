@@ -25,7 +25,8 @@ from . import atomics
 from .barrier import TeamShape
 from .control import MAX_TEAMS
 
-__all__ = ["WORLD_UID", "claim", "slot_host", "release", "shape_of", "post", "read", "mark_bad", "bad_of", "Mailbox"]
+__all__ = ["WORLD_UID", "claim", "slot_host", "release", "released_elsewhere", "shape_of", "post", "read", "mark_bad",
+           "bad_of", "Mailbox"]
 
 WORLD_UID = 1
 _BAD = 1 << 31  # set in coll_seq when a member disagreed with the leader's call
@@ -68,8 +69,18 @@ def slot_host(slot: int, n_hosts: int) -> int:
 
 
 def release(ctl: np.ndarray, slot: int) -> None:
-    """Return a slot to the table (its shape stays readable until it is claimed again)."""
+    """Return a slot to the table (its shape stays readable until it is claimed again). The released team's id
+    stays in ``released``: in a job of several hosts the team's leader may be on another host than the one that
+    claimed the slot, and that host frees it when it learns of the release (``released_elsewhere``)."""
+    e = ctl.teams[slot]
+    e["released"] = e["uid"]
     atomics.exchange(ctl.team_addr(slot, "uid"), 0, 4)
+
+
+def released_elsewhere(ctl: np.ndarray, slot: int, uid: int) -> bool:
+    """The leader of team ``uid`` released ``slot`` on another host: free the slot here if it still holds that
+    team (a slot claimed again since holds a new id: ids are never reused). Whether it was freed."""
+    return uid != 0 and atomics.compare_exchange(ctl.team_addr(slot, "uid"), uid, 0, 4) == uid
 
 
 def shape_of(ctl: np.ndarray, slot: int) -> TeamShape | None:

@@ -26,7 +26,8 @@ when it was the last. So every host's counter sees every PE once per barrier, in
 identities, and ``shmemx dump`` on any host names every PE.
 
 Failure: every NIC sends a heartbeat four times a second; a host silent for ``DEAD_AFTER`` seconds, or one that says
-it aborts, ends the job on every host (``failure`` names it; the launcher stops its ranks).
+it aborts, ends the job on every host (``failure`` names it; the launcher stops its ranks). The launcher's main
+thread checks the silence too (``check_heard``), so that a NIC thread held inside an MPI call still ends the job.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import numpy as np
 from ..shm import atomics
 from ..shm.control import HEADER_SIZE, MAX_TEAMS, PE_STRIDE, Control, PeStatus
 from ..shm.hosts import HostMap
-from ..shm.teams import slot_host
+from ..shm.teams import released_elsewhere, slot_host
 from ..shm.futex import futex_wake
 from ..shm.heap import HEAP_VA_BASE, HEAP_VA_STRIDE
 from ..shm.segment import Segment, segment_name
@@ -71,6 +72,8 @@ RUN_MAX = 4096
 CTL_ARRIVE, CTL_BEAT, CTL_ABORT, CTL_TEAM = 1, 2, 3, 4
 HEARTBEAT = 0.25
 DEAD_AFTER = 3.0
+NOTICED_DEAD_AFTER = 0.75  # ... once mpiexec said that a process of the job ended (``notice``)
+_LAST_WORDS = 0.5
 MEET_TIMEOUT = 30.0  # seconds a finished host waits for the others in the NICs' last meeting
 CHAOS_HOLD = 0.002  # --chaos: the longest a queue or a batch is held back
 SPIN_AFTER = 0.005  # seconds the NIC keeps polling after its last work
@@ -263,6 +266,7 @@ class Nic:
         self.outdata: dict[int, list] = collections.defaultdict(list)  # host -> payloads sent apart, in order
         self.heard = {h: time.monotonic() for h in range(hosts.n_hosts) if h != self.me}
         self.failure: str | None = None  # why the job must end (a host died or aborted)
+        self.noticed: float | None = None  # when mpiexec reported a process of the job gone (``notice``)
         self.stopping = False
         self.meet = True
         self.abort_reason: str | None = None  # to tell the other hosts (abort)
@@ -294,7 +298,7 @@ class Nic:
         if self._thread is not None:
             # a NIC stuck in MPI on a host that died (a blocking receive of its payload) must not keep this
             # launcher from cleaning up: it is a daemon thread, left behind after a bounded wait
-            self._thread.join(MEET_TIMEOUT + 5 if meet else 2.0)
+            self._thread.join(MEET_TIMEOUT + 5 if meet else _LAST_WORDS + 0.25)
             self._thread = None
 
     def abort(self, reason: str) -> None:
@@ -349,7 +353,7 @@ class Nic:
         return not self.sends and not any(self.outbox.values())
 
     def _finish(self) -> None:
-        end = time.monotonic() + 0.5  # a failing host's last words (abort) get half a second to leave
+        end = time.monotonic() + _LAST_WORDS  # a failing host's last words (abort) get this long to leave
         while not self.meet and self.sends and time.monotonic() < end:
             self._reap_sends()
             time.sleep(0.001)
@@ -377,11 +381,30 @@ class Nic:
 
     def _beat(self, now: float) -> None:
         self._last_beat = now
-        for h, heard in self.heard.items():
+        self.check_heard(now)
+        for h in self.heard:
             self._send(h, TAG_CTL, bytes([CTL_BEAT]))
-            if now - heard > DEAD_AFTER and self.failure is None:
-                self.failure = (f"host {h} ({self._host_name(h)}) stopped answering for {now - heard:.1f} s: its "
-                                f"launcher died or hangs")
+
+    def check_heard(self, now: float | None = None) -> str | None:
+        """``failure``, set first if a host has been silent for ``DEAD_AFTER`` seconds (the one heard from least
+        recently is named). The NIC calls it with its heartbeats and the launcher's main thread calls it too
+        (``HostPart.failure``): a send to a dead host can keep the NIC thread inside MPI (its TCP provider
+        retries the connection), and the job must still end."""
+        if self.failure is None and self.heard:
+            now = time.monotonic() if now is None else now
+            h = min(self.heard, key=self.heard.__getitem__)
+            silent = now - self.heard[h]
+            told = self.noticed is not None
+            if silent > (NOTICED_DEAD_AFTER if told else DEAD_AFTER) and self.failure is None:
+                self.failure = (f"host {h} ({self._host_name(h)}) stopped answering for {silent:.1f} s"
+                                + (" after mpiexec reported a process of the job gone: its launcher died" if told
+                                   else ": its launcher died or hangs"))
+        return self.failure
+
+    def notice(self) -> None:
+        """mpiexec reported that a process of the job (a host's launcher) ended without finalizing MPI: from now
+        on a host silent for ``NOTICED_DEAD_AFTER`` seconds is the one (called from a signal handler)."""
+        self.noticed = time.monotonic()
 
     def _host_name(self, h: int) -> str:
         pes = self.hosts.pes(h)
@@ -462,19 +485,18 @@ class Nic:
         changed = np.flatnonzero(counts != seen[:, 1])
         if not len(changed):
             return False
-        teams = self.ctl.teams
+        teams, relayed = self.ctl.teams, row["team_relayed"]
         for slot in changed.tolist():
             uid, now = int(teams[slot]["uid"]), int(counts[slot])
             first = int(seen[slot, 1]) + 1 if int(seen[slot, 0]) == uid and now > int(seen[slot, 1]) else 1
             seen[slot] = (uid, now)
             hosts = self._team_hosts(slot)
-            if not hosts:
-                continue
-            for number in range(first, now + 1):
+            for number in range(first, now + 1) if hosts else ():
                 data = (struct.pack("<BiIIQ", CTL_TEAM, p, slot, uid, number) + self._row_bytes(p)
                         + self._table_bytes())
                 for h in hosts:
                     self._send(h, TAG_CTL, data)
+            relayed[slot] = uid << 32 | now  # (api.teams waits for it before the counter is reset or released)
         return True
 
     def _team_hosts(self, slot: int) -> list[int]:
@@ -507,7 +529,9 @@ class Nic:
                 teams[slot, 8:24] = row[0:16]  # uid, size, start, stride
             start = int(np.frombuffer(row[8:12].tobytes(), "<i4")[0])
             if 0 <= start < self.n_pes and self.hosts.host_of(start) == src:
-                teams[slot, 24:64] = row[16:56]  # coll_seq, coll_op, coll_args, coll_result, coll_bad, pad
+                teams[slot, 24:64] = row[16:56]  # coll_seq, coll_op, coll_args, coll_result, coll_bad, released
+                if slot_host(slot, self.hosts.n_hosts) == self.me:  # the leader there released a slot claimed here
+                    released_elsewhere(self.ctl, slot, int(self.ctl.teams[slot]["released"]))
 
     def _count_team_arrivals(self) -> bool:
         """Add the team arrivals whose slot holds their team here and whose previous barrier completed here."""

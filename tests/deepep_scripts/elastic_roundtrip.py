@@ -1,5 +1,7 @@
 """A DeepEP-style V2 script (written for shmemx's tests, in the shape of DeepEP's tests/elastic): ElasticBuffer's
-dispatch / combine against deep_ep.utils.refs, bit for bit, then the barrier, PP, AGRS and Engram."""
+dispatch / combine against deep_ep.utils.refs, bit for bit, then the barrier, PP, AGRS and Engram. With
+--num-processes below the job's ranks the job is several nodes and the buffer takes the hybrid route;
+--allow-multiple-reduction 0: one reduction only, at the source."""
 import argparse
 
 import torch
@@ -18,8 +20,14 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
     rank, num_ranks, group = init_dist(local_rank, num_local_ranks)
     max_tokens, hidden, num_topk, num_experts = 16, 256, 4, 4 * num_ranks
     num_tokens = max_tokens - rank
+    multiple = bool(args.allow_multiple_reduction)
     buffer = deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=max_tokens, hidden=hidden, num_topk=num_topk,
-                                   use_fp8_dispatch=True, explicitly_destroy=True)
+                                   use_fp8_dispatch=True, explicitly_destroy=True, allow_multiple_reduction=multiple)
+    scaleout, scaleup = buffer.get_logical_domain_size()
+    assert (scaleout, scaleup) == (num_ranks // num_local_ranks, num_local_ranks)
+    # hybrid: reduced within each scale-up domain on the way back; without multiple reduction, only at the source
+    recipe = (True, scaleout > 1 and multiple)
+    expanded_recipe = recipe if multiple else (False, False)
     scores = torch.rand((num_tokens, num_experts), dtype=torch.float32, device='cuda')
     topk_weights, topk_idx = torch.topk(scores, num_topk, dim=-1)
     topk_idx = topk_idx.to(deep_ep.topk_idx_t)
@@ -27,10 +35,17 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
         x = torch.randn((num_tokens, hidden), dtype=torch.bfloat16, device='cuda')
         x = per_token_cast_to_fp8(x) if use_fp8 else x
         bias = torch.randn((num_tokens, hidden), dtype=torch.bfloat16, device='cuda')
-        ref_x, ref_idx, ref_w, ref_src, _ = ref_dispatch(x, topk_idx, topk_weights, max_tokens, num_experts)
+        ref_x, ref_idx, ref_w, ref_src, ref_counts = ref_dispatch(x, topk_idx, topk_weights, max_tokens,
+                                                                  num_experts)
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(x, topk_idx=topk_idx, topk_weights=topk_weights,
                                                                   num_experts=num_experts, expert_alignment=4)
-        assert torch.equal(handle.recv_src_metadata[:, 0], ref_src)  # rows come sorted by source token
+        # rows come grouped by the scale-up peer that forwarded them (every rank, direct), then by source token
+        assert torch.equal(handle.psum_num_recv_tokens_per_scaleup_rank,
+                           ref_counts.view(scaleout, scaleup).sum(0).cumsum(0).to(torch.int32))
+        order = torch.argsort(ref_src % (scaleup * max_tokens) // max_tokens, stable=True)
+        assert torch.equal(handle.recv_src_metadata[:, 0], ref_src[order])
+        ref_x = tuple(t[order] for t in ref_x) if use_fp8 else ref_x[order]
+        ref_idx, ref_w = ref_idx[order], ref_w[order]
         got, want = (recv_x[0], ref_x[0]) if use_fp8 else (recv_x, ref_x)
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
         assert torch.equal(recv_idx, ref_idx) and torch.equal(recv_w, ref_w)
@@ -44,13 +59,14 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
         y[recv_idx == -1] = 0
         combined, combined_w, _ = buffer.combine(ordered_accumulate(y), handle, topk_weights=recv_w, bias=bias)
         ref_y = generate_pre_combine_data(rank * max_tokens + torch.arange(num_tokens), max_tokens, num_topk, hidden)
-        assert torch.equal(combined, ref_combine(ref_y, topk_idx, 1, num_ranks, num_experts, bias, True, False))
+        assert torch.equal(combined, ref_combine(ref_y, topk_idx, scaleout, scaleup, num_experts, bias, *recipe))
         assert torch.equal(combined_w, topk_weights)
         slots = ex_handle.recv_src_metadata[:n, 2:]
         rows = torch.zeros((ex_x[0].shape[0] if use_fp8 else ex_x.shape[0]) + 1, hidden, dtype=torch.bfloat16)
         rows[slots.flatten()] = y.view(-1, hidden)
         combined2, combined_w2, _ = buffer.combine(rows[:-1], ex_handle, topk_weights=ex_w)
-        assert torch.equal(combined2, ref_combine(ref_y, topk_idx, 1, num_ranks, num_experts, None, True, False))
+        assert torch.equal(combined2, ref_combine(ref_y, topk_idx, scaleout, scaleup, num_experts, None,
+                                                  *expanded_recipe))
         assert torch.equal(combined_w2, topk_weights)
         if use_fp8:
             assert torch.equal(per_token_cast_back(*recv_x), per_token_cast_back(*ref_x))
@@ -96,5 +112,6 @@ def test_loop(local_rank: int, num_local_ranks: int, args: argparse.Namespace):
 if __name__ == '__main__':
     parser = argparse.ArgumentParser()
     parser.add_argument('--num-processes', type=int, default=4)
+    parser.add_argument('--allow-multiple-reduction', type=int, default=1)
     args = parser.parse_args()
     torch.multiprocessing.spawn(test_loop, args=(args.num_processes, args), nprocs=args.num_processes)

@@ -94,8 +94,10 @@ def get_physical_domain_size(group: Any) -> tuple[int, int]:
 
 
 def get_logical_domain_size(group: Any, allow_hybrid_mode: bool = True) -> tuple[int, int]:
-    """``(num_scaleout_ranks, num_scaleup_ranks)``: the physical domains (shmemx's two tiers)."""
-    return get_physical_domain_size(group)
+    """``(num_scaleout_ranks, num_scaleup_ranks)``: the physical domains with hybrid mode, else ``(1, ranks)``
+    (as ``ElasticBuffer.get_logical_domain_size``)."""
+    rdma, nvl = get_physical_domain_size(group)
+    return (rdma, nvl) if allow_hybrid_mode else (1, rdma * nvl)
 
 
 def check_nvlink_connections(group: Any) -> None:
