@@ -17,7 +17,12 @@ table, a row per configuration:
 * dispatch and combine: median over iterations of the mean over ranks / of the slowest rank (ms);
 * GB/s per rank as DeepEP defines it: received rows x H x 2 bytes / mean dispatch (combine) time;
 * WQEs and MB per QP of one dispatch + one combine, summed over ranks (``CallStats``);
-* ``pair/bound``: slowest-rank dispatch + combine over the copy lower bound.
+* ``pair/bound``: slowest-rank dispatch + combine over the copy lower bound;
+
+and below it, per configuration, the CPU a timed pair costs (user + system of every rank's process, all threads,
+summed over ranks; the median pair) over the bound's CPU (the pair's bytes copied at the CPU rate, bytes per CPU second, of the
+probes' own copies): the wall-time ratio counts the time a rank waits for a core that another job holds, this one
+does not.
 
 Beside it, measured in the same run: (a) the copy lower bound: the bytes one dispatch and one combine move (all
 ranks' received rows, x 2) divided by the aggregate copy bandwidth of two processes ``np.copyto``-ing warm 64 MiB
@@ -39,6 +44,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -91,16 +97,21 @@ def _job(cfg: dict, out_path: str) -> None:
     rows = shmemx.zeros(P, np.int64, name="bench rows")
     probes = shmemx.zeros((len(configs), 2, 2), np.float64, name="bench copy probes")
     wide = shmemx.zeros((len(configs), P), np.float64, name="bench copy probes, every rank")
+    cpu = shmemx.zeros((len(configs), P, n_iter), np.float64, name="bench cpu")  # CPU s of each timed pair, this rank
+    copy_cpu = shmemx.zeros((len(configs), 2), np.float64, name="bench copy cpu")  # CPU s of this rank's probes
+    probe_cpu = np.zeros(1)
     src, dst = np.ones(cfg["probe_bytes"], np.uint8), np.zeros(cfg["probe_bytes"], np.uint8)
     np.copyto(dst, src)  # warm
 
     def probe(ranks: int = 2, reps: int = cfg["probe_reps"]) -> float:
-        """Seconds for PEs 0..ranks-1 to copy warm buffers ``reps`` times at once (the others sleep)."""
+        """Seconds for PEs 0..ranks-1 to copy warm buffers ``reps`` times at once (the others sleep); the CPU
+        seconds of this rank's copies go into ``probe_cpu``."""
         shmemx.aclshmem_barrier_all()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if me < ranks:
             for _ in range(reps):
                 np.copyto(dst, src)
+        probe_cpu[0] = time.thread_time() - c0
         return time.perf_counter() - t0
 
     # the job's warm-up, before any configuration: the heap pages of a workspace (every Buffer below reuses
@@ -137,8 +148,10 @@ def _job(cfg: dict, out_path: str) -> None:
         seconds = probe()
         if me < 2:
             probes[ci, 0, me] = seconds
+            copy_cpu[ci, me] += probe_cpu[0]
         for it in range(cfg["warmup"] + n_iter):
             shmemx.aclshmem_barrier_all()
+            c0 = _cpu_seconds()
             t0 = time.perf_counter()
             d = buf.dispatch(x, topk_idx=topk, topk_weights=weights)
             t1 = time.perf_counter()
@@ -149,15 +162,18 @@ def _job(cfg: dict, out_path: str) -> None:
             t3 = time.perf_counter()
             if it >= cfg["warmup"]:
                 times[ci, me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
+                cpu[ci, me, it - cfg["warmup"]] = _cpu_seconds() - c0
                 vecs[ci, me, 0] = sd.vector(4)
                 vecs[ci, me, 1] = buf.last_stats.vector(4)
+        rows[me] = len(d.recv_x)
+        d = None  # a Buffer closed while its recv_x is held keeps its receive slots (moe/slots.py)
         if "default" in buffers:  # the next configuration makes its own Buffer
             buffers.pop("default").close()
         seconds = probe()
         if me < 2:
             probes[ci, 1, me] = seconds
+            copy_cpu[ci, me] += probe_cpu[0]
         wide[ci, me] = probe(P, 1)  # the same copy by every rank at once: the share of the box this job gets
-        rows[me] = len(d.recv_x)
     for b in buffers.values():
         b.close()
     shmemx.aclshmem_barrier_all()
@@ -168,19 +184,31 @@ def _job(cfg: dict, out_path: str) -> None:
         pr = np.stack([shmemx.aclshmem_ptr(probes, p)[:, :, p] for p in range(min(P, 2))], axis=-1)
         gbps = 2 * cfg["probe_bytes"] * cfg["probe_reps"] / pr.max(-1) / 1e9 if P > 1 else pr[..., 0] * 0
         wd = np.stack([shmemx.aclshmem_ptr(wide, p)[:, p] for p in range(P)], axis=-1)
+        # every rank's CPU summed per pair, the median pair
+        all_cpu = np.median(np.stack([shmemx.aclshmem_ptr(cpu, p)[:, p] for p in range(P)]).sum(0), axis=-1)
+        # bytes the two probing ranks copied per CPU second (their four probes of each configuration)
+        probe_cpu_s = sum(shmemx.aclshmem_ptr(copy_cpu, p)[:, p] for p in range(min(P, 2)))
+        copy_rate = 2 * min(P, 2) * cfg["probe_bytes"] * cfg["probe_reps"] / np.maximum(probe_cpu_s, 1e-9)
         wide_gbps = P * cfg["probe_bytes"] / wd.max(-1) / 1e9
         with open(out_path, "w") as f:
             json.dump({"times": all_times.tolist(), "vecs": all_vecs.tolist(), "rows": all_rows,
-                       "gbps": gbps.tolist(), "wide_gbps": wide_gbps.tolist()}, f)
+                       "gbps": gbps.tolist(), "wide_gbps": wide_gbps.tolist(), "cpu": all_cpu.tolist(),
+                       "copy_rate": copy_rate.tolist()}, f)
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process, every thread (the rank's kernel blocks and its engine)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def run_shmemx(cfg: dict) -> dict:
     from shmemx.launcher import launch
 
     rows = cfg["T"] * cfg["P"]
-    heap = max(64 << 20, 3 * rows * cfg["H"] * 2 + rows * 4 * (cfg["K"] * 12 + cfg["H"] // 32) + (64 << 20))
+    heap = max(64 << 20, 5 * rows * cfg["H"] * 2 + rows * 4 * (cfg["K"] * 12 + cfg["H"] // 32) + (64 << 20))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "moe.json")
         code = launch(cfg["P"], _job, (cfg, path), heap_size=heap, timeout=cfg["timeout"])
@@ -384,7 +412,8 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
                         combine_gbps=float(bytes_per_rank.mean()) / c_avg / 1e9,
                         qp_wqes=wqes.tolist(), qp_mb=(nbytes / 1e6).tolist(),
                         phases=[stats[0][0]["phases"], stats[0][1]["phases"]],
-                        notify_ms=stats[0][0]["notify"] * 1e3, rounds=int(stats[0][0]["rounds"])))
+                        notify_ms=stats[0][0]["notify"] * 1e3, rounds=int(stats[0][0]["rounds"]),
+                        cpu_ms=float(raw["cpu"][ci]) * 1e3, copy_rate=float(raw["copy_rate"][ci])))
     return out
 
 
@@ -397,7 +426,7 @@ def fold(runs: list[dict]) -> dict:
     order = sorted(range(len(runs)), key=lambda i: runs[i]["pair_max_ms"])
     row = dict(runs[order[(len(runs) - 1) // 2]])
     for key in ("dispatch_ms", "dispatch_max_ms", "combine_ms", "combine_max_ms", "pair_max_ms", "dispatch_gbps",
-                "combine_gbps", "notify_ms", "bound_ms", "ratio"):
+                "combine_gbps", "notify_ms", "bound_ms", "ratio", "cpu_ms", "cpu_ratio"):
         row[key] = float(np.median([r[key] for r in runs]))
     row["runs"] = [(r["pair_max_ms"], r["ratio"]) for r in runs]
     return row
@@ -466,6 +495,12 @@ def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, paylo
         print(f"\nevery repeat, in run order: slowest-rank dispatch + combine ms (pair/bound)")
         for r in rows:
             print(f"  {_name(r):<37} " + "  ".join(f"{ms:6.1f} ({ratio:.2f}x)" for ms, ratio in r["runs"]))
+    print(f"\nCPU per pair, every rank's process summed (user + system, all threads; the median timed pair, medians "
+          f"over repeats) / the "
+          f"bound's CPU (the pair's bytes x 2 at the CPU rate of the probes' copies): what the pair costs the "
+          f"machine, whatever else shares the cores")
+    for r in rows:
+        print(f"  {_name(r):<37} {r['cpu_ms']:7.1f} ms  {r['cpu_ratio']:.2f}x")
     best = min(rows, key=lambda r: r["pair_max_ms"])
     name = _name(best)
     default = next((r for r in rows if r.get("default")), None)
@@ -615,6 +650,7 @@ def main(argv=None) -> int:
     for r, p in zip(runs, probes):  # each configuration against the bandwidth measured around it
         r["bound_ms"] = 2 * payload_mb / 1e3 / float(np.median(p)) * 1e3
         r["ratio"] = r["pair_max_ms"] / r["bound_ms"]
+        r["cpu_ratio"] = r["cpu_ms"] / (2 * payload_mb * 1e6 / r["copy_rate"] * 1e3)  # over the bound's copy CPU
     rows = [fold(runs[j::n_base]) for j in range(n_base)]
     rows[0]["default"] = True
     cfg.update(repeat=repeat, phases=args.phases)

@@ -575,6 +575,54 @@ def test_zero_copy_dispatch_returns_workspace_rows(run_ok, n):
     run_ok(n, _zero_copy_job, timeout=120)
 
 
+def _slots_job():
+    """The default dispatch's receive slots (moe/slots.py): recv_x lives where its rows landed, is never
+    overwritten while held (a held pair of slots falls back to x and a copy), and slots are reused once dropped;
+    a Buffer closed while a PE holds one keeps that allocation until no PE does."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    buf = moe.Buffer(T, H, K, E)
+    allin = [_inputs(r, n) for r in range(n)]
+    x, idx, w = allin[me]
+    want = ref.reference_dispatch([a[0] for a in allin], [a[1] for a in allin], [a[2] for a in allin], E, me)
+    held, slots = [], []
+    for k in range(4):  # hold every result: slots 1, 2, then x (copied out) twice
+        held.append(buf.dispatch((x.view(np.uint16) + k).view(x.dtype), topk_idx=idx, topk_weights=w))
+        slots.append(buf.last_stats.extra["recv_slot"])
+    assert slots == [1, 2, 0, 0], slots
+    assert np.shares_memory(held[0].recv_x, buf.slots.block) and not np.shares_memory(held[2].recv_x, buf.views["x"])
+    for k, res in enumerate(held):  # none was overwritten by a later call
+        np.testing.assert_array_equal(res.recv_x.view(np.uint16), want.recv_x.view(np.uint16) + k)
+    cached = buf.dispatch(x, handle=held[0].handle)  # a cached call lands in x and is copied out
+    assert buf.last_stats.extra["recv_slot"] == 0
+    np.testing.assert_array_equal(cached.recv_x.view(np.uint16), want.recv_x.view(np.uint16))
+    np.testing.assert_array_equal(held[1].recv_x.view(np.uint16), want.recv_x.view(np.uint16) + 1)
+    out = buf.combine(held[1].recv_x, held[1].handle)  # combine reads a slot like any array
+    assert out.combined_x.shape == (len(x), H)
+    first = held[0].recv_x
+    del held[1:], cached, out
+    res = buf.dispatch(x, topk_idx=idx, topk_weights=w)  # slot 2 was dropped (slot 1 is still held: first)
+    assert buf.last_stats.extra["recv_slot"] == 2
+    del res
+    kept = first.copy()
+    buf.close()  # first still views slot 1 on every PE: the allocation stays
+    other = moe.Buffer(T, H, K, E)  # and makes room for a new Buffer's own
+    got = other.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert other.last_stats.extra["recv_slot"] == 1
+    np.testing.assert_array_equal(got.recv_x.view(np.uint16), want.recv_x.view(np.uint16))
+    np.testing.assert_array_equal(first.view(np.uint16), kept.view(np.uint16))
+    del first, held, got
+    other.close()  # no PE holds the orphan any more: both allocations go
+    from shmemx.kernels.moe import slots as slots_mod
+    assert not slots_mod._ORPHANS
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_default_dispatch_receive_slots(run_ok, n):
+    run_ok(n, _slots_job, timeout=120)
+
+
 def _job_free(queue, words: np.ndarray) -> np.ndarray:
     """A ring's WQEs with the words that differ from job to job zeroed: the queue's TP, tokenId, EID and token,
     and a WRITE_WITH_NOTIFY's notify tokenId and token (checked against the queue's own first), and the source VAs

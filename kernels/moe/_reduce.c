@@ -63,8 +63,9 @@ static inline __attribute__((always_inline)) void add_rows(float *restrict acc, 
     }
 }
 
-/* AVX2 where the CPU has it (chosen at load time), SSE2 otherwise: the same adds in the same order either way. */
-__attribute__((target_clones("avx2", "default")))
+/* AVX-512 or AVX2 where the CPU has it (chosen at load time), SSE2 otherwise: the same adds in the same order either
+ * way (the vectors run across columns). */
+__attribute__((target_clones("avx512f", "avx2", "default")))
 static void sum_rows(const uint16_t *restrict src, const int64_t *restrict idx, const int64_t *restrict counts,
                      const float *restrict bias, uint16_t *restrict out, float *restrict acc, Py_ssize_t n,
                      Py_ssize_t width, Py_ssize_t hidden) {

@@ -39,6 +39,7 @@ from .workspace import plan_workspace
 from .routes import compact_dests, dests_from_mask
 from .topology import Topology
 from .peers import Peers
+from .slots import RecvSlots
 
 __all__ = ["Buffer", "Config", "DispatchHandle", "DispatchResult", "CombineResult"]
 
@@ -181,6 +182,7 @@ class Buffer:
         except ValueError:
             shmemx.aclshmem_free(self._block)
             raise
+        self.slots = RecvSlots(self._block, self.offsets["x"], self.views["x"].nbytes, self.me)
 
     # --- settings --------------------------------------------------------------------------------------------
 
@@ -321,9 +323,10 @@ class Buffer:
             per_channel = channel_counts(layout.is_token_in_rank, self.num_channels)
         t_plan = time.perf_counter() - t_plan
         t_notify = time.perf_counter()
+        slot = self._pick_slot(num_worst_tokens, payload.rows.shape[1])
         header = dict(schedule=self._schedule.code, num_tokens=n_tok, row_bytes=payload.rows.shape[1],
                       x_kind=payload.kind, with_topk=int(topk[0] is not None), num_channels=self.num_channels,
-                      num_topk=self.num_topk)
+                      num_topk=self.num_topk, recv_slot=slot)
         note = notify_dispatch(self.views, self.me, self.n_pes, seq, num_tokens_per_rank=layout.num_tokens_per_rank,
                                num_tokens_per_expert=layout.num_tokens_per_expert, channel_counts=per_channel,
                                header=header, expert_alignment=expert_alignment, lanes=self.lanes)
@@ -333,7 +336,7 @@ class Buffer:
         call = DispatchCall("dispatch", seq, num_worst_tokens, *topk)
         result, stats = self._run_dispatch(call, payload, routing,
                                            None if num_worst_tokens else note.num_recv_tokens_per_expert_list,
-                                           dests=dests)
+                                           dests=dests, slots=note.recv_slots)
         stats.phases[0, 0] += t_plan  # the plan is route work: counted in block 0's route phase
         stats.extra["plan"] = t_plan
         stats.notify = t_notify
@@ -362,8 +365,10 @@ class Buffer:
         return result, stats
 
     def _run_dispatch(self, call: DispatchCall, payload: Payload, routing: Routing, expert_list,
-                      handle: DispatchHandle | None = None, dests: np.ndarray | None = None):
+                      handle: DispatchHandle | None = None, dests: np.ndarray | None = None,
+                      slots: np.ndarray | None = None):
         """Run the dispatch kernel of one call: outputs, kernel arguments, launch, then the result and its stats.
+        ``slots``: the receive slot every PE named in its notify record (None: a cached call, every PE's ``x``).
 
         Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
         me, sched = self.me, self._schedule
@@ -376,10 +381,15 @@ class Buffer:
         family = self._families[sched.name]
         shape = family.dispatch_shape(routing)
         overflow = bool(call.num_worst_tokens) and num_recv > call.num_worst_tokens
-        recv = self._recv_outputs(call, payload, num_recv, overflow)
+        slot = 0 if slots is None else int(slots[me])
+        recv = self._recv_outputs(call, payload, num_recv, overflow, slot)
         stats = CallStats.empty(call.kind_name, me, call.seq, sched, shape.rounds, shape.blocks, self.n_pes,
                                 shape.n_qps)
         args = self._dispatch_args(call, payload, routing, shape, stats, None if overflow else recv, dests)
+        if slots is not None:  # where each destination's rows go, and where this PE's land
+            args.x_offsets = self.slots.remote_offsets(slots)
+            args.recv_region = self.slots.region(slot) if slot else None
+        stats.extra["recv_slot"] = slot
         relay_out: list = [None] * self.topology.num_servers
         t_kernel = time.perf_counter()
         self._launched(stats, family.dispatch(args, shape, prefix, relay_out))
@@ -420,14 +430,18 @@ class Buffer:
             aggregate=self._schedule.aggregate, region_offsets=self.offsets, routing=self._schedule.routing,
             dests=dests)
 
-    def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool) -> Recv:
+    def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool,
+                      slot: int = 0) -> Recv:
         """The arrays a dispatch returns: ``num_worst_tokens`` rows (its padding filled) or the rows received; with
-        ``zero_copy`` recv_x is a view of the workspace's receive rows."""
+        ``zero_copy`` recv_x is a view of the workspace's receive rows, in receive slot ``slot`` (1..) an array
+        over that slot (``RecvSlots.hand_out``), else an array of its own the rows are copied into."""
         rows = call.num_worst_tokens or num_recv
         take = self._pool.take
         rb = payload.rows.shape[1]
         zero_copy = self.zero_copy and not overflow and rows * rb <= self.views["x"].size
-        if zero_copy:  # the receive rows themselves, in the order dispatch returns them
+        if slot and not overflow:  # the rows land in the slot: no copy-out
+            x, zero_copy = self.slots.hand_out(slot, rows, self.hidden, payload.dtype), True
+        elif zero_copy:  # the receive rows themselves, in the order dispatch returns them
             x = self.views["x"][:rows * rb].view(payload.dtype).reshape(rows, self.hidden)
         else:
             x = take((rows, self.hidden), payload.dtype)
@@ -442,6 +456,13 @@ class Buffer:
                 if arr is not None:
                     arr[tail] = fill
         return recv
+
+    def _pick_slot(self, num_worst_tokens: int, row_bytes: int) -> int:
+        """The receive slot of a fresh dispatch (``RecvSlots``): one for the full mesh's rows when recv_x is an
+        array of its own (not ``zero_copy``) and the outputs fit a slot; 0 (``x``, copied out) otherwise."""
+        if self.zero_copy or self._schedule.name != "fullmesh" or num_worst_tokens * row_bytes > self.slots.nbytes:
+            return 0
+        return self.slots.pick()
 
     def _count_rows(self, stats: CallStats, counts: np.ndarray, num_recv: int, row_bytes: int) -> None:
         me = self.me
@@ -691,6 +712,7 @@ class Buffer:
             self.closed = True
             for family in self._families.values():
                 family.close()
+            self.slots.close()
             shmemx.aclshmem_free(self._block)
 
     def __enter__(self) -> "Buffer":

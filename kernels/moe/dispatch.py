@@ -15,7 +15,8 @@ this rank's lower channels), in token order. Per round of the plan (see ``schedu
 
 Then the receive side: block c waits (asleep) for the completion signals of every QP from the sources
 ``s = c, c + C, ...``, checks that their records add up to the rows notify announced, copies the source's rows
-out of the workspace into the outputs (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
+out of the workspace into the outputs (the hidden rows only where they did not land in recv_x itself: a receive
+slot the receiver named in its notify record, ``slots``, or zero copy) (converting top-k experts to local indices, -1 elsewhere, weights 0 there),
 and, once every block has copied its sources out (``sync_all``), gives each of its sources its credit: the region
 may be written again. Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block:
 one route scan of every channel's tokens, every channel's own rows in one copy, then as above for all sources.
@@ -83,6 +84,13 @@ class DispatchArgs:
     region_offsets: dict  # region name -> byte offset in the workspace
     routing: str = "scan"
     dests: np.ndarray | None = None  # [T, K] int32 unique destination ranks per token (routing "compact")
+    x_offsets: np.ndarray | None = None  # [P] uint64 workspace offset of each destination's receive region
+    recv_region: np.ndarray | None = None  # this PE's receive rows (uint8; None: the workspace's x)
+
+    @property
+    def region(self) -> np.ndarray:
+        """The bytes this call's rows land in here (a receive slot, or the workspace's ``x``)."""
+        return self.views["x"] if self.recv_region is None else self.recv_region
 
     @property
     def row_bytes(self) -> int:
@@ -107,19 +115,19 @@ def _gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
 def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
     """Channel c's rows for this PE itself (no QP): straight into the outputs at the rows they take there (the
     receive row of a source's row is its workspace row), top-k experts made local as ``copy_out`` does; the hidden
-    rows into the workspace instead with zero copy (recv_x is the workspace), and everything into the workspace when
-    the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
+    rows into the call's receive region instead where recv_x is that region (zero copy: the workspace's x; a
+    receive slot, ``slots``), and everything into the workspace when the rows overflow the outputs. No block reads them back, so no block waits for another's local copy."""
     me, rb = a.me, a.row_bytes
     pos = int(a.rank_base[me] + a.channel_start[me, c])
     n = len(toks)
-    v, out = a.views, a.out
+    v, out, landing = a.views, a.out, a.region
     if out is None:
-        _gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
+        _gather(a.xb, toks, landing[pos * rb:(pos + n) * rb].reshape(n, rb))
         v["src_idx"][pos:pos + n] = toks
         for region, _, src in _meta(a)[1:]:
             _gather(src, toks, v[region][pos:pos + n])
         return
-    x = v["x"][pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
+    x = landing[pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
     _gather(a.xb, toks, x)
     out.src_idx[pos:pos + n] = toks
     if out.topk_idx is not None:
@@ -205,7 +213,8 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     lbase = np.uint64(lanes.local_base)
     every = np.arange(k)
     u64 = np.uint64
-    x_off = u64(a.region_offsets["x"])
+    # each destination's receive region (the slot it named, or its x)
+    x_off = np.full(k, a.region_offsets["x"], u64) if a.x_offsets is None else a.x_offsets[p_peer]
     kinds = []  # (piece of each WQE, remote VA, local VA, length) per kind, in a piece's WQE order
     if a.aggregate:
         kinds.append((every, rbase + x_off + (pos * rb).astype(u64),
@@ -217,7 +226,7 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
         count = np.diff(starts, append=total)
         rp = piece_of[starts]
         xva = u64(lanes.batch.local_va(a.xb))
-        kinds.append((rp, rbase[rp] + x_off + ((pos[rp] + within[starts]) * rb).astype(u64),
+        kinds.append((rp, rbase[rp] + x_off[rp] + ((pos[rp] + within[starts]) * rb).astype(u64),
                       xva + (sel[starts] * rb).astype(u64), (count * rb).astype(u64)))
     for region, staging, _ in meta:
         item = v[region].itemsize * (v[region].size // v[region].shape[0])
@@ -270,7 +279,7 @@ def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
     if out is not None and hi > lo:
         rb = a.row_bytes
         if out.x is not None:
-            out.x[lo:hi] = v["x"][lo * rb:hi * rb].reshape(hi - lo, rb)
+            out.x[lo:hi] = a.region[lo * rb:hi * rb].reshape(hi - lo, rb)
         out.src_idx[lo:hi] = v["src_idx"][lo:hi]
         if out.topk_idx is not None:
             raw = v["topk_idx"][lo:hi]

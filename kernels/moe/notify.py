@@ -31,7 +31,8 @@ from .workspace import NOTIFY_HEADER
 
 __all__ = ["NotifyResult", "notify_dispatch", "HEADER_FIELDS"]
 
-HEADER_FIELDS = ("seq", "schedule", "num_tokens", "row_bytes", "x_kind", "with_topk", "num_channels", "num_topk")
+HEADER_FIELDS = ("seq", "schedule", "num_tokens", "row_bytes", "x_kind", "with_topk", "num_channels", "num_topk",
+                 "recv_slot")
 _CHECKED = ("schedule", "row_bytes", "x_kind", "with_topk", "num_channels", "num_topk")
 
 
@@ -46,6 +47,7 @@ class NotifyResult:
         recv_channel_prefix_matrix: ``[P, C] int32`` start of channel c within source s's block here.
         num_recv_tokens: rows this PE receives.
         num_recv_tokens_per_expert_list: per local expert, (token, slot) selections aligned up.
+        recv_slots: ``[P] int`` the receive slot each PE named for its rows (``slots.RecvSlots``; 0: ``x``).
     """
 
     counts: np.ndarray
@@ -54,6 +56,7 @@ class NotifyResult:
     recv_channel_prefix_matrix: np.ndarray
     num_recv_tokens: int
     num_recv_tokens_per_expert_list: list
+    recv_slots: np.ndarray
 
 
 def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, prefixes: np.ndarray,
@@ -117,7 +120,7 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
         num_tokens_per_rank: ``[P]`` this PE's tokens per destination.
         num_tokens_per_expert: ``[E]`` this PE's selections per global expert.
         channel_counts: ``[P, C]`` tokens each channel sends to each destination.
-        header: the values of ``HEADER_FIELDS`` but seq.
+        header: the values of ``HEADER_FIELDS`` but seq (``recv_slot`` may be left out: 0).
         expert_alignment: round each local expert's count up to a multiple of this.
         lanes: the buffer's ``Lanes``: every peer's two WQEs go in one batch (None: a put and a put_signal call per
             peer, for callers without lanes).
@@ -128,7 +131,7 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
     width = views["notify"].shape[1]
     n_experts = len(num_tokens_per_expert)
     local = n_experts // n_pes
-    head = np.array([seq & 0x7FFF_FFFF] + [header[f] for f in HEADER_FIELDS[1:]], np.int32)
+    head = np.array([seq & 0x7FFF_FFFF] + [header.get(f, 0) for f in HEADER_FIELDS[1:]], np.int32)
     records = np.zeros((n_pes, width), np.int32)
     records[:, :NOTIFY_HEADER] = head
     records[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes] = num_tokens_per_rank
@@ -151,4 +154,5 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
     aligned = [int(-(-c // expert_alignment) * expert_alignment) for c in per_expert]
     prefix = np.cumsum(counts, axis=0).astype(np.int32)
     return NotifyResult(counts, prefix, np.cumsum(channel_counts, axis=1).astype(np.int32),
-                        views["recv_channel_prefix"].copy(), int(prefix[-1, me]), aligned)
+                        views["recv_channel_prefix"].copy(), int(prefix[-1, me]), aligned,
+                        got[:, HEADER_FIELDS.index("recv_slot")].astype(np.intp))

@@ -46,7 +46,7 @@ __all__ = ["Region", "WorkspaceLayout", "plan_workspace", "REGION_ALIGN", "NOTIF
            "RECORD_WORD"]
 
 REGION_ALIGN = 512
-NOTIFY_HEADER = 8  # int32 words of the notify record before the counts
+NOTIFY_HEADER = 9  # int32 words of the notify record before the counts
 SIGNAL_WORDS = 64  # uint64 words per (source, qp) completion slot: 512 bytes
 RECORD_WORD = 8  # the completion record starts at word 8 of the slot (its own cache line)
 
