@@ -41,7 +41,7 @@ from .api.blocks import (aclshmemx_barrier_all_vec, aclshmemx_sync_vec_all, get_
 from .api.raw import RawQueue, RawQueues, aclshmemx_udma_raw_queue
 from .api.inspection import compute, count, native_access, region, stats
 from .api import (engines as _engines, generic_rma as _generic_rma, generic_signals as _generic_signals,
-                  lifecycle as _lifecycle, log as _log, mte_atomics as _mte_atomics, sdma as _sdma,
+                  lifecycle as _lifecycle, log as _log, mte_atomics as _mte_atomics, prof as _prof, sdma as _sdma,
                   streams as _streams, teams as _teams, typed_atomics as _typed_atomics, typed_waits as _typed_waits,
                   udma_relay as _udma_relay)
 from .api.engines import *  # noqa: F401,F403 (each module's __all__, listed in __all__ below)
@@ -53,6 +53,7 @@ from .api.typed_atomics import *  # noqa: F401,F403
 from .api.streams import *  # noqa: F401,F403
 from .api.lifecycle import *  # noqa: F401,F403
 from .api.log import *  # noqa: F401,F403
+from .api.prof import *  # noqa: F401,F403
 from .api.udma_relay import *  # noqa: F401,F403
 from .api.sdma import *  # noqa: F401,F403
 from .api.teams import *  # noqa: F401,F403
@@ -119,7 +120,7 @@ __all__ = [
     # MTE atomics, typed atomics
     *_mte_atomics.__all__, *_typed_atomics.__all__,
     # streams; the rest of init; logging
-    *_streams.__all__, *_lifecycle.__all__, *_log.__all__,
+    *_streams.__all__, *_lifecycle.__all__, *_log.__all__, *_prof.__all__,
     # UDMA relay
     *_udma_relay.__all__,
 ]

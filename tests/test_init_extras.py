@@ -79,3 +79,42 @@ def test_global_exit_stops_every_pe(run_job):
     r = run_job(3, _exit_job, timeout=60)
     assert r.code != 0 and "aclshmem_global_exit(5)" in r.err, r.report()
     assert "not reached" not in r.err, r.report()
+
+
+def _prof_job(profiled: str):
+    import os
+    os.environ["SHMEM_CYCLE_PROF_PE"] = profiled
+    os.environ["SHMEM_LOG_LEVEL"] = "WARN"  # the fallback's warning (hidden at the default level, error)
+    shmemx.init()
+    me = shmemx.my_pe()
+
+    def kernel():
+        for _ in range(3):
+            shmemx.SHMEMI_PROF_START(7)
+            shmemx.SHMEMI_PROF_END(7)
+        if shmemx.get_block_idx() == 1:
+            shmemx.SHMEMI_PROF_START(1000)
+            shmemx.aclshmem_barrier_all()  # inside a launch: one block of each PE meets the others
+            shmemx.SHMEMI_PROF_END(1000)
+        shmemx.SHMEMI_PROF_END(2000)  # frame ids past 1023 are ignored, as in CANN
+
+    shmemx.launch(kernel, 2)
+    prof = shmemx.aclshmemx_get_prof(verbose=True)
+    expect = int(profiled) if profiled.isdigit() and int(profiled) < shmemx.n_pes() else 0
+    if me != expect:
+        assert prof is None
+    else:
+        assert prof.pe_id == me
+        assert [(b, f, n) for b, f, _, n, _ in prof.rows()] == [(0, 7, 3), (1, 7, 3), (1, 1000, 1)]
+        assert prof.block_prof[1].ccount[1000] == 1 and prof.block_prof[1].cycles[1000] > 0
+        assert (prof.block_prof.cycles >= 0).all()
+    shmemx.finalize()
+
+
+@pytest.mark.parametrize("profiled", ["1", "nine"])
+def test_cycle_profiling_counts_frames_per_block_on_the_profiled_pe(run_job, profiled):
+    r = run_job(3, _prof_job, profiled, timeout=60)
+    assert r.code == 0, r.report()
+    assert r.out.count("BlockID   FrameID   Cycles") == 1 and "1         1000      " in r.out, r.report()
+    if profiled == "nine":
+        assert "SHMEM_CYCLE_PROF_PE='nine' is not a PE of this job (0..2): profiling PE 0" in r.err, r.report()
