@@ -31,6 +31,14 @@ def _uid_job(tmp: str):
         shmemx.aclshmemx_instance_ctx_set(3)
     assert shmemx.util_get_ffts_config() == 0
     shmemx.util_set_ffts_config(0)
+    # the config store's TLS, as CANN's quickstart turns it off before init (kept: there is no store here)
+    assert shmemx.aclshmemx_set_conf_store_tls(False, None, 0) == 0 and not shmemx.conf_store_tls().enable
+    with pytest.raises(ValueError, match="enabling TLS needs tls_info"):
+        shmemx.aclshmemx_set_conf_store_tls(True, "", 0)
+    with pytest.raises(ValueError, match=r"tls_pk_len 9 is not 0..3"):
+        shmemx.aclshmemx_set_config_store_tls_key("key", 9, "pw", 2, None)
+    assert shmemx.aclshmemx_set_config_store_tls_key(b"key", 3, "cipher", 6, str.upper) == 0
+    assert shmemx.conf_store_tls().decrypt_handler("cipher") == "CIPHER"
     # memory with mem_type, and the heap base
     host = shmemx.aclshmemx_calloc(16, 4, shmemx.HOST_SIDE)
     dev = shmemx.aclshmemx_malloc(64)

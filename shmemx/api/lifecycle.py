@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import runtime as _runtime
@@ -33,7 +34,8 @@ __all__ = [
     "aclshmemx_uniqueid_t", "aclshmem_instance_ctx", "aclshmemx_init_status", "aclshmemx_get_uniqueid",
     "aclshmemx_set_attr_uniqueid_args", "aclshmem_info_get_version", "aclshmem_info_get_name",
     "aclshmem_global_exit", "aclshmemx_finalize", "aclshmemx_instance_ctx_get", "aclshmemx_instance_ctx_set",
-    "util_get_ffts_config", "util_set_ffts_config", "check_uniqueid",
+    "util_get_ffts_config", "util_set_ffts_config", "check_uniqueid", "aclshmemx_set_conf_store_tls",
+    "aclshmemx_set_config_store_tls_key", "conf_store_tls", "ConfStoreTls",
 ]
 
 ACLSHMEM_STATUS_NOT_INITIALIZED, ACLSHMEM_STATUS_SHM_CREATED, ACLSHMEM_STATUS_IS_INITIALIZED = 0, 1, 2
@@ -179,3 +181,62 @@ def util_set_ffts_config(config: int) -> None:
     """Accepts the FFTS config at a kernel's entry (no effect: the emulated barriers need none)."""
     if isinstance(config, bool) or not isinstance(config, int):
         raise TypeError(f"util_set_ffts_config: config must be an int, got {config!r}")
+
+
+@dataclass
+class ConfStoreTls:
+    """What ``aclshmemx_set_conf_store_tls`` and ``aclshmemx_set_config_store_tls_key`` set (kept, no effect)."""
+
+    enable: bool = False
+    tls_info: str = ""
+    tls_pk: str = ""
+    tls_pk_pw: str = ""
+    decrypt_handler: Callable[[str], str] | None = None
+
+
+_TLS = ConfStoreTls()
+
+
+def _text(call: str, name: str, value: str | bytes | None, length: int) -> str:
+    text = (value.decode() if isinstance(value, bytes) else value) or ""
+    if not isinstance(text, str):
+        raise TypeError(f"{call}: {name} must be str or bytes, got {type(value).__name__}")
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(text):
+        raise ValueError(f"{call}: {name}_len {length!r} is not 0..{len(text)} (the length of {name})")
+    return text[:length]
+
+
+def aclshmemx_set_conf_store_tls(enable: bool, tls_info: str | bytes | None, tls_info_len: int) -> int:
+    """Turn TLS on or off for CANN's TCP config store (before init); returns 0.
+
+    shmemx has no config store to secure (the launcher bootstraps the job over shared memory, or MPI across
+    hosts), so the setting is checked and kept (``conf_store_tls()``) and changes nothing. CANN's examples call
+    ``aclshmemx_set_conf_store_tls(False, None, 0)`` before init; a port runs it unchanged.
+    """
+    call = "aclshmemx_set_conf_store_tls"
+    info = _text(call, "tls_info", tls_info, tls_info_len) if enable else ""
+    if enable and not info:
+        raise ValueError(f"{call}: enabling TLS needs tls_info (memfabric's TLS description), got none")
+    _TLS.enable, _TLS.tls_info = bool(enable), info
+    return 0
+
+
+def aclshmemx_set_config_store_tls_key(tls_pk: str | bytes, tls_pk_len: int, tls_pk_pw: str | bytes, tls_pk_pw_len: int,
+                                       decrypt_handler: Callable[[str], str] | None) -> int:
+    """Set the config store's TLS private key, its password and the password's decryptor (before init); returns 0.
+
+    Checked and kept as ``aclshmemx_set_conf_store_tls`` is: ``decrypt_handler(cipher_text) -> plain_text`` must be
+    callable (or None when the password is plain).
+    """
+    call = "aclshmemx_set_config_store_tls_key"
+    if decrypt_handler is not None and not callable(decrypt_handler):
+        raise TypeError(f"{call}: decrypt_handler must be callable(cipher_text) -> plain_text, got {decrypt_handler!r}")
+    _TLS.tls_pk = _text(call, "tls_pk", tls_pk, tls_pk_len)
+    _TLS.tls_pk_pw = _text(call, "tls_pk_pw", tls_pk_pw, tls_pk_pw_len)
+    _TLS.decrypt_handler = decrypt_handler
+    return 0
+
+
+def conf_store_tls() -> ConfStoreTls:
+    """The config store's TLS settings as the two calls above left them."""
+    return _TLS
