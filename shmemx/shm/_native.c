@@ -371,6 +371,37 @@ static PyObject *wake(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* signal_many(addrs, value, size, add, wakes, sleepers): the stores of signal_op on many PEs' words, then each
+ * PE's wake (wake.h): addrs, wakes and sleepers are int64 arrays of one length n (the word in each target PE's
+ * heap as mapped here, that PE's wake word and sleeper pair); ``size`` 4 or 8; ``add``: an atomic add of value,
+ * else one aligned store. Target i's wake follows its own store; waiters of target i re-check after it. */
+static PyObject *signal_many(PyObject *self, PyObject *args) {
+    Py_buffer a, w, s;
+    unsigned long long value;
+    int size, add;
+    if (!PyArg_ParseTuple(args, "y*Kipy*y*", &a, &value, &size, &add, &w, &s)) return NULL;
+    Py_ssize_t n = a.len / 8;
+    if (a.len % 8 || w.len != a.len || s.len != a.len || (size != 4 && size != 8)) {
+        PyErr_SetString(PyExc_ValueError, "signal_many: addrs, wakes and sleepers must be int64 of one length; "
+                        "size 4 or 8");
+        n = -1;
+    }
+    const uint64_t *addr = a.buf, *wake = w.buf, *slp = s.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        void *p = (void *)(uintptr_t)addr[i];
+        if (size == 8 && add) __atomic_fetch_add((uint64_t *)p, (uint64_t)value, __ATOMIC_SEQ_CST);
+        else if (size == 8) __atomic_store_n((uint64_t *)p, (uint64_t)value, __ATOMIC_RELEASE);
+        else if (add) __atomic_fetch_add((uint32_t *)p, (uint32_t)value, __ATOMIC_SEQ_CST);
+        else __atomic_store_n((uint32_t *)p, (uint32_t)value, __ATOMIC_RELEASE);
+        shmemx_wake((uint32_t *)(uintptr_t)wake[i], (const uint32_t *)(uintptr_t)slp[i]);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&s);
+    if (n < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* add_u32(addr, delta) -> old: an atomic add (the sleeper counts). */
 static PyObject *add_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "add_u32(addr, delta)"); return NULL; }
@@ -387,6 +418,7 @@ static PyMethodDef methods[] = {
      "comparison: (code, first unmet)."},
     {"futex_wait", futex_wait, METH_VARARGS, "FUTEX_WAIT without the interpreter lock."},
     {"wake", (PyCFunction)(void (*)(void))wake, METH_FASTCALL, "Bump a wake word and wake its sleepers."},
+    {"signal_many", signal_many, METH_VARARGS, "signal_op's stores and wakes on many PEs' words."},
     {"add_u32", (PyCFunction)(void (*)(void))add_u32, METH_FASTCALL, "Atomic add to a u32."},
     {NULL, NULL, 0, NULL},
 };
