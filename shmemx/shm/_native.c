@@ -22,7 +22,8 @@
 
 #include "wake.h"
 
-#define DOZE_MAX_NS 1000000 /* sleep_all's longest doze */
+#define DOZE_MAX_NS 1000000 /* sleep_all's longest doze while words land */
+#define DOZE_IDLE_MAX_NS 8000000 /* its longest after dozes in which none landed (each doubles the last) */
 #define DOZE_MIN_WORDS 16 /* sleep_all dozes only while more words than this are still to come */
 #define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
 
@@ -266,6 +267,8 @@ typedef struct {
     uint8_t *base;
     Py_ssize_t stride, n, first; /* ``first``: the first word not met at the last look */
     int64_t doze_ns;
+    int64_t dozed;        /* the last doze (ns; 0: none yet) */
+    Py_ssize_t unmet;     /* words not met after it */
 } WordsLook;
 
 static inline int word_met(WordsLook *w, Py_ssize_t i) {
@@ -290,7 +293,12 @@ static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
             unmet += w->on[k] && !word_met(w, k);
         if (unmet > DOZE_MIN_WORDS) {
             int64_t ns = w->doze_ns * (int64_t)(unmet - 1);
-            int code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, s->state, s->aborting);
+            ns = ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS;
+            if (w->dozed && unmet == w->unmet) /* nothing landed during the last doze: twice as long */
+                ns = 2 * w->dozed < DOZE_IDLE_MAX_NS ? 2 * w->dozed : DOZE_IDLE_MAX_NS;
+            w->dozed = ns;
+            w->unmet = unmet;
+            int code = doze(ns, deadline, s->state, s->aborting);
             return code ? code : LOOK_AGAIN;
         }
     }
@@ -307,8 +315,10 @@ static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
  *
  * ``doze_ns`` > 0 (waits.doze_per_word: PEs outnumber cores): while more than DOZE_MIN_WORDS are unmet, it dozes
  * doze_ns per unmet word (at most DOZE_MAX_NS) instead of sleeping on the wake word, so that the writes of many
- * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; the
- * last word is waited for on the futex as before. */
+ * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; a doze
+ * after one in which no word landed is twice that one (up to DOZE_IDLE_MAX_NS: a PE that waits for peers which
+ * have not started yet, 255 PEs on 2 cores, looks a few times, not every millisecond); the last words are waited
+ * for on the futex as before. */
 static PyObject *sleep_all(PyObject *self, PyObject *args) {
     PyObject *addr_o, *target, *wake_o, *count_o, *state_o;
     Py_buffer active;
