@@ -298,7 +298,11 @@ static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
                 ns = 2 * w->dozed < DOZE_IDLE_MAX_NS ? 2 * w->dozed : DOZE_IDLE_MAX_NS;
             w->dozed = ns;
             w->unmet = unmet;
+            /* no futex sleep meanwhile: out of the (atomic) sleeper count, so that writers skip the wake-up call;
+             * back in before the loop reads the wake word again */
+            if (s->atomic) __atomic_fetch_sub(s->count, 1, __ATOMIC_SEQ_CST);
             int code = doze(ns, deadline, s->state, s->aborting);
+            if (s->atomic) __atomic_fetch_add(s->count, 1, __ATOMIC_SEQ_CST);
             return code ? code : LOOK_AGAIN;
         }
     }
