@@ -294,7 +294,7 @@ def aclshmemx_signal_op_many(sig_addr: np.ndarray, signal: int, sig_op: int, pes
     _native.signal_many(heap[pes] + w.offset, value, w.dtype.itemsize, sig_op == ACLSHMEM_SIGNAL_ADD, wake[pes],
                         sleepers[pes])
     if rt.chaos is not None:
-        rt.chaos.after_release()
+        rt.chaos.after_release(len(pes))
 
 
 def _check_pes(rt, pes) -> np.ndarray:
