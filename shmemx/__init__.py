@@ -20,7 +20,8 @@ from .api.signals import (ACLSHMEM_CMP_EQ, ACLSHMEM_CMP_GE, ACLSHMEM_CMP_GT, ACL
                           ACLSHMEM_CMP_NE, ACLSHMEM_SIGNAL_ADD, ACLSHMEM_SIGNAL_SET, CmpOp, SignalOp,
                           aclshmem_signal_wait_until, aclshmem_test, aclshmem_test_all, aclshmem_test_any,
                           aclshmem_test_some, aclshmem_wait_until, aclshmem_wait_until_all, aclshmem_wait_until_any,
-                          aclshmem_wait_until_some, aclshmemx_signal_op)
+                          aclshmem_wait_until_some, aclshmemx_signal_op,
+                          aclshmemx_signal_op_many)
 from .udma import layout
 from .udma.layout import (ACLSHMEMX_UDMA_ODR_NO, ACLSHMEMX_UDMA_ODR_RO, ACLSHMEMX_UDMA_ODR_SO,
                           ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT, ACLSHMEMX_UDMA_OP_CONFIG_NO_CQE, ACLSHMEMX_UDMA_OP_CONFIG_SO,
@@ -84,7 +85,7 @@ __all__ = [
     # signals and waits
     "ACLSHMEM_CMP_EQ", "ACLSHMEM_CMP_NE", "ACLSHMEM_CMP_GT", "ACLSHMEM_CMP_GE", "ACLSHMEM_CMP_LT",
     "ACLSHMEM_CMP_LE", "ACLSHMEM_SIGNAL_SET", "ACLSHMEM_SIGNAL_ADD", "CmpOp", "SignalOp",
-    "aclshmemx_signal_op", "aclshmem_signal_wait_until", "aclshmem_wait_until", "aclshmem_test",
+    "aclshmemx_signal_op", "aclshmemx_signal_op_many", "aclshmem_signal_wait_until", "aclshmem_wait_until", "aclshmem_test",
     "aclshmem_wait_until_all", "aclshmem_wait_until_any", "aclshmem_wait_until_some",
     "aclshmem_test_all", "aclshmem_test_any", "aclshmem_test_some",
     # UDMA layouts and configs

@@ -152,6 +152,41 @@ def test_signal_set(run_ok, n):
     run_ok(n, _signal_set)
 
 
+def _signal_op_many(dtype):
+    """signal_op_many: ADD from every PE to every PE sums as signal_op's do; SET names the writer and wakes a PE
+    asleep on the word; bad arguments raise before anything is written."""
+    shmemx.init()
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    words = shmemx.zeros(n + 1, dtype, name="words")
+    everyone = (np.arange(n) + me) % n  # every PE starts at a different target
+    for _ in range(3):
+        shmemx.aclshmemx_signal_op_many(words[n:], me + 1, ADD, everyone)
+    total = 3 * n * (n + 1) // 2
+    assert shmemx.aclshmem_signal_wait_until(words[n:], GE, total) == total
+    nxt = (me + 1) % n
+    if n > 1 and me == 0:
+        _await_sleeping(nxt, WaitCall.SIGNAL_WAIT_UNTIL, _offset(words[me:me + 1]))
+    shmemx.aclshmemx_signal_op_many(words[me:me + 1], 1000 + me, SET, [nxt])  # pe 1 may be asleep on it
+    prev = (me - 1) % n
+    assert shmemx.aclshmem_signal_wait_until(words[prev:prev + 1], EQ, 1000 + prev) == 1000 + prev
+    shmemx.aclshmemx_signal_op_many(words[:1], 5, SET, [])  # no PE: nothing
+    for bad, err in (([n], f"pe {n} out of range"), ([[0]], "sequence of integer PEs"), ([0.5], "integer PEs")):
+        with pytest.raises(ValueError, match=err):
+            shmemx.aclshmemx_signal_op_many(words[:1], 7, SET, bad)
+    with pytest.raises(ValueError, match="sig_op 2 is not"):
+        shmemx.aclshmemx_signal_op_many(words[:1], 7, 2, [me])
+    with pytest.raises(TypeError, match="has dtype float32"):
+        shmemx.aclshmemx_signal_op_many(shmemx.zeros(2, np.float32), 1, SET, [me])
+    shmemx.aclshmem_barrier_all()
+    assert int(words[n]) == total and 7 not in words
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint64], ids=["int32", "uint64"])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_signal_op_many(run_ok, n, dtype):
+    run_ok(n, _signal_op_many, dtype)
+
+
 def _word_resolution_follows_the_heap():
     """signal_op and the waits cache where a word lives per array object: the cache must follow the heap."""
     shmemx.init()

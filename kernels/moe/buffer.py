@@ -30,8 +30,8 @@ from .families import Shape, families
 from .lanes import Lanes
 from .notify import notify_dispatch
 from .pool import OutputPool
-from .routing import DispatchLayout, channel_bounds, channel_counts, check_topk_idx, get_dispatch_layout, \
-    make_send_head
+from .routing import DispatchLayout, RankRows, channel_bounds, channel_counts, check_topk_idx, get_dispatch_layout, \
+    make_send_head, rows_before_rank
 from .schedule import POLICY_QPS, Schedule
 from .measure import CallStats
 from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall, Payload, Recv, Routing
@@ -373,8 +373,8 @@ class Buffer:
         Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
         me, sched = self.me, self._schedule
         prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
-        counts = np.diff(prefix, axis=0, prepend=0)
-        num_recv = int(prefix[-1, me])
+        mine = RankRows.of(prefix, me)
+        num_recv = mine.num_recv
         if sched.routing == "compact" and dests is None:
             dests = handle.dest_ranks if handle is not None and handle.dest_ranks is not None else \
                 dests_from_mask(routing.is_token_in_rank, self.num_topk)
@@ -385,7 +385,7 @@ class Buffer:
         recv = self._recv_outputs(call, payload, num_recv, overflow, slot)
         stats = CallStats.empty(call.kind_name, me, call.seq, sched, shape.rounds, shape.blocks, self.n_pes,
                                 shape.n_qps)
-        args = self._dispatch_args(call, payload, routing, shape, stats, None if overflow else recv, dests)
+        args = self._dispatch_args(call, payload, routing, mine, shape, stats, None if overflow else recv, dests)
         if slots is not None:  # where each destination's rows go, and where this PE's land
             args.x_offsets = self.slots.remote_offsets(slots)
             args.recv_region = self.slots.region(slot) if slot else None
@@ -396,14 +396,14 @@ class Buffer:
         stats.kernel = time.perf_counter() - t_kernel
         self._cross_server(stats)
         if self.zero_copy:
-            self._owed = [s for s in range(self.n_pes) if s != me and counts[s, me]]
-        self._count_rows(stats, counts, num_recv, payload.rows.shape[1])
+            self._owed = [s for s in np.flatnonzero(mine.recv).tolist() if s != me]
+        self._count_rows(stats, mine, payload.rows.shape[1])
         self._last[DISPATCH] = call.seq
         self.history.append(stats)
         if overflow:
             return None, stats
         if handle is None:
-            handle = DispatchHandle(prefix.astype(np.int32), np.asarray(routing.channel_prefix_matrix, np.int32),
+            handle = DispatchHandle(np.asarray(routing.rank_prefix_matrix, np.int32), np.asarray(routing.channel_prefix_matrix, np.int32),
                                     np.asarray(routing.recv_channel_prefix_matrix, np.int32),
                                     recv.src_idx[:num_recv].copy(), routing.is_token_in_rank,
                                     make_send_head(routing.is_token_in_rank), num_recv, self.hidden, dests,
@@ -412,21 +412,18 @@ class Buffer:
         return DispatchResult(x_out, recv.topk_idx, recv.topk_weights,
                               [] if call.num_worst_tokens else expert_list, handle), stats
 
-    def _dispatch_args(self, call: DispatchCall, payload: Payload, routing: Routing, shape: Shape,
+    def _dispatch_args(self, call: DispatchCall, payload: Payload, routing: Routing, mine: RankRows, shape: Shape,
                        stats: CallStats, recv: Recv | None, dests) -> DispatchArgs:
         """What the dispatch kernel's blocks read (``recv`` None: the rows overflow num_worst_tokens)."""
         me, n_pes = self.me, self.n_pes
-        prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
-        counts = np.diff(prefix, axis=0, prepend=0)
         return DispatchArgs(
             me=me, n_pes=n_pes, seq=call.seq, num_local_experts=self.num_local_experts, views=self.views,
             lanes=self.lanes, plan=shape.plan, stats=stats, xb=payload.rows, topk_idx=call.topk_idx,
             topk_weights=call.topk_weights, scales=payload.scales, is_token_in_rank=routing.is_token_in_rank,
             bounds=channel_bounds(payload.num_tokens, self.num_channels),
-            rank_base=prefix[me - 1] if me > 0 else np.zeros(n_pes, np.int64),
+            rank_base=mine.rank_base,
             channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
-            send_base=np.cumsum(counts[me]) - counts[me], recv_lo=np.concatenate([[0], prefix[:-1, me]]),
-            recv_hi=prefix[:, me], out=None if recv is None else recv.kernel_outputs(payload, not self.zero_copy),
+            send_base=np.cumsum(mine.sent) - mine.sent, recv_lo=mine.recv_lo, recv_hi=mine.recv_hi, out=None if recv is None else recv.kernel_outputs(payload, not self.zero_copy),
             aggregate=self._schedule.aggregate, region_offsets=self.offsets, routing=self._schedule.routing,
             dests=dests)
 
@@ -464,11 +461,11 @@ class Buffer:
             return 0
         return self.slots.pick()
 
-    def _count_rows(self, stats: CallStats, counts: np.ndarray, num_recv: int, row_bytes: int) -> None:
-        me = self.me
-        stats.local_rows = int(counts[me, me])
+    def _count_rows(self, stats: CallStats, mine: RankRows, row_bytes: int) -> None:
+        me, num_recv = self.me, mine.num_recv
+        stats.local_rows = int(mine.sent[me])
         stats.local_bytes = stats.local_rows * row_bytes
-        stats.sent_rows = int(counts[me].sum() - counts[me, me])
+        stats.sent_rows = int(mine.sent.sum()) - stats.local_rows
         stats.recv_rows = num_recv
         stats.extra.update(num_recv=num_recv, row_bytes=row_bytes, hidden_bytes=row_bytes)
 
@@ -507,22 +504,22 @@ class Buffer:
         seq, credit_wait = self._next(COMBINE)
         me = self.me
         prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
-        counts = np.diff(prefix, axis=0, prepend=0)
+        mine = RankRows.of(prefix, me)
         starts = np.asarray(handle.recv_channel_prefix_matrix, np.int64)
-        ends = np.concatenate([starts[:, 1:], counts[:, me:me + 1]], axis=1)
+        ends = np.concatenate([starts[:, 1:], mine.recv[:, None]], axis=1)
         family = self._families[self._schedule.name]
         shape = family.combine_shape(handle, ends - starts)
         stats = CallStats.empty("combine", me, seq, self._schedule, shape.rounds, shape.blocks, self.n_pes,
                                 shape.n_qps)
-        args = self._combine_args(seq, shape, stats, xb, weights, handle, bias)
+        args = self._combine_args(seq, shape, stats, xb, weights, handle, bias, mine)
         t_kernel = time.perf_counter()
         self._launched(stats, family.combine(args, shape, prefix, handle))
         stats.kernel = time.perf_counter() - t_kernel
         self._cross_server(stats)
-        stats.local_rows = int(counts[me, me])
+        stats.local_rows = int(mine.sent[me])
         stats.local_bytes = stats.local_rows * xb.shape[1]
         stats.sent_rows = num_recv - stats.local_rows
-        stats.recv_rows = int(counts[me].sum())
+        stats.recv_rows = int(mine.sent.sum())
         stats.extra.update(credit_wait=credit_wait, num_recv=num_recv, row_bytes=xb.shape[1],
                            hidden_bytes=xb.shape[1])
         stats.wall = time.perf_counter() - start
@@ -541,22 +538,19 @@ class Buffer:
         return np.ascontiguousarray(w[:num_recv])
 
     def _combine_args(self, seq: int, shape: Shape, stats: CallStats, xb: np.ndarray, weights, handle,
-                      bias) -> CombineArgs:
+                      bias, mine: RankRows) -> CombineArgs:
         """What the combine kernel's blocks read: where each row goes back to, the outputs, the reduction's split."""
         me, n_tok = self.me, handle.num_tokens
-        prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
-        counts = np.diff(prefix, axis=0, prepend=0)
-        dest = np.cumsum(counts, axis=1) - counts
         out_w = self._pool.take((n_tok, self.num_topk), np.float32) if weights is not None else None
         return CombineArgs(
             me=me, n_pes=self.n_pes, seq=seq, views=self.views, lanes=self.lanes, plan=shape.plan, stats=stats,
             aggregate=self._schedule.aggregate, region_offsets=self.offsets, xb=xb, weights=weights,
-            recv_lo=np.concatenate([[0], prefix[:-1, me]]),
-            recv_channel_start=np.asarray(handle.recv_channel_prefix_matrix, np.int64), dest_base=dest[:, me],
-            back_base=dest[me], back_rows=counts[me], send_head=handle.send_head,
+            recv_lo=mine.recv_lo, recv_channel_start=np.asarray(handle.recv_channel_prefix_matrix, np.int64),
+            dest_base=rows_before_rank(handle.rank_prefix_matrix, me), back_base=np.cumsum(mine.sent) - mine.sent,
+            back_rows=mine.sent, send_head=handle.send_head,
             bounds=channel_bounds(n_tok, shape.blocks), zero_row=self.views["combine_x"].shape[0] - 1,
             out_x=self._pool.take((n_tok, self.hidden), bf16), out_weights=out_w, scratch=self._scratch,
-            recv_rows=counts[:, me], bias=self._bias(bias, n_tok))
+            recv_rows=mine.recv, bias=self._bias(bias, n_tok))
 
     # --- helpers ---------------------------------------------------------------------------------------------
 
@@ -593,10 +587,10 @@ class Buffer:
 
     def _give_credits(self, seq: int) -> None:
         """Zero copy: tell every source of dispatch ``seq`` that its rows here may be overwritten."""
-        credit = self.views["credits"][DISPATCH, self.me, 0:1]
-        for s in range(self.n_pes):
-            if s != self.me:  # every source, also those that sent nothing: each waits for every peer's word
-                shmemx.aclshmemx_signal_op(credit, seq, shmemx.ACLSHMEM_SIGNAL_SET, self.peers.pe(s))
+        # every source, also those that sent nothing: each waits for every peer's word
+        sources = np.delete(self.peers.pes, self.me)
+        shmemx.aclshmemx_signal_op_many(self.views["credits"][DISPATCH, self.me, 0:1], seq, shmemx.ACLSHMEM_SIGNAL_SET,
+                                        sources)
         self._owed = []
 
     def _next(self, kind: int) -> tuple[int, float]:

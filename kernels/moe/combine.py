@@ -232,8 +232,8 @@ def _send_round(a: CombineArgs, c: int, k: int, one: bool, solo: bool, timer, t:
 
 
 def give_credits(a: CombineArgs, peers: Iterable[int], timer: BlockTimer) -> None:
-    """The returned rows of ``peers`` were reduced: their regions here may be written again."""
-    word = a.views["credits"][1, a.me, 0:1]  # one view: the signal call finds it in its cache after the first
-    for r in peers:
-        shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.peers.pe(r))
-        timer.count("credit_writes")
+    """The returned rows of ``peers`` were reduced: their regions here may be written again (one
+    ``aclshmemx_signal_op_many``)."""
+    ranks = list(peers)
+    shmemx.aclshmemx_signal_op_many(a.views["credits"][1, a.me, 0:1], a.seq, SET, a.lanes.peers.pes[ranks])
+    timer.count("credit_writes", len(ranks))

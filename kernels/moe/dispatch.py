@@ -302,15 +302,12 @@ def give_credit(a: DispatchArgs, s: int, timer: BlockTimer) -> None:
 
 
 def give_credits(a: DispatchArgs, sources: Iterable[int], timer: BlockTimer) -> None:
-    """``give_credit`` of every source in ``sources``, through one view of the credit word (the signal call
-    resolves a view once and then finds it in its cache)."""
+    """``give_credit`` of every source in ``sources`` (but this PE) in one ``aclshmemx_signal_op_many``."""
     if a.out is not None and not a.out.credit:
         return
-    word = a.views["credits"][0, a.me, 0:1]
-    for s in sources:
-        if s != a.me:
-            shmemx.aclshmemx_signal_op(word, a.seq, SET, a.lanes.peers.pe(s))
-            timer.count("credit_writes")
+    ranks = [s for s in sources if s != a.me]
+    shmemx.aclshmemx_signal_op_many(a.views["credits"][0, a.me, 0:1], a.seq, SET, a.lanes.peers.pes[ranks])
+    timer.count("credit_writes", len(ranks))
 
 
 def dispatch_kernel(a: DispatchArgs) -> None:

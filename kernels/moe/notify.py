@@ -1,14 +1,10 @@
 """notify_dispatch: every PE tells every other PE how many rows to expect, and where, before any payload moves.
 
-The kernel (one AIV block) sends each peer r, on QP 0:
-
-1. a WRITE of its exclusive channel prefix for r (``[C] int32``: where each of its channels' rows start in its
-   block at r) into r's ``recv_channel_prefix[me]``;
-2. a WRITE_WITH_NOTIFY of its record (``[W] int32``: a header, its whole ``num_tokens_per_rank [P]`` row, and its
-   counts of r's local experts) into r's ``notify[me]``, then r's ``notify_signal[me]`` = the call's sequence
-   number, fenced behind the first WRITE;
-
-then quiets, and waits (``aclshmem_wait_until_all``, asleep) until every peer's signal reached the sequence
+The kernel (one AIV block) sends each peer r, on QP 0, one WRITE_WITH_NOTIFY of its record (``[W] int32``: a
+header, its whole ``num_tokens_per_rank [P]`` row, its counts of r's local experts and its exclusive channel prefix
+for r, ``[C]``: where each of its channels' rows start in its block at r) into r's ``notify[me]``, then r's
+``notify_signal[me]`` = the call's sequence number (one WQE per peer: at 256 PEs a separate WRITE of the 4-byte
+prefix was a third of the kernel's WQEs); then quiets, and waits (``aclshmem_wait_until_all``, asleep) until every peer's signal reached the sequence
 number. From the P records every PE computes the same ``rank_prefix_matrix [P, P]`` (the inclusive prefix over
 sources of the count matrix), its ``recv_channel_prefix_matrix [P, C]``, the rows it receives and its
 per-local-expert counts. The header also carries the schedule, row size, payload kind, top-k presence and
@@ -41,7 +37,6 @@ class NotifyResult:
     """What notify_dispatch computes on this PE.
 
     Attributes:
-        counts: ``[P, P] int64`` tokens sent from rank i to rank j.
         rank_prefix_matrix: ``[P, P] int32`` inclusive prefix of ``counts`` over sources (the same on every PE).
         channel_prefix_matrix: ``[P, C] int32`` this PE's inclusive prefix over channels, per destination.
         recv_channel_prefix_matrix: ``[P, C] int32`` start of channel c within source s's block here.
@@ -50,7 +45,6 @@ class NotifyResult:
         recv_slots: ``[P] int`` the receive slot each PE named for its rows (``slots.RecvSlots``; 0: ``x``).
     """
 
-    counts: np.ndarray
     rank_prefix_matrix: np.ndarray
     channel_prefix_matrix: np.ndarray
     recv_channel_prefix_matrix: np.ndarray
@@ -59,21 +53,16 @@ class NotifyResult:
     recv_slots: np.ndarray
 
 
-def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, prefixes: np.ndarray,
-            lanes=None) -> None:
-    width, n_channels = records.shape[1], prefixes.shape[1]
+def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, lanes=None) -> None:
+    width = records.shape[1]
     peers = [(me + i) % n_pes for i in range(1, n_pes)]
     if peers and lanes is not None:
-        _post_all(views, me, seq, records, prefixes, peers, lanes)
+        _post_all(views, me, seq, records, peers, lanes)
     else:
         for peer in peers:
-            if n_channels:
-                shmemx.aclshmemx_udma_qp_put_nbi(views["recv_channel_prefix"][me], prefixes[peer], n_channels, peer,
-                                                 0)
             shmemx.aclshmemx_udma_qp_put_signal_nbi(views["notify"][me], records[peer], width,
                                                     views["notify_signal"][me, 0:1], seq, peer, 0, config=FENCE_SO)
     views["notify"][me] = records[me]
-    views["recv_channel_prefix"][me] = prefixes[me]
     if peers and lanes is not None:
         lanes.batch.quiet(lanes.lane_of[peers, 0])
     else:
@@ -84,29 +73,20 @@ def _kernel(views: dict, me: int, n_pes: int, seq: int, records: np.ndarray, pre
                                        status=(np.arange(n_pes) == me).astype(np.int32))
 
 
-def _post_all(views: dict, me: int, seq: int, records: np.ndarray, prefixes: np.ndarray, peers: list, lanes) -> None:
-    """The loop of put_nbi + put_signal_nbi per peer as one batch (``Lanes.batch``): both WQEs of every peer
-    built in one numpy operation (the bytes those calls post) and posted with one call, a doorbell per peer."""
+def _post_all(views: dict, me: int, seq: int, records: np.ndarray, peers: list, lanes) -> None:
+    """The loop of put_signal_nbi per peer as one batch (``Lanes.batch``): every peer's WQE built in one numpy
+    operation (the bytes those calls post) and posted with one call, a doorbell per peer."""
     u64 = np.uint64
-    width, n_channels = records.shape[1], prefixes.shape[1]
+    width = records.shape[1]
     p = np.array(peers, np.intp)
     which = lanes.lane_of[p, 0]
     rbase = lanes.remote_base[p]
     notify_rmt = rbase + u64(views["notify"][me].ctypes.data - lanes.block.ctypes.data)
     signal_rmt = rbase + u64(views["notify_signal"][me, 0:1].ctypes.data - lanes.block.ctypes.data)
-    prefix_va = u64(lanes.batch.local_va(prefixes)) if n_channels else None  # registered first, as the loop does
     close = lanes.batch.build_notifies(which, flag=FENCE_SO.flag, rmt_va=notify_rmt, sge_len=width * 4,
                                        sge_va=u64(lanes.batch.local_va(records)) + (p * width * 4).astype(u64),
                                        notify_va=signal_rmt, notify_value=seq)
-    if n_channels:
-        prefix_rmt = rbase + u64(views["recv_channel_prefix"][me].ctypes.data - lanes.block.ctypes.data)
-        put = lanes.batch.build_writes(which, rmt_va=prefix_rmt, sge_len=n_channels * 4,
-                                       sge_va=prefix_va + (p * n_channels * 4).astype(u64),
-                                       flag=shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag)
-        data = np.concatenate([put, close], axis=1)  # [peers, 24]: the put, then the put_signal's two BBs
-        lanes.batch.post(which, np.full(len(p), 3), data, cqes=np.full(len(p), 2))
-    else:
-        lanes.batch.post(which, np.full(len(p), 2), close, cqes=np.full(len(p), 1))
+    lanes.batch.post(which, np.full(len(p), 2), close, cqes=np.full(len(p), 1))
 
 
 def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_per_rank: np.ndarray,
@@ -137,11 +117,12 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
     records[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes] = num_tokens_per_rank
     records[:, NOTIFY_HEADER + n_pes:NOTIFY_HEADER + n_pes + local] = \
         np.asarray(num_tokens_per_expert).reshape(n_pes, local)
-    excl = np.cumsum(channel_counts, axis=1) - channel_counts
-    prefixes = np.ascontiguousarray(excl, np.int32)
-    shmemx.launch(_kernel, 1, views, me, n_pes, seq, records, prefixes, lanes)
+    at = NOTIFY_HEADER + n_pes + local  # the exclusive channel prefix for each destination
+    n_channels = channel_counts.shape[1]
+    records[:, at:at + n_channels] = np.cumsum(channel_counts, axis=1) - channel_counts
+    shmemx.launch(_kernel, 1, views, me, n_pes, seq, records, lanes)
 
-    got = views["notify"].copy()
+    got = views["notify"]  # read in place: no peer writes it again before this PE's credit (see the module)
     for name in _CHECKED:
         i = HEADER_FIELDS.index(name)
         bad = np.flatnonzero(got[:, i] != head[i])
@@ -149,10 +130,10 @@ def notify_dispatch(views: dict, me: int, n_pes: int, seq: int, *, num_tokens_pe
             raise ValueError(f"pe {me}: dispatch: pe {int(bad[0])} dispatches with {name} {int(got[bad[0], i])}, "
                              f"this pe with {int(head[i])}: every pe must call dispatch with the same kind of "
                              f"payload, top-k presence and buffer schedule")
-    counts = got[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes].astype(np.int64)
     per_expert = got[:, NOTIFY_HEADER + n_pes:NOTIFY_HEADER + n_pes + local].sum(0, dtype=np.int64)
     aligned = [int(-(-c // expert_alignment) * expert_alignment) for c in per_expert]
-    prefix = np.cumsum(counts, axis=0).astype(np.int32)
-    return NotifyResult(counts, prefix, np.cumsum(channel_counts, axis=1).astype(np.int32),
-                        views["recv_channel_prefix"].copy(), int(prefix[-1, me]), aligned,
+    # int32 throughout: a cumsum that widens to int64 on the way costs 6x at 256 PEs
+    prefix = np.cumsum(got[:, NOTIFY_HEADER:NOTIFY_HEADER + n_pes], axis=0, dtype=np.int32)
+    return NotifyResult(prefix, np.cumsum(channel_counts, axis=1).astype(np.int32),
+                        got[:, at:at + n_channels].copy(), int(prefix[-1, me]), aligned,
                         got[:, HEADER_FIELDS.index("recv_slot")].astype(np.intp))

@@ -28,7 +28,52 @@ __all__ = [
     "channel_bounds",
     "channel_counts",
     "make_send_head",
+    "RankRows",
+    "rows_before_rank",
 ]
+
+
+class RankRows(NamedTuple):
+    """One PE's share of ``rank_prefix_matrix [P, P]`` (what its dispatch and combine read of it), without the
+    ``[P, P]`` counts: a PE needs its own column and row only.
+
+    Attributes:
+        recv: ``[P] int64`` rows each source sends this PE (column ``me`` of the counts).
+        sent: ``[P] int64`` rows this PE sends each destination (row ``me`` of the counts).
+        recv_hi: ``[P] int64`` where each source's rows end here (``rank_prefix_matrix[:, me]``).
+        rank_base: ``[P] int64`` where this PE's rows start at each destination (``rank_prefix_matrix[me - 1]``).
+    """
+
+    recv: np.ndarray
+    sent: np.ndarray
+    recv_hi: np.ndarray
+    rank_base: np.ndarray
+
+    @classmethod
+    def of(cls, rank_prefix_matrix: np.ndarray, me: int) -> "RankRows":
+        prefix = rank_prefix_matrix
+        recv_hi = prefix[:, me].astype(np.int64)
+        recv = recv_hi.copy()
+        recv[1:] -= recv_hi[:-1]
+        base = prefix[me - 1].astype(np.int64) if me > 0 else np.zeros(prefix.shape[1], np.int64)
+        return cls(recv, prefix[me].astype(np.int64) - base, recv_hi, base)
+
+    @property
+    def recv_lo(self) -> np.ndarray:
+        """``[P] int64`` where each source's rows start here."""
+        return self.recv_hi - self.recv
+
+    @property
+    def num_recv(self) -> int:
+        return int(self.recv_hi[-1])
+
+
+def rows_before_rank(rank_prefix_matrix: np.ndarray, me: int) -> np.ndarray:
+    """``[P] int64``: the rows each source sends to the ranks below ``me`` (where its rows for ``me`` start in
+    its send order), from ``rank_prefix_matrix [P, P]`` by sums along its rows (no ``[P, P]`` counts)."""
+    below = rank_prefix_matrix[:, :me].sum(1, dtype=np.int64)
+    below[1:] -= below[:-1].copy()
+    return below
 
 
 class DispatchLayout(NamedTuple):

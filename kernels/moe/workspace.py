@@ -9,9 +9,8 @@ experts, Hs = ceil(hidden / 128) scale columns, Q ``qp_num``:
 region                 shape, dtype                written by
 =====================  ==========================  ==========================================================
 notify                 [P, W] int32                source s (notify): header, its per-rank counts, its counts
-                                                   of my local experts
+                                                   of my local experts, where its channel c starts in its block
 notify_signal          [P, 8] uint64               source s: word 0 = call sequence number, after its record
-recv_channel_prefix    [P, C] int32                source s (notify): where its channel c starts in its block
 credits                [2, P, 8] int64             peer p: word 0 = last call (0 dispatch, 1 combine) whose
                                                    rows p has consumed; a sender waits for it before reuse
 config                 [8] int64                   me: my schedule code, read by peers to check agreement
@@ -96,9 +95,10 @@ class WorkspaceLayout:
         return "\n".join(lines)
 
 
-def notify_words(n_pes: int, num_experts: int) -> int:
-    """int32 words of one notify record (header, P counts, E_loc counts), rounded up to 16 (64 bytes)."""
-    return -(-(NOTIFY_HEADER + n_pes + num_experts // n_pes) // 16) * 16
+def notify_words(n_pes: int, num_experts: int, num_channels: int) -> int:
+    """int32 words of one notify record (header, P counts, E_loc counts, C channel starts), rounded up to 16 (64
+    bytes)."""
+    return -(-(NOTIFY_HEADER + n_pes + num_experts // n_pes + num_channels) // 16) * 16
 
 
 def plan_workspace(*, n_pes: int, max_tokens: int, hidden: int, num_topk: int, num_experts: int,
@@ -107,9 +107,8 @@ def plan_workspace(*, n_pes: int, max_tokens: int, hidden: int, num_topk: int, n
     rows = max_tokens * n_pes
     scale_cols = -(-hidden // 128)
     ws = WorkspaceLayout()
-    ws.append("notify", (n_pes, notify_words(n_pes, num_experts)), np.int32)
+    ws.append("notify", (n_pes, notify_words(n_pes, num_experts, num_channels)), np.int32)
     ws.append("notify_signal", (n_pes, 8), np.uint64)
-    ws.append("recv_channel_prefix", (n_pes, num_channels), np.int32)
     ws.append("credits", (2, n_pes, 8), np.int64)
     ws.append("config", (8,), np.int64)
     ws.append("round_credits", (2, n_pes), np.int64)

@@ -171,11 +171,8 @@ def _run_fresh(rt, state: _Launch, body) -> None:
         t.start()
     for t in threads:
         t.join()
-    idents = {t.ident for t in threads}
     if rt.udma is not None:
-        for qp in rt.udma.qps.values():
-            if qp.owner in idents:
-                qp.release()
+        rt.udma.release_claims(t.ident for t in threads)
 
 
 def _run_here(rt, state: _Launch, body, pool: _Pool | None) -> None:
@@ -184,7 +181,7 @@ def _run_here(rt, state: _Launch, body, pool: _Pool | None) -> None:
     stay)."""
     udma = rt.udma
     me = threading.get_ident()
-    held = set() if udma is None else {i for i, qp in udma.qps.items() if qp.owner == me}
+    held = None if udma is None else udma.claims(me)
     workers = pool.take(state.block_dim - 1, rt.my_pe) if pool is not None else []
     done = threading.Semaphore(0)
 
@@ -207,11 +204,7 @@ def _run_here(rt, state: _Launch, body, pool: _Pool | None) -> None:
         for _ in workers:
             done.acquire()
     if udma is not None:
-        idents = {t.ident for t, _ in workers}
-        for i, qp in udma.qps.items():
-            owner = qp.owner
-            if owner in idents or (owner == me and i not in held):
-                qp.release()
+        udma.release_claims((t.ident for t, _ in workers), me, held)
 
 
 def get_block_idx() -> int:

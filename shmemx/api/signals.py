@@ -22,9 +22,10 @@ import time
 import weakref
 
 import numpy as np
+import numpy.typing as npt
 
 from ..runtime import Runtime, runtime
-from ..shm import atomics
+from ..shm import _native, atomics
 from ..shm.control import CMP_SYMBOLS, WaitCall
 from ..shm.waits import PATIENCE, WORD_KINDS, Patience, Sleep, Wait, block_on_word, block_on_words, block_until
 from ..udma.events import Watched
@@ -44,6 +45,7 @@ __all__ = [
     "ACLSHMEM_SIGNAL_SET",
     "ACLSHMEM_SIGNAL_ADD",
     "aclshmemx_signal_op",
+    "aclshmemx_signal_op_many",
     "aclshmem_signal_wait_until",
     "aclshmem_wait_until",
     "aclshmem_test",
@@ -252,6 +254,76 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
         rt.ctl.wake(pe)
     if rt.chaos is not None:
         rt.chaos.after_release()
+
+
+def aclshmemx_signal_op_many(sig_addr: np.ndarray, signal: int, sig_op: int, pes: npt.ArrayLike) -> None:
+    """``aclshmemx_signal_op(sig_addr, signal, sig_op, pe)`` for every PE of ``pes``, in one call: the word is
+    resolved and checked once, and the stores and wake-ups of the PEs on this host are one native loop (a PE of
+    another host: its own signal_op, through its NIC).
+
+    Args:
+        sig_addr: heap view whose first element is the word (int32/uint32/int64/uint64); the same word on each PE.
+        signal: the value to store or add.
+        sig_op: ACLSHMEM_SIGNAL_SET (0) or ACLSHMEM_SIGNAL_ADD (1).
+        pes: ``[n]`` integer target PEs, in the order their updates are made; may include this PE.
+
+    Each update is visible, and its PE's waiters are woken, when the call returns. Observed, the call writes
+    what ``aclshmemx_signal_op`` writes for each PE of ``pes`` (a SIGNAL record, before the stores).
+    """
+    rt = runtime()
+    pes = _check_pes(rt, pes)
+    if sig_op != ACLSHMEM_SIGNAL_SET and sig_op != ACLSHMEM_SIGNAL_ADD:
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET "
+                         f"(0) or ACLSHMEM_SIGNAL_ADD (1)")
+    w = _word(rt, sig_addr, "aclshmemx_signal_op_many sig_addr")
+    if w.dtype not in _SIGNAL_DTYPES:
+        raise TypeError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: sig_addr has dtype {w.dtype}; signal words are "
+                        f"int32, uint32, int64 or uint64")
+    value = _word_value(rt, w, signal, "aclshmemx_signal_op_many")
+    if rt.chaos is not None:
+        rt.chaos.jitter()
+    if rt.events is not None:  # releases: recorded before the stores
+        for pe in pes.tolist():
+            rt.events.signal(pe, w.offset, w.dtype, sig_op, value)
+    if rt.hosts.multi:  # the PEs of other hosts through their NICs, one by one
+        near = np.fromiter((rt.hosts.local(pe) for pe in pes.tolist()), bool, len(pes))
+        for pe in pes[~near].tolist():
+            _remote_signal_op(rt, w, value, sig_op, pe)
+        pes = pes[near]
+    heap, wake, sleepers = _targets(rt)
+    _native.signal_many(heap[pes] + w.offset, value, w.dtype.itemsize, sig_op == ACLSHMEM_SIGNAL_ADD, wake[pes],
+                        sleepers[pes])
+    if rt.chaos is not None:
+        rt.chaos.after_release(len(pes))
+
+
+def _check_pes(rt, pes) -> np.ndarray:
+    """``pes`` as ``[n] int64``; ValueError quoting a PE out of range."""
+    arr = np.asarray(pes)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: pes must be a sequence of integer PEs, got "
+                         f"{pes!r}")
+    arr = arr.astype(np.int64, copy=False)
+    bad = np.flatnonzero((arr < 0) | (arr >= rt.n_pes))
+    if len(bad):
+        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: pe {int(arr[bad[0]])} out of range "
+                         f"0..{rt.n_pes - 1}")
+    return arr
+
+
+_target_cache: dict[int, tuple] = {}  # id(heap) -> (heap, [P] heap addresses, wake words, sleeper pairs)
+
+
+def _targets(rt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[P] int64`` arrays of every PE mapped here: its heap's address, its wake word's, its sleeper pair's (0
+    for a PE of another host); made once per heap."""
+    found = _target_cache.get(id(rt.heap))
+    if found is None or found[0] is not rt.heap:
+        _target_cache.clear()
+        heap = np.array([0 if s is None else s.addr for s in rt.heap.segments], np.int64)
+        found = _target_cache[id(rt.heap)] = (rt.heap, heap, np.array(rt.ctl.wake_addrs, np.int64),
+                                              np.array(rt.ctl.sleepers_addrs, np.int64))
+    return found[1:]
 
 
 def _raw(w: _Word, value) -> int:

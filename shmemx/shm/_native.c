@@ -22,7 +22,8 @@
 
 #include "wake.h"
 
-#define DOZE_MAX_NS 1000000 /* sleep_all's longest doze */
+#define DOZE_MAX_NS 1000000 /* sleep_all's longest doze while words land */
+#define DOZE_IDLE_MAX_NS 8000000 /* its longest after dozes in which none landed (each doubles the last) */
 #define DOZE_MIN_WORDS 16 /* sleep_all dozes only while more words than this are still to come */
 #define PURE_SPIN_NS 2000 /* a spin polls without yielding this long first */
 
@@ -266,6 +267,8 @@ typedef struct {
     uint8_t *base;
     Py_ssize_t stride, n, first; /* ``first``: the first word not met at the last look */
     int64_t doze_ns;
+    int64_t dozed;        /* the last doze (ns; 0: none yet) */
+    Py_ssize_t unmet;     /* words not met after it */
 } WordsLook;
 
 static inline int word_met(WordsLook *w, Py_ssize_t i) {
@@ -290,7 +293,16 @@ static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
             unmet += w->on[k] && !word_met(w, k);
         if (unmet > DOZE_MIN_WORDS) {
             int64_t ns = w->doze_ns * (int64_t)(unmet - 1);
-            int code = doze(ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS, deadline, s->state, s->aborting);
+            ns = ns < DOZE_MAX_NS ? ns : DOZE_MAX_NS;
+            if (w->dozed && unmet == w->unmet) /* nothing landed during the last doze: twice as long */
+                ns = 2 * w->dozed < DOZE_IDLE_MAX_NS ? 2 * w->dozed : DOZE_IDLE_MAX_NS;
+            w->dozed = ns;
+            w->unmet = unmet;
+            /* no futex sleep meanwhile: out of the (atomic) sleeper count, so that writers skip the wake-up call;
+             * back in before the loop reads the wake word again */
+            if (s->atomic) __atomic_fetch_sub(s->count, 1, __ATOMIC_SEQ_CST);
+            int code = doze(ns, deadline, s->state, s->aborting);
+            if (s->atomic) __atomic_fetch_add(s->count, 1, __ATOMIC_SEQ_CST);
             return code ? code : LOOK_AGAIN;
         }
     }
@@ -307,8 +319,10 @@ static int look_words(void *ctx, int64_t deadline, const Sleeper *s) {
  *
  * ``doze_ns`` > 0 (waits.doze_per_word: PEs outnumber cores): while more than DOZE_MIN_WORDS are unmet, it dozes
  * doze_ns per unmet word (at most DOZE_MAX_NS) instead of sleeping on the wake word, so that the writes of many
- * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; the
- * last word is waited for on the futex as before. */
+ * writers landing one after the other (a wait for 255 peers' signals) cost a few wake-ups, not one each; a doze
+ * after one in which no word landed is twice that one (up to DOZE_IDLE_MAX_NS: a PE that waits for peers which
+ * have not started yet, 255 PEs on 2 cores, looks a few times, not every millisecond); the last words are waited
+ * for on the futex as before. */
 static PyObject *sleep_all(PyObject *self, PyObject *args) {
     PyObject *addr_o, *target, *wake_o, *count_o, *state_o;
     Py_buffer active;
@@ -371,6 +385,37 @@ static PyObject *wake(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* signal_many(addrs, value, size, add, wakes, sleepers): the stores of signal_op on many PEs' words, then each
+ * PE's wake (wake.h): addrs, wakes and sleepers are int64 arrays of one length n (the word in each target PE's
+ * heap as mapped here, that PE's wake word and sleeper pair); ``size`` 4 or 8; ``add``: an atomic add of value,
+ * else one aligned store. Target i's wake follows its own store; waiters of target i re-check after it. */
+static PyObject *signal_many(PyObject *self, PyObject *args) {
+    Py_buffer a, w, s;
+    unsigned long long value;
+    int size, add;
+    if (!PyArg_ParseTuple(args, "y*Kipy*y*", &a, &value, &size, &add, &w, &s)) return NULL;
+    Py_ssize_t n = a.len / 8;
+    if (a.len % 8 || w.len != a.len || s.len != a.len || (size != 4 && size != 8)) {
+        PyErr_SetString(PyExc_ValueError, "signal_many: addrs, wakes and sleepers must be int64 of one length; "
+                        "size 4 or 8");
+        n = -1;
+    }
+    const uint64_t *addr = a.buf, *wake = w.buf, *slp = s.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        void *p = (void *)(uintptr_t)addr[i];
+        if (size == 8 && add) __atomic_fetch_add((uint64_t *)p, (uint64_t)value, __ATOMIC_SEQ_CST);
+        else if (size == 8) __atomic_store_n((uint64_t *)p, (uint64_t)value, __ATOMIC_RELEASE);
+        else if (add) __atomic_fetch_add((uint32_t *)p, (uint32_t)value, __ATOMIC_SEQ_CST);
+        else __atomic_store_n((uint32_t *)p, (uint32_t)value, __ATOMIC_RELEASE);
+        shmemx_wake((uint32_t *)(uintptr_t)wake[i], (const uint32_t *)(uintptr_t)slp[i]);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&s);
+    if (n < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* add_u32(addr, delta) -> old: an atomic add (the sleeper counts). */
 static PyObject *add_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "add_u32(addr, delta)"); return NULL; }
@@ -387,6 +432,7 @@ static PyMethodDef methods[] = {
      "comparison: (code, first unmet)."},
     {"futex_wait", futex_wait, METH_VARARGS, "FUTEX_WAIT without the interpreter lock."},
     {"wake", (PyCFunction)(void (*)(void))wake, METH_FASTCALL, "Bump a wake word and wake its sleepers."},
+    {"signal_many", signal_many, METH_VARARGS, "signal_op's stores and wakes on many PEs' words."},
     {"add_u32", (PyCFunction)(void (*)(void))add_u32, METH_FASTCALL, "Atomic add to a u32."},
     {NULL, NULL, 0, NULL},
 };

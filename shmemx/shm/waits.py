@@ -316,22 +316,26 @@ def block_on_words(rt: Any, addr: int, stride: int, active: bytes, kind: int, cm
         _add_wait_time(rt, _tls.slot, started)
         return
     doze_ns = int(rt.doze * 1e9)
+    # a dozing wait counts itself in the atomic sleeper count, which the doze leaves while it sleeps on the clock:
+    # the writers landing meanwhile skip the futex wake-up (a system call each) that nobody waits for
     _sleep_native(rt, wait, started, patience,
                   lambda wake, count, remote, left, state: _native.sleep_all(
                       addr, stride, active, kind, cmp, target, wake, count, remote, left, state, _ABORTING,
-                      _BACKSTOP, doze_ns))
+                      _BACKSTOP, doze_ns), plain=not doze_ns)
 
 
-def _sleep_native(rt, wait: Wait, started: int, patience: Patience, sleep):
+def _sleep_native(rt, wait: Wait, started: int, patience: Patience, sleep, plain: bool = True):
     """The sleeping part of ``block_on_word`` / ``block_on_words``: record the wait in this thread's slot, then
     call ``sleep(wake word, sleeper count, remote, seconds left, state word)`` (one of the native sleeps, which
     returns (0, value) when met, (1, _) at its deadline or backstop, (2, _) on an abort) until it is met, the
-    job's timeout (or ``patience.timeout`` seconds) passes or the job aborts; returns the value."""
+    job's timeout (or ``patience.timeout`` seconds) passes or the job aborts; returns the value. ``plain``: a
+    wait on this PE's own words counts itself in the plain sleeper count (else, and on another PE's, the atomic
+    one)."""
     ctl = rt.ctl
     slot_idx = _tls.slot
     call_idx = _record(rt, slot_idx, wait)
     pe = wait.pe if patience.sleep_pe is None else patience.sleep_pe
-    own = pe == rt.my_pe and _PLAIN_SLEEPERS
+    own = plain and pe == rt.my_pe and _PLAIN_SLEEPERS
     count_addr = ctl.sleepers_addrs[pe] if own else ctl.remote_sleepers_addrs[pe]
     start = time.monotonic()
     deadline = start + (rt.timeout if patience.timeout is None else patience.timeout)

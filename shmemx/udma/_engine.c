@@ -592,6 +592,31 @@ int shmemx_engine_assist(Engine *e, uint32_t q, int wait) {
     return ran;
 }
 
+/* The assist of a quiet of many queues (_post.c's quiet_many, PEs outnumbering cores): shmemx_engine_assist of
+ * each queue of ``qs`` (indices below n_slots) until it has no rung work left, under one hold of the turn lock
+ * (taken once: not 255 hand-offs with the engine thread, each a wait for its turn when it runs), then one flush
+ * of the wake-ups. The same turns in the same order per SQ as one assist per queue. Returns the queues served. */
+int shmemx_engine_assist_many(Engine *e, const int64_t *qs, Py_ssize_t n) {
+    int served = 0;
+    pthread_mutex_lock(&e->turn_lock);
+    if (e->assist && e->started && !__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE) && !e->paused
+        && e->policy.pick == pick_round_robin) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t q = (uint32_t)qs[i];
+            if (qs[i] < 0 || q >= e->n_slots || !has_work(e, q)) continue;
+            uint32_t *hw = hw_of(e, q), ci;
+            do { /* turn after turn while one makes progress (a WQE rung only in part waits for the rest) */
+                ci = hw[e->L.hw_ci];
+                turn(e, q, BATCH_BBS);
+            } while (has_work(e, q) && hw[e->L.hw_ci] != ci);
+            served++;
+        }
+        flush_wakes(e);
+    }
+    pthread_mutex_unlock(&e->turn_lock);
+    return served;
+}
+
 /* The posting thread's turn (_post.c publish, QueuePair's posts through Engine.ring): a doorbell was just stored
  * for one small WQE (``bbs`` BBs from ``head``, a payload of at most POST_TURN_BYTES) and the queue has no earlier
  * outstanding work (its consumer index is at ``head``: every WQE before it executed, so no ordering rule can put

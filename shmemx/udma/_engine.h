@@ -220,6 +220,7 @@ int chaos_step(Engine *e, int64_t *nap_ns);
 
 extern PyTypeObject EngineType;
 int shmemx_engine_assist(Engine *e, uint32_t q, int wait);
+int shmemx_engine_assist_many(Engine *e, const int64_t *qs, Py_ssize_t n);
 int shmemx_engine_help(Engine *e);
 int shmemx_engine_post_turn(Engine *e, uint32_t q, uint32_t head, uint32_t bbs);
 void shmemx_engine_rung(Engine *e, uint32_t q, uint32_t head, uint32_t bbs);

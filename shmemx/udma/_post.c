@@ -747,6 +747,8 @@ static PyObject *Poster_quiet(Poster *p, PyObject *const *args, Py_ssize_t nargs
 
 /* quiet_many(queues, bits, spin_ns, call, slot) -> how many queues were quieted (a prefix): ``quiet`` of queue
  * index ``queues[i]`` in turn, its bits into ``bits[i]``, stopping at the first that needs the Python path (-1).
+ * Without a spin (PEs outnumber cores) every queue's rung WQEs are first executed in one assist
+ * (shmemx_engine_assist_many), so that the quiets find their CQEs written.
  * ``queues``, ``bits``: C-contiguous int64 buffers of one length. */
 static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t nargs) {
     begin_call(p);
@@ -769,6 +771,11 @@ static PyObject *Poster_quiet_many(Poster *p, PyObject *const *args, Py_ssize_t 
     const int64_t *qs = qv.buf;
     int64_t *bits = bv.buf;
     Py_ssize_t m = qv.len / 8, done = 0;
+    if (spin_ns <= 0 && m > 1) { /* PEs outnumber cores: assist every queue at once, under one turn lock */
+        Py_BEGIN_ALLOW_THREADS
+        shmemx_engine_assist_many(e, qs, m);
+        Py_END_ALLOW_THREADS
+    }
     for (; done < m; done++) {
         int64_t q = qs[done];
         if (q < 0 || q >= (int64_t)e->n_pes * e->qp_num || q / e->qp_num == e->my_pe) break;

@@ -86,12 +86,15 @@ class Jitter:
         self.rng()
         self._sleep(10 ** draw.uniform(*_LAG_LOG10))
 
-    def after_release(self) -> None:
+    def after_release(self, releases: int = 1) -> None:
         """After a signal_op: the thread that signalled lags now and then, so that what it does next (reset a
-        flag, reuse a buffer) comes after the peer has reacted to the signal; else the ordinary jitter."""
+        flag, reuse a buffer) comes after the peer has reacted to the signal; else the ordinary jitter. After
+        ``releases`` at once (signal_op_many: one per target PE) the lag is drawn once per release, as a loop of
+        signal_ops would draw it, and the longest drawn is taken."""
         r = self.rng()
-        if r.random() < _P_RELEASE_LAG:
-            self._sleep(10 ** r.uniform(*_RELEASE_LOG10))
+        lags = [10 ** r.uniform(*_RELEASE_LOG10) for _ in range(releases) if r.random() < _P_RELEASE_LAG]
+        if lags:
+            self._sleep(max(lags))
         else:
             self.jitter()
 

@@ -12,7 +12,7 @@ import array
 import os
 import threading
 import time
-from collections.abc import ItemsView, ValuesView
+from collections.abc import ItemsView, Iterable, ValuesView
 from typing import Any
 
 import numpy as np
@@ -138,6 +138,22 @@ class DataPlane:
         self.rt.stats.add_quiet(slot, time.perf_counter_ns() - start, done)
         return done
 
+    def claims(self, ident: int) -> np.ndarray:
+        """The queues thread ``ident`` holds as their submitter (queue indices)."""
+        return np.flatnonzero(self.qstate[:, _engine.ST_OWNER] == ident)
+
+    def release_claims(self, idents: Iterable[int], ident: int = 0, kept: np.ndarray | None = None) -> None:
+        """``QueuePair.release`` of every queue a thread of ``idents`` holds, and of those thread ``ident`` holds
+        but for ``kept`` (its claims from before a launch), in one pass over the state block."""
+        owners = self.qstate[:, _engine.ST_OWNER]
+        mask = np.isin(owners, np.fromiter(idents, np.int64))
+        if ident:
+            mine = owners == ident
+            if kept is not None:
+                mine[kept] = False
+            mask |= mine
+        self._publish_many(np.flatnonzero(mask), release=True)
+
     def _publish_many(self, queues: np.ndarray, release: bool) -> None:
         """``QueuePair.publish`` of many queues at once (``release``: and ``QueuePair.release``: no owner); only
         queues the calling thread owns unless released (the quiet retired them to their heads)."""
@@ -228,7 +244,7 @@ class DataPlane:
     def retired(self, qp: QueuePair) -> None:
         """A poller advanced ``qp``'s tail: registrations only it used may go."""
         if self.registry is not None and len(self.registry):
-            self.registry.collect(_Tails(self.qps))
+            self.registry.collect(_Tails(self.qstate))
 
     def publish_counts(self, mine_only: bool = False) -> None:
         """Publish every queue's posted counts into the stats (``mine_only``: the queues this thread owns)."""
@@ -291,17 +307,21 @@ class QueuePairs(dict):
 
 
 class _Tails:
-    """Every queue's retired tail, read when asked (``LocalRegistry.collect`` asks for the queues its
-    registrations used, a handful, where a dict of all would read 254 tails at 128 PEs)."""
+    """Every queue's retired tail, read from the posting state block when asked (``LocalRegistry.collect`` asks
+    for the queues its registrations used, at 256 PEs 255 of them at once): ``tails(queue indices)``, 0 for a
+    key that is no queue (a pin of a thread's own, ``RawQueues.local_va``: never retired)."""
 
-    __slots__ = ("qps",)
+    __slots__ = ("column",)
 
-    def __init__(self, qps):
-        self.qps = qps
+    def __init__(self, qstate: np.ndarray):
+        self.column = qstate[:, _engine.ST_TAIL]  # a view: the words as they are at the call
 
-    def get(self, index: int, default: int = 0) -> int:
-        qp = self.qps.get(index)
-        return default if qp is None else qp.tail
+    def __call__(self, queues: np.ndarray) -> np.ndarray:
+        column = self.column
+        if len(queues) and 0 <= queues.min() and queues.max() < len(column):
+            return column[queues]
+        known = (queues >= 0) & (queues < len(column))
+        return np.where(known, column[np.where(known, queues, 0)], 0)
 
 
 def _reads_arrays(poster) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import bisect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -157,8 +158,9 @@ class LocalRegistry:
                 return reg.data, off
         return None
 
-    def collect(self, retired: dict[int, int]) -> None:
-        """Drop registrations whose every use is retired (``retired.get(queue index, 0)`` = BB position done)."""
+    def collect(self, retired: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Drop registrations whose every use is retired (``retired(queue indices)`` = each queue's BB position
+        done, ``[n] int64``)."""
         with self._lock:
             dead = [key for key, reg in self._by_address.items() if _all_retired(reg, retired)]
             if dead:
@@ -173,24 +175,30 @@ class LocalRegistry:
         return len(self._by_address)
 
 
-def _all_retired(reg: Registration, retired) -> bool:
+def _all_retired(reg: Registration, retired: Callable[[np.ndarray], np.ndarray]) -> bool:
     """Whether every queue has retired its last WQE that used ``reg``.
 
-    The same predicate over every use, in an order that usually decides it at once: first the queue found busy
-    last time, then the uses newest first. A kernel posts to its peers in turn and quiets them in the same order,
-    with one quiet (and one collect) per peer: newest first finds a busy queue at the first step, where oldest
-    first walked past every peer quieted so far (P^2 / 2 steps per registration at P peers)."""
+    First the queue found busy last time (a kernel that quiets its peers one at a time, a collect per quiet,
+    finds the next one busy at once), then every use in one numpy comparison (a quiet of all 255 peers at once
+    retires them all: no walk over them)."""
     uses = reg.uses
     q = reg.busy
     if q is not None:
         pos = uses.get(q)
-        if pos is not None and ((retired.get(q, 0) - pos) & 0xFFFF_FFFF) >= 0x8000_0000:
+        if pos is not None and _busy(retired(np.array([q], np.int64)), np.array([pos], np.int64))[0]:
             return False
-    for q, pos in reversed(uses.items()):
-        if ((retired.get(q, 0) - pos) & 0xFFFF_FFFF) >= 0x8000_0000:
-            reg.busy = q
-            return False
+    n = len(uses)
+    queues, positions = np.fromiter(uses.keys(), np.int64, n), np.fromiter(uses.values(), np.int64, n)
+    busy = np.flatnonzero(_busy(retired(queues), positions))
+    if len(busy):
+        reg.busy = int(queues[busy[-1]])
+        return False
     return True
+
+
+def _busy(tails: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each tail is still short of its BB position (32-bit wrapping positions)."""
+    return ((tails - positions) & 0xFFFF_FFFF) >= 0x8000_0000
 
 
 class SharedLocals:
