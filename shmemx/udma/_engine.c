@@ -36,6 +36,9 @@
  */
 #include "_config.h"
 #include "_engine.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static inline void touch(Engine *e, int pe) {
     if (!e->touched[pe]) {
@@ -234,6 +237,38 @@ static uint32_t fp32_add(uint32_t *word, float operand) {
     }
 }
 
+/* --- payload copies ---------------------------------------------------------------------------------------- */
+
+/* A payload copy as a DMA engine makes it: into memory, not into the executing core's cache. From
+ * STREAM_MIN_BYTES up, the destination is written with non-temporal stores: no read for ownership of its lines
+ * (a peer reads them later, from another core, and they are rarely cached anywhere by then), a third less memory
+ * traffic than memmove's (two processes copying at once: about 2x the bytes per CPU second here). The sfence
+ * makes the stores globally visible before anything the caller stores next (a signal, a CQE, a chunk count).
+ * Overlapping ranges and small payloads: memmove. */
+static void dma_copy(uint8_t *dst, const uint8_t *src, uint64_t n) {
+#if defined(__SSE2__)
+    if (n >= STREAM_MIN_BYTES && (dst + n <= src || src + n <= dst)) {
+        uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63; /* to the destination's next cache line */
+        memcpy(dst, src, head);
+        uint64_t lines = (n - head) / 64, k;
+        uint8_t *d = dst + head;
+        const uint8_t *s = src + head;
+        for (k = 0; k < lines; k++, d += 64, s += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)s + 1);
+            __m128i c = _mm_loadu_si128((const __m128i *)s + 2), e = _mm_loadu_si128((const __m128i *)s + 3);
+            _mm_stream_si128((__m128i *)d, a);
+            _mm_stream_si128((__m128i *)d + 1, b);
+            _mm_stream_si128((__m128i *)d + 2, c);
+            _mm_stream_si128((__m128i *)d + 3, e);
+        }
+        memcpy(d, s, n - head - 64 * lines);
+        _mm_sfence();
+        return;
+    }
+#endif
+    memmove(dst, src, n);
+}
+
 /* --- the cooperative copy of a large payload (Coop, _engine.h) --------------------------------------------- */
 
 static int pick_round_robin(Engine *e, uint32_t *queue, uint32_t *bbs);
@@ -249,7 +284,7 @@ static int coop_claim(Coop *c, int back) {
         next = back ? cl + (1ULL << 32) : cl + 1;
     } while (!__atomic_compare_exchange_n(&c->claims, &cl, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     uint64_t off = (uint64_t)k * c->chunk, len = c->len - off < c->chunk ? c->len - off : c->chunk;
-    memcpy(c->dst + off, c->src + off, len);
+    dma_copy(c->dst + off, c->src + off, len);
     __atomic_fetch_add(&c->finished, 1, __ATOMIC_RELEASE);
     return 1;
 }
@@ -301,7 +336,7 @@ static inline void copy_payload(Engine *e, uint8_t *dst, const uint8_t *src, uin
         && (dst + n <= src || src + n <= dst))
         coop_copy(e, dst, src, n);
     else
-        memmove(dst + lo, src + lo, n);
+        dma_copy(dst + lo, src + lo, n);
 }
 
 /* Execute a checked WQE, or the byte range [lo, hi) of its payload (a READ, a WRITE, a WRITE_WITH_NOTIFY's

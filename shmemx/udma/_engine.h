@@ -21,6 +21,7 @@
 #define WAKE_EVERY 8
 #define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
 #define COOP_CHUNK (256 << 10)
+#define STREAM_MIN_BYTES 4096 /* payloads this large are stored around the cache (dma_copy) */
 #define POST_TURN_BYTES 256 /* WQEs with payloads up to this: executed by the posting thread when its queue is idle */
 #define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
 
