@@ -402,6 +402,7 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
         d_avg, c_avg = (float(np.median(t[ci, :, :, k].mean(0))) for k in (0, 1))
         d_max, c_max = (float(np.median(t[ci, :, :, k].max(0))) for k in (0, 1))
         stats = [[CallStats.unpack(v[ci, p, k], 4) for k in (0, 1)] for p in range(cfg["P"])]
+        slowest = int(np.argmax(np.median(t[ci, :, :, 0] + t[ci, :, :, 1], axis=1)))  # its median pair, per rank
         wqes = sum(s[k]["qp_wqes"] for s in stats for k in (0, 1))
         nbytes = sum(s[k]["qp_bytes"] for s in stats for k in (0, 1))
         out.append(dict(channels=channels, policy=policy, rotate=rotate, aggregate=aggregate, zero_copy=zero_copy,
@@ -411,7 +412,8 @@ def summarise(cfg: dict, raw: dict) -> list[dict]:
                         dispatch_gbps=float(bytes_per_rank.mean()) / d_avg / 1e9,
                         combine_gbps=float(bytes_per_rank.mean()) / c_avg / 1e9,
                         qp_wqes=wqes.tolist(), qp_mb=(nbytes / 1e6).tolist(),
-                        phases=[stats[0][0]["phases"], stats[0][1]["phases"]],
+                        phases=[stats[0][0]["phases"], stats[0][1]["phases"]], slowest_pe=slowest,
+                        slowest_phases=[stats[slowest][0]["phases"], stats[slowest][1]["phases"]],
                         notify_ms=stats[0][0]["notify"] * 1e3, rounds=int(stats[0][0]["rounds"]),
                         cpu_ms=float(raw["cpu"][ci]) * 1e3, copy_rate=float(raw["copy_rate"][ci])))
     return out
@@ -460,6 +462,17 @@ def _paired_ratios(rows: list[dict], default, lanes: str = "batch") -> list[tupl
     return out
 
 
+def _phase_times(ph: dict) -> str:
+    return "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0)
+
+
+def _print_phases(row: dict) -> None:
+    """A row's phases (its last timed pair): pe 0's, then the slowest pe's (the largest median pair)."""
+    for who, phases in (("pe 0", row["phases"]), (f"pe {row['slowest_pe']} (slowest)", row["slowest_phases"])):
+        for label, ph in zip(("dispatch", "combine"), phases):
+            print(f"  {label:<8} slowest block per phase, {who} (ms): {_phase_times(ph)}")
+
+
 def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, payload_mb: float, mpi, cam) -> dict:
     repeat = cfg.get("repeat", 1)
     print(f"shmemx bench_moe{' (quick run: rough numbers)' if cfg['quick'] else ''}: T={cfg['T']} H={cfg['H']} "
@@ -506,21 +519,18 @@ def print_table(cfg: dict, rows: list[dict], bound_ms: float, gbps: float, paylo
     default = next((r for r in rows if r.get("default")), None)
     print(f"\nbest configuration: {name}: dispatch + combine {best['pair_max_ms']:.1f} ms (slowest rank), notify "
           f"{best['notify_ms']:.1f} ms of it")
-    for label, ph in zip(("dispatch", "combine"), best["phases"]):
-        print(f"  {label:<8} slowest block per phase, pe 0 (ms): "
-              + "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0))
+    _print_phases(best)
     if default is not None and default is not best:
         print(f"default configuration: {_name(default)[len('default: '):]}: dispatch + combine "
               f"{default['pair_max_ms']:.1f} ms (slowest rank), notify {default['notify_ms']:.1f} ms of it")
-        for label, ph in zip(("dispatch", "combine"), default["phases"]):
-            print(f"  {label:<8} slowest block per phase, pe 0 (ms): "
-                  + "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0))
+        _print_phases(default)
     if cfg.get("phases"):
-        print("\nevery configuration: slowest block per phase, pe 0 (ms; the repeat with the median pair)")
+        print("\nevery configuration: slowest block per phase, pe 0 and the slowest pe (ms; the repeat with the "
+              "median pair, its last timed pair)")
         for r in rows:
-            for label, ph in zip(("dispatch", "combine"), r["phases"]):
-                times = "  ".join(f"{k} {ph[k] * 1e3:.1f}" for k in PHASES if ph[k] > 0)
-                print(f"  {_name(r):<37} {label:<8} {times}")
+            for who, phases in (("pe 0", r["phases"]), (f"pe {r['slowest_pe']}", r["slowest_phases"])):
+                for label, ph in zip(("dispatch", "combine"), phases):
+                    print(f"  {_name(r):<37} {who:<6} {label:<8} {_phase_times(ph)}")
     if mpi is not None:
         ratio, limit, what = best["pair_max_ms"] / (mpi["dispatch_max_ms"] + mpi["combine_max_ms"]), 1.0, "MPI"
     else:

@@ -323,10 +323,35 @@ def test_native_reduce_is_the_numpy_sum():
             for j in range(cnt[i]):
                 want[i] += src[idx[i, j]].view(ref.bf16).astype(np.float32)
         assert np.array_equal(out, want.astype(ref.bf16).view(np.uint16))
+        split = np.zeros((n, H), np.uint16)  # rows from R - 9 on in a second buffer (a PE's own rows)
+        reduce(np.ascontiguousarray(src[:R - 9]), idx, cnt, split, bias, H, np.ascontiguousarray(src[R - 9:]))
+        assert np.array_equal(split, out)
     idx[3, 0] = R
     cnt[3] = 1
     with pytest.raises(IndexError, match="out of range"):
         reduce(src, idx, cnt, np.zeros((n, H), np.uint16), None, H)
+
+
+def test_numpy_reduce_is_the_native_one():
+    """The combine's numpy reduction (where the native module is missing) gives the native one's bits, a PE's own
+    rows read from the input after the region's."""
+    from types import SimpleNamespace
+
+    from shmemx.kernels.moe import combine
+
+    reduce = pytest.importorskip("shmemx.kernels.moe._reduce").bf16_reduce
+    rng = np.random.default_rng(5)
+    R, L, H, n, W = 50, 12, 96, 70, 6
+    rows = rng.standard_normal((R + L, H), np.float32).astype(ref.bf16).view(np.uint16)
+    rows[R - 1] = 0  # the region's zero row: the padding
+    cnt = rng.integers(0, W + 1, n).astype(np.int64)
+    idx = np.where(np.arange(W) < cnt[:, None], rng.integers(0, R + L, (n, W)), R - 1).astype(np.int64)
+    want = np.zeros((n, H), np.uint16)
+    reduce(rows[:R], idx, cnt, want, None, H, rows[R:])
+    a = SimpleNamespace(bias=None, out_x=np.zeros((n, H), ref.bf16),
+                        scratch=lambda block: (np.zeros((32, H), np.float32), np.zeros((32, H), np.uint16)))
+    combine._reduce_numpy(a, 0, idx, cnt, (rows[:R], rows[R:]))
+    assert np.array_equal(a.out_x.view(np.uint16), want)
 
 
 def test_reference_helpers():

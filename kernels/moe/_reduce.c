@@ -29,15 +29,27 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* The rows a reduction reads: row i < n_src of ``src``, then row i - n_src of ``local`` (the rows a PE returns
+ * to itself, read where they are instead of copied beside the others first). */
+typedef struct {
+    const uint16_t *src, *local;
+    int64_t n_src;
+    Py_ssize_t hidden;
+} Rows;
+
+static inline __attribute__((always_inline)) const uint16_t *row_at(const Rows *r, int64_t i) {
+    return i < r->n_src ? r->src + i * r->hidden : r->local + (i - r->n_src) * r->hidden;
+}
+
 /* acc[h] += row[h] for each row in order, four (then two, one) rows per pass over acc: the adds of one column
  * stay in row order, the accumulator is loaded and stored once per pass. */
-static inline __attribute__((always_inline)) void add_rows(float *restrict acc, const uint16_t *restrict src,
-                                                           const int64_t *restrict rows, int64_t count,
-                                                           Py_ssize_t hidden) {
+static inline __attribute__((always_inline)) void add_rows(float *restrict acc, const Rows *src,
+                                                           const int64_t *restrict rows, int64_t count) {
+    Py_ssize_t hidden = src->hidden;
     int64_t j = 0;
     for (; j + 4 <= count; j += 4) {
-        const uint16_t *restrict r0 = src + rows[j] * hidden, *restrict r1 = src + rows[j + 1] * hidden;
-        const uint16_t *restrict r2 = src + rows[j + 2] * hidden, *restrict r3 = src + rows[j + 3] * hidden;
+        const uint16_t *restrict r0 = row_at(src, rows[j]), *restrict r1 = row_at(src, rows[j + 1]);
+        const uint16_t *restrict r2 = row_at(src, rows[j + 2]), *restrict r3 = row_at(src, rows[j + 3]);
         for (Py_ssize_t h = 0; h < hidden; h++) {
             float a = acc[h];
             a += bf16_to_f32(r0[h]);
@@ -48,7 +60,7 @@ static inline __attribute__((always_inline)) void add_rows(float *restrict acc, 
         }
     }
     for (; j + 2 <= count; j += 2) {
-        const uint16_t *restrict r0 = src + rows[j] * hidden, *restrict r1 = src + rows[j + 1] * hidden;
+        const uint16_t *restrict r0 = row_at(src, rows[j]), *restrict r1 = row_at(src, rows[j + 1]);
         for (Py_ssize_t h = 0; h < hidden; h++) {
             float a = acc[h];
             a += bf16_to_f32(r0[h]);
@@ -57,7 +69,7 @@ static inline __attribute__((always_inline)) void add_rows(float *restrict acc, 
         }
     }
     for (; j < count; j++) {
-        const uint16_t *restrict r0 = src + rows[j] * hidden;
+        const uint16_t *restrict r0 = row_at(src, rows[j]);
         for (Py_ssize_t h = 0; h < hidden; h++)
             acc[h] += bf16_to_f32(r0[h]);
     }
@@ -66,15 +78,16 @@ static inline __attribute__((always_inline)) void add_rows(float *restrict acc, 
 /* AVX-512 or AVX2 where the CPU has it (chosen at load time), SSE2 otherwise: the same adds in the same order either
  * way (the vectors run across columns). */
 __attribute__((target_clones("avx512f", "avx2", "default")))
-static void sum_rows(const uint16_t *restrict src, const int64_t *restrict idx, const int64_t *restrict counts,
+static void sum_rows(const Rows *src, const int64_t *restrict idx, const int64_t *restrict counts,
                      const float *restrict bias, uint16_t *restrict out, float *restrict acc, Py_ssize_t n,
-                     Py_ssize_t width, Py_ssize_t hidden) {
+                     Py_ssize_t width) {
+    Py_ssize_t hidden = src->hidden;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (bias)
             memcpy(acc, bias + i * hidden, (size_t)hidden * 4);
         else
             memset(acc, 0, (size_t)hidden * 4);
-        add_rows(acc, src, idx + i * width, counts[i], hidden);
+        add_rows(acc, src, idx + i * width, counts[i]);
         uint16_t *restrict o = out + i * hidden;
         for (Py_ssize_t h = 0; h < hidden; h++)
             o[h] = f32_to_bf16(acc[h]);
@@ -93,23 +106,28 @@ static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize
     return 0;
 }
 
-/* bf16_reduce(src, idx, counts, out, bias, hidden): for token i < n = len(counts),
- * out[i] = bf16(bias[i] + sum_{j < counts[i]} f32(src[idx[i, j]])) with rows of `hidden` uint16 words; idx is
- * [n, width] int64 (width = len(idx) / n), bias None or [n, hidden] float32, every buffer C-contiguous. */
+/* bf16_reduce(src, idx, counts, out, bias, hidden[, local]): for token i < n = len(counts),
+ * out[i] = bf16(bias[i] + sum_{j < counts[i]} f32(row idx[i, j])) with rows of `hidden` uint16 words, row k being
+ * src[k] for k < len(src) and local[k - len(src)] after it; idx is [n, width] int64 (width = len(idx) / n), bias
+ * None or [n, hidden] float32, local None or rows like src, every buffer C-contiguous. */
 static PyObject *bf16_reduce(PyObject *self, PyObject *args) {
-    PyObject *o_src, *o_idx, *o_cnt, *o_out, *o_bias;
+    PyObject *o_src, *o_idx, *o_cnt, *o_out, *o_bias, *o_local = Py_None;
     Py_ssize_t hidden;
-    if (!PyArg_ParseTuple(args, "OOOOOn", &o_src, &o_idx, &o_cnt, &o_out, &o_bias, &hidden))
+    if (!PyArg_ParseTuple(args, "OOOOOn|O", &o_src, &o_idx, &o_cnt, &o_out, &o_bias, &hidden, &o_local))
         return NULL;
     if (hidden <= 0) {
         PyErr_SetString(PyExc_ValueError, "bf16_reduce: hidden must be > 0");
         return NULL;
     }
-    Py_buffer src, idx, cnt, out, bias = {0};
+    Py_buffer src, idx, cnt, out, bias = {0}, local = {0};
     PyObject *result = NULL;
-    int have_bias = o_bias != Py_None;
+    int have_bias = o_bias != Py_None, have_local = o_local != Py_None;
     if (get(o_src, &src, 0, 2 * hidden, "src") < 0)
         return NULL;
+    if (have_local && get(o_local, &local, 0, 2 * hidden, "local") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
     if (get(o_idx, &idx, 0, 8, "idx") < 0)
         goto e1;
     if (get(o_cnt, &cnt, 0, 8, "counts") < 0)
@@ -118,7 +136,7 @@ static PyObject *bf16_reduce(PyObject *self, PyObject *args) {
         goto e3;
     if (have_bias && get(o_bias, &bias, 0, 4 * hidden, "bias") < 0)
         goto e4;
-    Py_ssize_t n = cnt.len / 8, rows = src.len / (2 * hidden);
+    Py_ssize_t n = cnt.len / 8, rows = (src.len + local.len) / (2 * hidden);
     Py_ssize_t width = n ? idx.len / 8 / n : 0;
     const int64_t *ip = idx.buf, *cp = cnt.buf;
     if (n && idx.len != n * width * 8) {
@@ -148,8 +166,9 @@ static PyObject *bf16_reduce(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    Rows from = {src.buf, local.buf, src.len / (2 * hidden), hidden};
     Py_BEGIN_ALLOW_THREADS
-    sum_rows(src.buf, ip, cp, have_bias ? bias.buf : NULL, out.buf, acc, n, width, hidden);
+    sum_rows(&from, ip, cp, have_bias ? bias.buf : NULL, out.buf, acc, n, width);
     Py_END_ALLOW_THREADS
     free(acc);
     result = Py_NewRef(Py_None);
@@ -163,14 +182,17 @@ e3:
 e2:
     PyBuffer_Release(&idx);
 e1:
+    if (have_local)
+        PyBuffer_Release(&local);
     PyBuffer_Release(&src);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"bf16_reduce", bf16_reduce, METH_VARARGS,
-     "bf16_reduce(src, idx, counts, out, bias, hidden): out[i] = bf16(bias[i] + sum_j f32(src[idx[i, j]])), "
-     "j < counts[i], in order, rounded to nearest even; without the interpreter lock."},
+     "bf16_reduce(src, idx, counts, out, bias, hidden[, local]): out[i] = bf16(bias[i] + sum_j f32(row idx[i, j])), "
+     "j < counts[i], in order, rounded to nearest even (row k: src[k], then local[k - len(src)]); without the "
+     "interpreter lock."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,7 +12,8 @@ those of dispatch (``schedule``, ``lanes``), on the combine signal slots.
 Receive side: block c waits for the sources ``c, c + C, ...``, all blocks meet, then block c reduces the tokens
 of its channel: for each token, the rows of the ranks it went to, in ascending rank order, are added in float32
 (a gather index per (token, contributor), padded with the region's last row, which stays zero) and rounded once
-to bfloat16; topk_weights are summed the same way in float32. Then each block gives its sources their credit.
+to bfloat16; topk_weights are summed the same way in float32. The rows this PE returns to itself are read where
+they are, in the input (``_local_rows``): only their weights are copied into the region. Then each block gives its sources their credit.
 Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block: it posts, waits,
 reduces every token and gives every credit, with no ``sync_all``.
 """
@@ -79,11 +80,18 @@ def _unit_range(a: CombineArgs, u) -> tuple[int, int]:
 
 
 def _local(a: CombineArgs, u) -> None:
+    """Unit u's rows for this PE itself: the reduction reads their hidden rows in the input (``_local_rows``),
+    their weights from the region (copied here)."""
     lo, dst = _unit_range(a, u)
-    n = u.rows
-    a.views["combine_x"][dst:dst + n].view(np.uint8)[:] = a.xb[lo:lo + n]
     if a.weights is not None:
-        a.views["combine_weights"][dst:dst + n] = a.weights[lo:lo + n]
+        a.views["combine_weights"][dst:dst + u.rows] = a.weights[lo:lo + u.rows]
+
+
+def _local_rows(a: CombineArgs) -> np.ndarray:
+    """``[n, H] uint16``: the input's rows this PE sends back to itself, in the order they would take in its
+    ``combine_x`` region (from ``back_base[me]``): the reduction reads them there, no copy into the region."""
+    lo = int(a.recv_lo[a.me])
+    return a.xb[lo:lo + int(a.back_rows[a.me])].view(np.uint16)
 
 
 def _post_round(a: CombineArgs, units: list, timer, t: float) -> float:
@@ -147,14 +155,17 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
     width = max(int(counts.max()), 1)
     order = np.argsort(~sent, axis=1, kind="stable")[:, :width]
     gather = np.take_along_axis(rows, order, axis=1)  # [n, width]: contributors in rank order, then zero rows
-    cx, cw = a.views["combine_x"], a.views["combine_weights"]
+    cx, cw, local = a.views["combine_x"], a.views["combine_weights"], _local_rows(a)
+    # the hidden rows: this PE's own ones after the region's (row len(cx) + k: local[k])
+    rows[:, a.me] = np.where(sent[:, a.me], len(cx) + head[:, a.me], a.zero_row)
+    xg = np.ascontiguousarray(np.take_along_axis(rows, order, axis=1), np.int64)
     if bf16_reduce is not None:
-        bf16_reduce(cx.view(np.ndarray).view(np.uint16), np.ascontiguousarray(gather, np.int64),
-                    np.ascontiguousarray(counts, np.int64), a.out_x[t0:t1].view(np.uint16),
-                    None if a.bias is None else a.bias[t0:t1], a.out_x.shape[1])
-        shmemx.native_access(cx, lambda: np.unique(gather[np.arange(width) < counts[:, None]]))
+        bf16_reduce(cx.view(np.ndarray).view(np.uint16), xg, np.ascontiguousarray(counts, np.int64),
+                    a.out_x[t0:t1].view(np.uint16), None if a.bias is None else a.bias[t0:t1], a.out_x.shape[1],
+                    local.view(np.ndarray))
+        _note_reads(cx, local, xg, counts)
     else:
-        _reduce_numpy(a, t0, gather, counts, cx)
+        _reduce_numpy(a, t0, xg, counts, (cx.view(np.uint16), local))
     if a.out_weights is not None:
         w = np.zeros((t1 - t0, a.out_weights.shape[1]), np.float32)
         for j in range(width):
@@ -162,10 +173,23 @@ def _reduce(a: CombineArgs, t0: int, t1: int) -> None:
         a.out_weights[t0:t1] = w
 
 
-def _reduce_numpy(a: CombineArgs, t0: int, gather: np.ndarray, counts: np.ndarray, cx: np.ndarray) -> None:
-    """``_reduce``'s hidden rows with numpy, in chunks of tokens with alike counts (little zero padding)."""
+def _note_reads(cx: np.ndarray, local: np.ndarray, gather: np.ndarray, counts: np.ndarray) -> None:
+    """Tell ``--check`` which rows the native reduction read (``shmemx.native_access``): of the region, and of
+    this PE's own rows (the input; ``gather`` indexes them after the region's)."""
+    def rows(own: bool) -> np.ndarray:
+        read = gather[np.arange(gather.shape[1]) < counts[:, None]]
+        return np.unique(read[(read >= len(cx)) == own]) - (len(cx) if own else 0)
+
+    shmemx.native_access(cx, lambda: rows(False))
+    shmemx.native_access(local, lambda: rows(True))
+
+
+def _reduce_numpy(a: CombineArgs, t0: int, gather: np.ndarray, counts: np.ndarray, src: tuple) -> None:
+    """``_reduce``'s hidden rows with numpy, in chunks of tokens with alike counts (little zero padding); ``src``:
+    the region's rows and this PE's own (``[rows, H] uint16`` each, ``gather`` indexes them one after the
+    other)."""
     by_count = np.argsort(-counts, kind="stable")
-    cx16 = cx.view(np.uint16)
+    cx16, local = src
     acc, rows16 = a.scratch(shmemx.get_block_idx())  # [REDUCE_CHUNK, H] float32 and uint16, kept per block
     for c0 in range(0, len(gather), REDUCE_CHUNK):
         toks = by_count[c0:c0 + REDUCE_CHUNK]
@@ -177,6 +201,8 @@ def _reduce_numpy(a: CombineArgs, t0: int, gather: np.ndarray, counts: np.ndarra
             np.take(a.bias, t0 + toks, axis=0, out=part)
         for j in range(max(int(counts[toks[0]]), 1)):
             np.take(cx16, g[:, j], axis=0, out=got, mode="clip")  # no temporaries: no page faults per call
+            own = np.flatnonzero(g[:, j] >= len(cx16))
+            got[own] = local[g[own, j] - len(cx16)]
             np.add(part, got.view(bf16), out=part, casting="unsafe")
         a.out_x[t0 + toks] = part  # one rounding to bfloat16 (round to nearest even)
 

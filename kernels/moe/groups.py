@@ -280,8 +280,7 @@ def _combine_rows(a, w: Waves, peer: int, timer, t: float) -> float:
     lo, hi = int(a.recv_lo[peer]), int(a.recv_lo[peer]) + int(a.recv_rows[peer])
     dst = int(a.dest_base[peer])
     n = hi - lo
-    if peer == a.me:
-        a.views["combine_x"][dst:dst + n].view(np.uint8)[:] = a.xb[lo:hi]
+    if peer == a.me:  # the reduction reads the hidden rows in the input (``combine._local_rows``)
         if a.weights is not None:
             a.views["combine_weights"][dst:dst + n] = a.weights[lo:hi]
         return timer.lap("pack", t)

@@ -21,6 +21,7 @@
 #define WAKE_EVERY 8
 #define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
 #define COOP_CHUNK (256 << 10)
+#define STREAM_MIN_BYTES 4096 /* payloads this large may be stored around the cache (dma_copy) */
 #define POST_TURN_BYTES 256 /* WQEs with payloads up to this: executed by the posting thread when its queue is idle */
 #define IDLE_BACKSTOP_NS 100000000LL /* a doorbell stored without kick() is seen within 0.1 s */
 
@@ -100,6 +101,7 @@ typedef struct {
     uint64_t claims;   /* low 32 bits: chunks claimed from the front; high 32 bits: from the back */
     uint32_t n;        /* chunks */
     uint32_t finished; /* chunks copied */
+    int stream;        /* chunks stored around the cache (dma_copy) */
     int active;        /* a helper may claim chunks */
     int users;         /* helpers between their check of ``active`` and their last claim */
     uint64_t copied, helped; /* counters: chunks copied cooperatively, of them by a helper */
@@ -147,6 +149,7 @@ typedef struct engine {
     size_t log_len, log_cap;
     Coop coop;         /* the payload being copied cooperatively, if any */
     uint64_t coop_min; /* READs / WRITEs of at least this many bytes are copied cooperatively (0: never); set_coop */
+    const uint8_t *last_dst; /* where the previous payload copy went (dma_copy: a rewrite goes through the cache) */
     uint64_t post_turns; /* WQEs executed by their posting thread (shmemx_engine_post_turn), a counter */
 } Engine;
 
