@@ -13,7 +13,8 @@ Receive side: block c waits for the sources ``c, c + C, ...``, all blocks meet, 
 of its channel: for each token, the rows of the ranks it went to, in ascending rank order, are added in float32
 (a gather index per (token, contributor), padded with the region's last row, which stays zero) and rounded once
 to bfloat16; topk_weights are summed the same way in float32. The rows this PE returns to itself are read where
-they are, in the input (``_local_rows``): only their weights are copied into the region. Then each block gives its sources their credit.
+they are, in the input (``_local_rows``): only their weights are copied into the region. Then each block gives
+its sources their credit.
 Where block 0 does every block's work (``Lanes.one_block``) it is the kernel's only block: it posts, waits,
 reduces every token and gives every credit, with no ``sync_all``.
 """
