@@ -212,6 +212,47 @@ static PyObject *Events_put(Events *ev, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(rc == 0);
 }
 
+/* An int (or an object with __index__, a numpy integer) as its low 64 bits; -1 with an exception when not one. */
+static int u64_of(PyObject *o, uint64_t *out) {
+    PyObject *i = PyNumber_Index(o);
+    if (!i) return -1;
+    *out = PyLong_AsUnsignedLongLongMask(i);
+    Py_DECREF(i);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* One (offset, length) pair of put_ranges' sequence into ``off``, ``n``; -1 with an exception when not one. */
+static int range_of(PyObject *r, uint64_t *off, uint64_t *n) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        PyErr_SetString(PyExc_TypeError, "put_ranges: ranges must be (offset, length) tuples");
+        return -1;
+    }
+    return u64_of(PyTuple_GET_ITEM(r, 0), off) < 0 || u64_of(PyTuple_GET_ITEM(r, 1), n) < 0 ? -1 : 0;
+}
+
+/* put_ranges(ts, kind, block, flags, site, a, ranges, d): put(ts, kind, block, flags, site, a, offset, length, d,
+ * 0, 0, 0) for each (offset, length) of the sequence ``ranges``, in order: an access of many runs in one call.
+ * Returns True, False when the log filled. */
+static PyObject *Events_put_ranges(Events *ev, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "put_ranges takes 8 arguments"); return NULL; }
+    long long site = PyLong_AsLongLong(args[4]);
+    int64_t ts = PyLong_AsLongLong(args[0]);
+    int kind = (int)PyLong_AsLong(args[1]), block = (int)PyLong_AsLong(args[2]), flags = (int)PyLong_AsLong(args[3]);
+    uint64_t a = arg_u64(args[5]), d = arg_u64(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    uint32_t sid = site >= 0 ? (uint32_t)site : (ev->mask & ev->k.sites) ? events_site(ev) : 0;
+    PyObject *seq = PySequence_Fast(args[6], "put_ranges: ranges must be a sequence");
+    if (!seq) return NULL;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        uint64_t off, n;
+        if (range_of(PySequence_Fast_GET_ITEM(seq, i), &off, &n) < 0) { Py_DECREF(seq); return NULL; }
+        rc |= events_put(ev, ts, kind, block, flags, sid, a, off, n, d, 0, 0, 0);
+    }
+    Py_DECREF(seq);
+    return PyBool_FromLong(rc == 0);
+}
+
 static PyObject *Events_site(Events *ev, PyObject *unused) { return PyLong_FromUnsignedLong(events_site(ev)); }
 
 static PyObject *Events_site_of(Events *ev, PyObject *args) {
@@ -285,6 +326,8 @@ static PyGetSetDef Events_getset[] = {
 
 static PyMethodDef Events_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Events_put, METH_FASTCALL, "Append one record."},
+    {"put_ranges", (PyCFunction)(void (*)(void))Events_put_ranges, METH_FASTCALL,
+     "Append one record per (offset, length) of a sequence."},
     {"site", (PyCFunction)Events_site, METH_NOARGS, "The site id of the calling kernel line."},
     {"site_of", (PyCFunction)Events_site_of, METH_VARARGS, "The site id of (code, line)."},
     {"blob", (PyCFunction)Events_blob, METH_O, "Append bytes to the blob area; their offset or -1."},
