@@ -79,7 +79,7 @@ uint64_t fingerprint(const uint8_t *p, uint64_t n) {
 /* The fingerprint of chunk ``p`` (FP_CHUNK bytes) in this call's cache (computed at its first use). */
 static uint64_t chunk_fp(FpCache *c, const uint8_t *p) {
     uintptr_t key = (uintptr_t)p;
-    uint32_t i = (uint32_t)((key / FP_CHUNK) * 0x9E3779B1u) & (FP_SLOTS - 1);
+    uint32_t i = (uint32_t)(key / FP_CHUNK) & (FP_SLOTS - 1); /* a range's chunks in neighbouring slots */
     for (uint32_t probe = 0; probe < 8; probe++, i = (i + 1) & (FP_SLOTS - 1)) {
         FpSlot *s = &c->slot[i];
         if (s->gen == c->gen && s->key == key) return s->hash;

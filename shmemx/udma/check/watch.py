@@ -240,8 +240,11 @@ class LocalWatch:
                     return True
         return False
 
-    def _call(self, frame, event, arg):
-        if event != "call" or not self.spans or self._is_internal(frame.f_code):
+    def _call(self, frame, event, arg):  # (the global trace function: every call of the thread while armed)
+        if not self.spans:
+            return None
+        inside = self._internal.get(frame.f_code)
+        if inside or (inside is None and self._is_internal(frame.f_code)):
             return None
         return self._line if self._holds(frame) else None
 
