@@ -183,15 +183,9 @@ class Checker:
             va0, va1, root, nbytes = reg
             mine = np.flatnonzero(todo & (va >= va0) & (va + length <= va1))  # a kernel posts rows of one array
             todo[mine] = False
-            q = queue[mine]
-            order = np.argsort(q, kind="stable")
-            q, lo = q[order], (va[mine] - va0 + root)[order]
-            hi, last_end = lo + length[mine][order], end[mine][order]
-            starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
-            stops = np.r_[starts[1:], len(q)] - 1
-            for a, b, lo_, hi_ in zip(q[starts].tolist(), last_end[stops].tolist(),
-                                      np.minimum.reduceat(lo, starts).tolist(), np.maximum.reduceat(hi, starts).tolist()):
-                self.watch.add(a, b, root, nbytes, lo_, hi_, frame)
+            lo = va[mine] - va0 + root
+            for q, last, lo_, hi_ in _per_queue(queue[mine], end[mine], lo, lo + length[mine]):
+                self.watch.add(q, last, root, nbytes, lo_, hi_, frame)
 
     def _registration(self, va: int, length: int) -> tuple | None:
         """(first VA, end VA, root address, bytes) of the registered local array holding [va, va + length), or
@@ -230,6 +224,16 @@ class Checker:
     def close(self) -> None:
         self.flush()
         self._unsubmitted()
+
+
+def _per_queue(queue: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> zip:
+    """(queue, end BB of its last WQE, lowest lo, highest hi) of each queue's WQEs, given in posting order."""
+    order = np.argsort(queue, kind="stable")
+    queue, end, lo, hi = queue[order], end[order], lo[order], hi[order]
+    starts = np.flatnonzero(np.r_[True, queue[1:] != queue[:-1]])
+    stops = np.r_[starts[1:], len(queue)] - 1
+    return zip(queue[starts].tolist(), end[stops].tolist(), np.minimum.reduceat(lo, starts).tolist(),
+               np.maximum.reduceat(hi, starts).tolist())
 
 
 def _name_of(frame, address: int, nbytes: int) -> str | None:
