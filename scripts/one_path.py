@@ -12,7 +12,9 @@ separate jobs: plain, ``--check``, ``--chaos 1``, ``--trace``, ``--record``, and
   PE (a row says ``same`` or names the PEs and counters that differ; exit status 1 then);
 * the time of one dispatch + combine pair (the slowest PE's median over the calls, the median over the rounds)
   and its ratio to the plain run's. The bars (issue 23): ``--check`` at most 1.5x, ``--record`` and ``--trace``
-  at most 1.3x, ``--chaos`` at most 2x.
+  at most 1.3x, ``--chaos`` at most 2x. Beside it the CPU time of a pair (every PE's process CPU seconds over
+  the calls, engine threads included, summed over the PEs, per pair; the median over the rounds) and its ratio:
+  less noisy than wall time on a shared machine, where other jobs take the cores.
 """
 
 from __future__ import annotations
@@ -49,13 +51,15 @@ def body(tokens: int, hidden: int, topk: int, experts: int, calls: int) -> None:
     buf = moe.Buffer(tokens, hidden, topk, experts)
     shmemx.aclshmem_barrier_all()
     times = []
+    cpu0 = time.process_time()
     for _ in range(calls):
         t0 = time.perf_counter()
         d = buf.dispatch(x, topk_idx=idx, topk_weights=weights)
         buf.combine(d.recv_x, d.handle, d.recv_topk_weights)
         times.append(time.perf_counter() - t0)
+    cpu_s = (time.process_time() - cpu0) / calls
     shmemx.aclshmem_barrier_all()
-    print(json.dumps({"pe": me, "pair_s": statistics.median(times)}), flush=True)
+    print(json.dumps({"pe": me, "pair_s": statistics.median(times), "cpu_s": cpu_s}), flush=True)
     stats = shmemx.stats().per_pe()
     if me == 0:
         zeros = [0] * n  # (a build before these counters: scripts/ab_compare.py times it beside this one)
@@ -65,7 +69,8 @@ def body(tokens: int, hidden: int, topk: int, experts: int, calls: int) -> None:
 
 
 def run(mode: str, args, tmp: str) -> dict:
-    """One job of ``mode``: {"counters": {name: [per pe]}, "pair_s": slowest PE's median}."""
+    """One job of ``mode``: {"counters": {name: [per pe]}, "pair_s": slowest PE's median, "cpu_s": the PEs' CPU
+    seconds per pair, summed}."""
     cmd = [sys.executable, "-m", "shmemx", "run", "-n", str(args.pes), "--no-tag-output", "--timeout", "900"]
     cmd += {"check": ["--check"], "chaos": ["--chaos", "1"], "trace": ["--trace", os.path.join(tmp, "t.json")],
             "record": ["--record", os.path.join(tmp, "r.rec")]}.get(mode, [])
@@ -80,7 +85,9 @@ def run(mode: str, args, tmp: str) -> dict:
         sys.exit(f"{mode}: the sanitizer found something:\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     counters = next(r["counters"] for r in rows if "counters" in r)
-    return {"counters": counters, "pair_s": max(r["pair_s"] for r in rows if "pair_s" in r)}
+    times = [r for r in rows if "pair_s" in r]
+    return {"counters": counters, "pair_s": max(r["pair_s"] for r in times),
+            "cpu_s": sum(r.get("cpu_s", 0.0) for r in times)}
 
 
 def differences(plain: dict, other: dict) -> str:
@@ -118,12 +125,15 @@ def main() -> int:
         failed |= verdicts != {"same"}
         print(f"{mode:8} {' | '.join(sorted(verdicts))}")
     base = statistics.median(r["pair_s"] for r in plain)
-    print(f"\n{'mode':8} {'pair ms':>9} {'x plain':>8} {'bar':>6}")
+    cpu_base = statistics.median(r["cpu_s"] for r in plain) or float("nan")
+    print(f"\n{'mode':8} {'pair ms':>9} {'x plain':>8} {'cpu ms':>9} {'x plain':>8} {'bar':>6}")
     for mode in args.modes:
         t = statistics.median(r["pair_s"] for r in results[mode])
+        cpu = statistics.median(r["cpu_s"] for r in results[mode])
         bar = BARS.get(mode)
         verdict = "" if bar is None else ("PASS" if t / base <= bar else "MISS")
-        print(f"{mode:8} {t * 1e3:9.2f} {t / base:8.3f} {'' if bar is None else f'{bar:.1f}x':>6} {verdict}")
+        print(f"{mode:8} {t * 1e3:9.2f} {t / base:8.3f} {cpu * 1e3:9.2f} {cpu / cpu_base:8.3f} "
+              f"{'' if bar is None else f'{bar:.1f}x':>6} {verdict}")
     return 1 if failed else 0
 
 

@@ -57,12 +57,14 @@ def _slow_address(arr: np.ndarray) -> int:
 def _layout_known() -> bool:
     probe = np.arange(24, dtype=np.int64).reshape(4, 6)[1:, 2:]
     frozen = np.frombuffer(bytes(64), np.uint8)[8:]
-    return all(_data_pointer(a) == a.__array_interface__["data"][0] for a in (probe, probe[2], frozen))
+    derived = probe.view(type("Sub", (np.ndarray,), {}))[1:]  # a subclass's instance (it gets a __dict__)
+    return all(_data_pointer(a) == a.__array_interface__["data"][0] for a in (probe, probe[2], frozen, derived))
 
 
 def data_address(arr: np.ndarray) -> int:
-    """Address of ``arr``'s first element in this process (runs twice per posted WQE, hence the struct read)."""
-    if type(arr) is np.ndarray:
+    """Address of ``arr``'s first element in this process (runs twice per posted WQE, hence the struct read; a
+    subclass's instances, check mode's heap views, start with the same struct)."""
+    if isinstance(arr, np.ndarray):
         return _data_pointer(arr)
     return _slow_address(arr)
 

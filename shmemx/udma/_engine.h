@@ -201,8 +201,9 @@ int events_put(Events *ev, int64_t ts, int kind, int block, int flags, uint32_t 
 int64_t events_blob(Events *ev, const void *data, uint64_t n);
 uint32_t events_site(Events *ev);
 uint64_t fingerprint(const uint8_t *p, uint64_t n);
-#define FP_CHUNK 512     /* fp_range's chunk: row starts of hidden rows of a multiple of 256 elements align to it */
-#define FP_SLOTS 32768   /* chunks kept per call (16 MiB of sources) */
+#define FP_CHUNK 1024    /* fp_range's chunk: row starts of bfloat16 hidden rows of a multiple of 512 elements align to
+                            it (512 cost a quarter more: each chunk is looked up, summed and kept) */
+#define FP_SLOTS 32768   /* chunks kept per call (32 MiB of sources) */
 typedef struct { uintptr_t key; uint64_t hash; uint32_t gen; } FpSlot;
 typedef struct { FpSlot *slot; uint32_t gen; } FpCache;
 void fp_begin(FpCache *c);

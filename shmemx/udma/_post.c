@@ -55,6 +55,9 @@ typedef struct {
     Events *ev;                       /* the event log while observed (set_events), else NULL */
     PyObject *on_local, *on_retire;   /* --check's watch of local arrays in flight (set_watch), or NULL */
     PyObject *on_post;                /* --check's flush of derived heap views before a post (set_watch), or NULL */
+    uint64_t *flights;                /* (queue, end BB, local VA, bytes) of WQEs on_local has not heard of yet */
+    uint32_t n_flights, flights_cap;
+    int hold_flights;                 /* a wqes_many: on_local hears of every segment's WQEs at its end */
     Pins *pins;                       /* per queue, while the log fingerprints sources */
     FpCache fp;                       /* chunk fingerprints of the current native call (fp_range) */
     PyObject *ndarray;                /* numpy.ndarray */
@@ -295,10 +298,38 @@ static void watch_done(PyObject *hook, PyObject *r) {
     Py_XDECREF(r);
 }
 
-/* Tell --check's watch (Checker.in_flight / retired) of a local array in flight or retired. */
-static void watch_call(PyObject *hook, uint32_t q, uint32_t a, uint64_t b, uint64_t c) {
-    watch_done(hook, c ? PyObject_CallFunction(hook, "IIKK", q, a, (unsigned long long)b, (unsigned long long)c)
-                       : PyObject_CallFunction(hook, "II", q, a));
+/* Tell --check's watch (Checker.retired) of a quiet that retired queue q's WQEs before BB ``tail``. */
+static void watch_retired(Poster *p, uint32_t q, uint32_t tail) {
+    watch_done(p->on_retire, PyObject_CallFunction(p->on_retire, "II", q, tail));
+}
+
+/* Tell --check's watch (Checker.in_flight) of the WQEs over local arrays noted since it last heard: one call with
+ * their (queue, end BB, local VA, bytes) as native uint64 words, not one per WQE. */
+static void watch_flush(Poster *p) {
+    if (!p->n_flights || !p->on_local) {
+        p->n_flights = 0;
+        return;
+    }
+    PyObject *words = PyBytes_FromStringAndSize((const char *)p->flights, 32 * (Py_ssize_t)p->n_flights);
+    p->n_flights = 0;
+    watch_done(p->on_local, words ? PyObject_CallOneArg(p->on_local, words) : NULL);
+    Py_XDECREF(words);
+}
+
+/* A WQE of queue q ending at BB ``end`` whose local side is [lva, lva + len) of a registered array. */
+static void watch_note(Poster *p, uint32_t q, uint32_t end, uint64_t lva, uint64_t len) {
+    if (p->n_flights == p->flights_cap) {
+        uint32_t cap = p->flights_cap ? 2 * p->flights_cap : 256;
+        uint64_t *v = realloc(p->flights, 32 * (size_t)cap);
+        if (!v) watch_flush(p); /* (no room to keep it: the watch hears of what it has now) */
+        else { p->flights = v; p->flights_cap = cap; }
+    }
+    if (p->n_flights == p->flights_cap) {
+        watch_done(p->on_local, PyErr_NoMemory());
+        return;
+    }
+    uint64_t *r = p->flights + 4 * (uint64_t)p->n_flights++;
+    r[0] = q; r[1] = end; r[2] = lva; r[3] = len;
 }
 
 /* One WQE of queue q at BB ``pos`` (``w``: its bytes, two BBs unwrapped): its POST record, its pin, its value. */
@@ -359,7 +390,7 @@ static void emit_wqe(Poster *p, uint32_t q, uint32_t pos, const uint8_t *w, int6
     int local_side = write || amo || op == (uint32_t)L->op_read;
     if (p->on_local && local_side && len && !(flags & ev->k.local_heap)
         && !(lva >= e->amo_va && lva - e->amo_va < e->amo_len))
-        watch_call(p->on_local, q, pos + bbs, lva, len);
+        watch_note(p, q, pos + bbs, lva, len);
 }
 
 /* The events of ``bbs`` BBs of queue q from ``head``, written and about to be doorbelled with ``cqes`` CQEs. */
@@ -394,6 +425,7 @@ static void emit_posted(Poster *p, uint32_t q, uint32_t head, uint32_t bbs, long
         emit_wqe(p, q, pos, w, ts, api, slot, site);
         k += n;
     }
+    if (!p->hold_flights) watch_flush(p);
 }
 
 /* A quiet of queue q that returned: its SRC_CHANGED records, then its QUIET record (after the CQEs). */
@@ -407,7 +439,7 @@ static void emit_quiet(Poster *p, uint32_t q, long call, uint32_t target, int64_
     events_put(ev, ts, ev->k.quiet, (int)slot, 0, site,
                (q / e->qp_num) | (uint64_t)(q % e->qp_num) << 16 | (uint64_t)(call & 0xFF) << 24, tail, target,
                (uint64_t)t0, consumed, 0, 0);
-    if (p->on_retire) watch_call(p->on_retire, q, tail, 0, 0);
+    if (p->on_retire) watch_retired(p, q, tail);
 }
 
 /* Words 0-11 of a WQE of this queue (the SQE base: what every opcode shares). */
@@ -646,6 +678,7 @@ static PyObject *Poster_wqes_many(Poster *p, PyObject *const *args, Py_ssize_t n
     int64_t *heads = v[4].buf;
     const uint8_t *src = v[3].buf;
     uint64_t at = 0, total = (uint64_t)v[3].len / 64;
+    p->hold_flights = 1;
     for (; done < m; done++) {
         if (bbs[done] <= 0 || (uint64_t)bbs[done] > total - at) break;
         int64_t next = store_wqes(p, (long)qs[done], src + 64 * at, (uint32_t)bbs[done], (long)cqes[done], api, slot);
@@ -653,6 +686,8 @@ static PyObject *Poster_wqes_many(Poster *p, PyObject *const *args, Py_ssize_t n
         heads[done] = next;
         at += (uint64_t)bbs[done];
     }
+    p->hold_flights = 0;
+    watch_flush(p);
     if (done) kick(p->engine);
     for (int k = 0; k < 5; k++) PyBuffer_Release(&v[k]);
     return PyLong_FromSsize_t(done);
@@ -810,9 +845,10 @@ static PyObject *Poster_set_events(Poster *p, PyObject *arg) {
 }
 
 /* set_watch(on_local, on_retire[, on_post]) or set_watch(None, None): --check's hooks (check/recorder.py
- * Checker): every WQE whose local side is a registered array (a WRITE's or NOTIFY's source, a READ's or fetching
- * atomic's destination; not the heap, not the atomics' scratch) calls on_local(queue, end BB, local VA, bytes)
- * after its POST record; every quiet calls on_retire(queue, tail) after its QUIET record; every post calls
+ * Checker): the WQEs whose local side is a registered array (a WRITE's or NOTIFY's source, a READ's or fetching
+ * atomic's destination; not the heap, not the atomics' scratch) call on_local(words) after their POST records,
+ * once per doorbell (per wqes_many call), ``words`` holding (queue, end BB, local VA, bytes) of each as native
+ * uint64; every quiet calls on_retire(queue, tail) after its QUIET record; every post calls
  * on_post() before its records, while the heap views the kernel derived for the call are alive (a view that dies
  * unused before the next event counts as read by C code: one handed to the API was not). */
 static PyObject *Poster_set_watch(Poster *p, PyObject *args) {
@@ -959,6 +995,7 @@ static void Poster_dealloc(Poster *p) {
         for (uint32_t k = 0; k < p->engine->n_slots; k++) free(p->pins[k].v);
     free(p->pins);
     free(p->fp.slot);
+    free(p->flights);
     Py_XDECREF(p->ev);
     Py_XDECREF(p->on_local); Py_XDECREF(p->on_retire); Py_XDECREF(p->on_post);
     Py_XDECREF(p->alt);

@@ -114,7 +114,7 @@ def _merge(starts, length: int) -> list:
     breaks = np.flatnonzero(starts[1:] > starts[:-1] + length) + 1
     firsts = np.concatenate(([0], breaks))
     lasts = np.concatenate((breaks - 1, [len(starts) - 1]))
-    return [(int(starts[f]), int(starts[l] - starts[f]) + length) for f, l in zip(firsts, lasts)]
+    return list(zip(starts[firsts].tolist(), (starts[lasts] - starts[firsts] + length).tolist()))
 
 
 def _where(arr: np.ndarray):

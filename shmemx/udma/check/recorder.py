@@ -43,6 +43,7 @@ class Checker:
         self.rt = rt
         self.log = log
         self._put = log.native.put
+        self._put_ranges = log.native.put_ranges
         self._site_of = log.native.site_of
         self._kinds: dict = {}  # code -> 0 (numpy, array.py: look further), -1 (shmemx: internal), 1 (kernel)
         self._tls = _Thread()
@@ -105,8 +106,7 @@ class Checker:
         a = ACCESS_A.pack(pe=pe, write=write, value_known=value is not None, approx=approx, direct=direct)
         ts = _now() if ts is None else ts
         v = 0 if value is None else value & _U64
-        for off, n in ranges:
-            self._record(ts, Kind.ACCESS, site, a, off, n, v)
+        self._put_ranges(ts, Kind.ACCESS, thread_slot() & 0xFF, 0, site, a & _U64, ranges, v)  # a record per range
 
     def mte(self, remote_pe: int, remote_off: int, nbytes: int, write: bool, local: np.ndarray | None) -> None:
         """An MTE copy: ``nbytes`` at ``remote_off`` of PE ``remote_pe`` written (put) or read (get) by this thread,
@@ -166,18 +166,39 @@ class Checker:
         self._put(_now(), Kind.REGISTER, thread_slot() & 0xFF, 0, self.log.site(), reg.va, reg.address,
                   reg.nbytes, at, n, 0, 0)
 
-    def in_flight(self, queue: int, end: int, va: int, length: int) -> None:
-        """The native posting path posted a WQE of ``queue`` ending at BB ``end`` whose local side is
-        ``[va, va + length)`` of a registered local array: watch the array until the quiet retires it."""
-        last = self._last  # (first VA, end VA, root address, bytes) of the registration resolved last: a kernel
-        if not (last and last[0] <= va and va + length <= last[1]):  # posts many rows of one array in a row
-            found = self._registry.resolve(va, length)
-            if found is None or found[0] is self._registry.amo_bytes:
-                return
-            buf, off = found
-            last = self._last = (va - off, va - off + buf.nbytes, data_address(buf), buf.nbytes)
-        lo = last[2] + va - last[0]  # (a registration's VAs are never given again: the cache cannot go stale)
-        self.watch.add(queue, end, last[2], last[3], lo, lo + length, sys._getframe(1))
+    def in_flight(self, words: bytes) -> None:
+        """The native posting path posted WQEs whose local side is part of a registered local array: ``words``
+        holds (queue, end BB, local VA, bytes) of each, as native uint64, in posting order. Watch each array until
+        the quiet retires it: one ``watch.add`` per queue and array, with the hull of its WQEs' bytes and the end
+        of its last (what one ``add`` per WQE would leave)."""
+        queue, end, va, length = np.frombuffer(words, np.uint64).reshape(-1, 4).astype(np.int64).T
+        todo = np.ones(len(va), bool)
+        frame = sys._getframe(1)
+        while todo.any():
+            first = int(np.argmax(todo))
+            reg = self._registration(int(va[first]), int(length[first]))
+            if reg is None:
+                todo[first] = False
+                continue
+            va0, va1, root, nbytes = reg
+            mine = np.flatnonzero(todo & (va >= va0) & (va + length <= va1))  # a kernel posts rows of one array
+            todo[mine] = False
+            lo = va[mine] - va0 + root
+            for q, last, lo_, hi_ in _per_queue(queue[mine], end[mine], lo, lo + length[mine]):
+                self.watch.add(q, last, root, nbytes, lo_, hi_, frame)
+
+    def _registration(self, va: int, length: int) -> tuple | None:
+        """(first VA, end VA, root address, bytes) of the registered local array holding [va, va + length), or
+        None (not one: the atomics' scratch)."""
+        last = self._last  # the registration resolved last (its VAs are never given again: it cannot go stale)
+        if last and last[0] <= va and va + length <= last[1]:
+            return last
+        found = self._registry.resolve(va, length)
+        if found is None or found[0] is self._registry.amo_bytes:
+            return None
+        buf, off = found
+        self._last = (va - off, va - off + buf.nbytes, data_address(buf), buf.nbytes)
+        return self._last
 
     def retired(self, queue: int, tail: int) -> None:
         """A quiet of ``queue`` returned with every WQE before BB ``tail`` retired."""
@@ -203,6 +224,16 @@ class Checker:
     def close(self) -> None:
         self.flush()
         self._unsubmitted()
+
+
+def _per_queue(queue: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> zip:
+    """(queue, end BB of its last WQE, lowest lo, highest hi) of each queue's WQEs, given in posting order."""
+    order = np.argsort(queue, kind="stable")
+    queue, end, lo, hi = queue[order], end[order], lo[order], hi[order]
+    starts = np.flatnonzero(np.r_[True, queue[1:] != queue[:-1]])
+    stops = np.r_[starts[1:], len(queue)] - 1
+    return zip(queue[starts].tolist(), end[stops].tolist(), np.minimum.reduceat(lo, starts).tolist(),
+               np.maximum.reduceat(hi, starts).tolist())
 
 
 def _name_of(frame, address: int, nbytes: int) -> str | None:

@@ -28,6 +28,7 @@ costs a trace call, and each line of a frame that holds the array a few microsec
 from __future__ import annotations
 
 import dis
+import importlib.util
 import os
 import sys
 import threading
@@ -48,7 +49,11 @@ _KEY_PARTS = {"LOAD_CONST", "LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF
 _WRITING = {"fill", "sort", "partition", "put", "itemset", "byteswap", "setfield", "resize"}
 _SHMEMX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
-_INTERNAL = (_SHMEMX_DIR, _NUMPY_DIR, os.path.dirname(os.__file__) + os.sep)
+# the launcher's frames (below every kernel's: they never hold its arrays) are shmemx's too; installed, it lies in
+# shmemx's folder; in a source tree (an editable install) beside it
+_LAUNCHER = importlib.util.find_spec("shmemx.launcher")
+_LAUNCHER_DIRS = tuple(os.path.abspath(d) + os.sep for d in (_LAUNCHER and _LAUNCHER.submodule_search_locations or ()))
+_INTERNAL = (_SHMEMX_DIR, _NUMPY_DIR, os.path.dirname(os.__file__) + os.sep) + _LAUNCHER_DIRS
 
 
 def _extent(arr: np.ndarray) -> tuple[int, int]:
@@ -235,8 +240,11 @@ class LocalWatch:
                     return True
         return False
 
-    def _call(self, frame, event, arg):
-        if event != "call" or not self.spans or self._is_internal(frame.f_code):
+    def _call(self, frame, event, arg):  # (the global trace function: every call of the thread while armed)
+        if not self.spans:
+            return None
+        inside = self._internal.get(frame.f_code)
+        if inside or (inside is None and self._is_internal(frame.f_code)):
             return None
         return self._line if self._holds(frame) else None
 
