@@ -20,6 +20,7 @@ from shmemx import CqeStatus, Opcode
 from shmemx.api.blocks import UB_SIZE
 from shmemx.layout import decode_wqe
 from shmemx.runtime import runtime
+from shmemx.udma.plane import _Tails
 from shmemx.udma import _engine
 
 MULTI_PES = [2, 4, 8]
@@ -1711,12 +1712,12 @@ def _registration_pinned_under_the_lock():
     registry, qp = rt.udma.registry, rt.udma.qp(1 - shmemx.my_pe(), 0)
     arr = np.arange(256, dtype=np.uint8)
     va, reg = registry.va_of(arr, False, "test array", pin=(qp.index, qp.head + qp.depth))
-    registry.collect({i: q.tail for i, q in rt.udma.qps.items()})  # what a quiet of another queue does
+    registry.collect(_Tails(rt.udma.qstate))  # what a quiet of another queue does
     assert registry.resolve(va, 256) is not None
     assert reg.uses == {qp.index: qp.head + qp.depth}
     other = np.arange(64, dtype=np.uint8)
     va2, _ = registry.va_of(other, False, "unpinned array")
-    registry.collect({i: q.tail for i, q in rt.udma.qps.items()})
+    registry.collect(_Tails(rt.udma.qstate))
     assert registry.resolve(va2, 64) is None  # the unpinned one goes: callers must pin in va_of
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()
