@@ -228,14 +228,7 @@ def aclshmemx_signal_op(sig_addr: np.ndarray, signal: int, sig_op: int, pe: int)
     rt = runtime()
     if type(pe) is not int or not 0 <= pe < rt.n_pes:
         pe = check_pe(rt, "aclshmemx_signal_op", pe)
-    if sig_op != ACLSHMEM_SIGNAL_SET and sig_op != ACLSHMEM_SIGNAL_ADD:
-        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
-                         f"or ACLSHMEM_SIGNAL_ADD (1)")
-    w = _word(rt, sig_addr, "aclshmemx_signal_op sig_addr")
-    if w.dtype not in _SIGNAL_DTYPES:
-        raise TypeError(f"pe {rt.my_pe}: aclshmemx_signal_op: sig_addr has dtype {w.dtype}; signal words are "
-                        f"int32, uint32, int64 or uint64")
-    value = _word_value(rt, w, signal, "aclshmemx_signal_op")
+    w, value = _signal_word(rt, "aclshmemx_signal_op", sig_addr, signal, sig_op)
     if rt.chaos is not None:
         rt.chaos.jitter()
     if rt.events is not None:  # a release: recorded before the store
@@ -272,14 +265,7 @@ def aclshmemx_signal_op_many(sig_addr: np.ndarray, signal: int, sig_op: int, pes
     """
     rt = runtime()
     pes = _check_pes(rt, pes)
-    if sig_op != ACLSHMEM_SIGNAL_SET and sig_op != ACLSHMEM_SIGNAL_ADD:
-        raise ValueError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET "
-                         f"(0) or ACLSHMEM_SIGNAL_ADD (1)")
-    w = _word(rt, sig_addr, "aclshmemx_signal_op_many sig_addr")
-    if w.dtype not in _SIGNAL_DTYPES:
-        raise TypeError(f"pe {rt.my_pe}: aclshmemx_signal_op_many: sig_addr has dtype {w.dtype}; signal words are "
-                        f"int32, uint32, int64 or uint64")
-    value = _word_value(rt, w, signal, "aclshmemx_signal_op_many")
+    w, value = _signal_word(rt, "aclshmemx_signal_op_many", sig_addr, signal, sig_op)
     if rt.chaos is not None:
         rt.chaos.jitter()
     if rt.events is not None:  # releases: recorded before the stores
@@ -295,6 +281,19 @@ def aclshmemx_signal_op_many(sig_addr: np.ndarray, signal: int, sig_op: int, pes
                         sleepers[pes])
     if rt.chaos is not None:
         rt.chaos.after_release(len(pes))
+
+
+def _signal_word(rt, call: str, sig_addr: np.ndarray, signal: int, sig_op: int) -> tuple[_Word, int]:
+    """``sig_addr``'s word and ``signal`` as its value, for ``call`` (signal_op, signal_op_many); ValueError for a
+    sig_op that is not SET or ADD, TypeError for a word that is not a signal word."""
+    if sig_op != ACLSHMEM_SIGNAL_SET and sig_op != ACLSHMEM_SIGNAL_ADD:
+        raise ValueError(f"pe {rt.my_pe}: {call}: sig_op {sig_op!r} is not ACLSHMEM_SIGNAL_SET (0) "
+                         f"or ACLSHMEM_SIGNAL_ADD (1)")
+    w = _word(rt, sig_addr, f"{call} sig_addr")
+    if w.dtype not in _SIGNAL_DTYPES:
+        raise TypeError(f"pe {rt.my_pe}: {call}: sig_addr has dtype {w.dtype}; signal words are "
+                        f"int32, uint32, int64 or uint64")
+    return w, _word_value(rt, w, signal, call)
 
 
 def _check_pes(rt, pes) -> np.ndarray:
