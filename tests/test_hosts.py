@@ -79,19 +79,37 @@ def test_cam_8_pes_over_2_hosts_and_its_demo():
     assert proc.returncode == 0 and proc.stdout.count("PASS: pe") == 8, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def test_ps_groups_a_jobs_hosts_and_stats_merge_them(tmp_path):
-    """`shmemx ps` lists a job of 2 hosts as one job with its two host parts under it; `--stats` prints one table
-    with every PE's counters, whatever host it ran on."""
-    go = tmp_path / "go"
-    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--stats", "--timeout", "120",
-                                      str(HERE / "ps_stats.py"), str(go)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _start_ready(args: list[str]) -> subprocess.Popen:
+    """``shmemx run -n 4 --hosts 2 --timeout 120 *args``, returned once its 4 PEs have each printed 'ready'."""
+    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "120", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = 0
         while ready < 4:
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
             ready += "ready" in line
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def _spin_script(tmp_path: Path) -> Path:
+    """A script whose PEs print 'ready' after init, then meet in barriers until they are stopped."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
+                      "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
+                      "    time.sleep(0.02)\n")
+    return script
+
+
+def test_ps_groups_a_jobs_hosts_and_stats_merge_them(tmp_path):
+    """`shmemx ps` lists a job of 2 hosts as one job with its two host parts under it; `--stats` prints one table
+    with every PE's counters, whatever host it ran on."""
+    go = tmp_path / "go"
+    proc = _start_ready(["--stats", str(HERE / "ps_stats.py"), str(go)])
+    try:
         job = next(j for j in list_jobs() if "ps_stats.py" in j["script"] and str(go) in j["script"])["base"]
         listing = subprocess.run(SHMEMX + ["ps"], capture_output=True, text=True, timeout=60).stdout
         go.write_text("")
@@ -164,18 +182,9 @@ def test_run_hosts_takes_launchs_options():
 def test_killed_host_launcher_ends_the_job_everywhere(tmp_path):
     """kill -9 of one host's launcher: every rank of every host gone and no segment left within 5 s (shmemx's, and
     MPI's own), and the front names the host."""
-    script = tmp_path / "spin.py"
-    script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
-                      "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
-                      "    time.sleep(0.02)\n")
-    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "120", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = _spin_script(tmp_path)
+    proc = _start_ready([str(script)])
     try:
-        ready = 0
-        while ready < 4:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            ready += "ready" in line
         jobs = [j for j in list_jobs() if j["script"].endswith(str(script)) or str(script) in j["script"]]
         assert len(jobs) == 2, jobs
         base = jobs[0]["job"].rsplit(".h", 1)[0]
@@ -212,18 +221,9 @@ def test_killed_front_ends_every_host(tmp_path):
     """kill -9 of the front command (``shmemx run``): mpiexec gets a SIGTERM (its parent-death signal), each host's
     agent passes it to its launcher, which stops its PEs and removes its segments; nothing of the job is left
     within 5 s (mpiexec and its proxy, agents, launchers, reapers, ranks, segments)."""
-    script = tmp_path / "spin.py"
-    script.write_text("import time, shmemx\nshmemx.init(heap_size='16M')\nshmemx.aclshmem_barrier_all()\n"
-                      "print('ready', flush=True)\nwhile True:\n    shmemx.aclshmem_barrier_all()\n"
-                      "    time.sleep(0.02)\n")
-    proc = subprocess.Popen(SHMEMX + ["run", "-n", "4", "--hosts", "2", "--timeout", "120", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = _spin_script(tmp_path)
+    proc = _start_ready([str(script)])
     try:
-        ready = 0
-        while ready < 4:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            ready += "ready" in line
         jobs = [j for j in list_jobs() if str(script) in j["script"]]
         base = jobs[0]["job"].rsplit(".h", 1)[0]
         job_pids = _descendants(proc.pid)
