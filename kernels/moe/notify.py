@@ -4,11 +4,12 @@ The kernel (one AIV block) sends each peer r, on QP 0, one WRITE_WITH_NOTIFY of 
 header, its whole ``num_tokens_per_rank [P]`` row, its counts of r's local experts and its exclusive channel prefix
 for r, ``[C]``: where each of its channels' rows start in its block at r) into r's ``notify[me]``, then r's
 ``notify_signal[me]`` = the call's sequence number (one WQE per peer: at 256 PEs a separate WRITE of the 4-byte
-prefix was a third of the kernel's WQEs); then quiets, and waits (``aclshmem_wait_until_all``, asleep) until every peer's signal reached the sequence
-number. From the P records every PE computes the same ``rank_prefix_matrix [P, P]`` (the inclusive prefix over
-sources of the count matrix), its ``recv_channel_prefix_matrix [P, C]``, the rows it receives and its
-per-local-expert counts. The header also carries the schedule, row size, payload kind, top-k presence and
-channel count, so that PEs that disagree fail here with a clear message instead of hanging later.
+prefix was a third of the kernel's WQEs); then quiets, and waits (``aclshmem_wait_until_all``, asleep) until
+every peer's signal reached the sequence number. From the P records every PE computes the same
+``rank_prefix_matrix [P, P]`` (the inclusive prefix over sources of the count matrix), its
+``recv_channel_prefix_matrix [P, C]``, the rows it receives and its per-local-expert counts. The header also
+carries the schedule, row size, payload kind, top-k presence and channel count, so that PEs that disagree fail
+here with a clear message instead of hanging later.
 
 The notify area is reused by the next fresh dispatch; a peer writes it only after this PE's credit for the
 previous dispatch (see ``Buffer``), by which time this PE has long read it.
