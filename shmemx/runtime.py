@@ -351,7 +351,7 @@ def _observers(rt: Runtime) -> None:
     the chaos jitter (--chaos). None of them changes which code runs."""
     rt.tracer = Tracer.from_env()
     rt.recorder = Recorder.from_env()
-    rt.chaos = Jitter.from_env(rt.my_pe)
+    rt.chaos = Jitter.from_env(rt.my_pe, rt.n_pes)
     check = bool(os.environ.get(CHECK_ENV))
     mask = ((Mask.CHECK if check else 0) | (Mask.RECORD if rt.recorder is not None else 0)
             | (Mask.TRACE if rt.tracer is not None else 0))

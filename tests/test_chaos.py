@@ -250,3 +250,28 @@ def test_one_pe_lags_at_a_barrier_exit_the_same_draw_on_every_pe(monkeypatch):
     assert all(len(v) == 1 for v in slept.values()), slept  # one laggard per barrier, or none
     assert 30 <= len(slept) <= 40 and len({v[0][0] for v in slept.values()}) == 4
     assert all(5e-4 <= v[0][1] <= 3e-3 for v in slept.values())
+
+
+def test_the_sleep_budget_is_a_bucket_refilled_at_the_share_over_the_pes(monkeypatch):
+    """A PE's threads sleep at most BUDGET_BASE at once; the budget refills at BUDGET_SHARE / n_pes of the time
+    that passes and never beyond BUDGET_BASE, so a long quiet stretch does not buy a long burst of sleeps."""
+    from shmemx.udma import chaos
+
+    clock, slept = [100.0], []
+    monkeypatch.setattr(chaos.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(chaos.time, "sleep", lambda s: slept.append(s))
+    jit = chaos.Jitter(1, 0, n_pes=8)
+    pause = chaos.BUDGET_BASE / 4
+    for _ in range(6):
+        jit._sleep(pause)
+    assert slept.count(pause) == 4 and slept.count(0) == 2  # the base, then only yields
+    clock[0] += 1000.0  # a long quiet stretch refills the budget to the base, no further
+    slept.clear()
+    for _ in range(6):
+        jit._sleep(pause)
+    assert slept.count(pause) == 4
+    clock[0] += pause * 8 / chaos.BUDGET_SHARE * 1.001  # refills one pause at the share over 8 PEs
+    slept.clear()
+    jit._sleep(pause)
+    jit._sleep(pause)
+    assert slept == [pause, 0]

@@ -63,7 +63,7 @@ _PACKED = BitFields(block=8, opcode=8, nbytes=48)  # the third word of a queue's
 
 _DECISIONS = {1: ("piece", ("byte_lo", "byte_hi")), 2: ("hold queue", ("steps", "ns")),
               3: ("change point", ("priority", "_")), 4: ("hold peer", ("steps", "ns")),
-              5: ("budget", ("idle_ns", "budget_ns")), 6: ("starve", ("quiet_ns", "_")),
+              5: ("budget", ("credit_ns", "cap_ns")), 6: ("starve", ("quiet_ns", "_")),
               7: ("release", ("starved_ns", "after_quiet"))}  # the chaos policy's decision kinds (udma/_chaos.c)
 
 

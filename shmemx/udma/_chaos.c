@@ -27,8 +27,9 @@
  *   queue is held GATHER_MIN_NS..GATHER_MAX_NS, so that a burst of posts is rung before any of it runs), after a
  *   piece that ran ahead of an earlier WQE of its queue (likely, and long: HOLD_LONG_NS at least), after any
  *   other piece (rarely), and for a queue that a higher-priority one overtook. The time the engine sleeps
- *   because only held work is left is budgeted (BUDGET_BASE_NS, then BUDGET_SHARE of the elapsed time): past
- *   it, the holds end early.
+ *   because only held work is left is budgeted: at most BUDGET_BASE_NS at once, refilled at BUDGET_SHARE divided
+ *   by the job's PEs of the time that passes (a held PE holds up the PEs that wait on it, so the job as a whole
+ *   sleeps about BUDGET_SHARE); past it, the holds end early.
  *
  * Determinism: every draw is a hash of (seed, PE, what is decided, the queue, the WQE's BB position, ...), not
  * a generator advanced by the engine's steps, so a WQE gets the same priority context, split, piece order and
@@ -37,7 +38,7 @@
  * the kernel threads; their jitter is seeded, their timing is not), the time a hold lasts when a kick ends the
  * engine's sleep early, and the budget. When tracing, every decision is logged (engine_log): kind 1 a piece
  * (queue, BB, byte range), 2 a hold of a queue (queue, BB, steps, ns), 3 a change point (queue, BB, priority),
- * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (idle ns, budget ns), 6 a queue starves
+ * 4 a hold of a peer (peer, BB, steps, ns), 5 holds ended by the budget (credit ns, cap ns), 6 a queue starves
  * (queue, BB, quiet ns), 7 a starving queue released (queue, BB, ns it starved, 1 after its quiet / 0 at the
  * latest or stopping). */
 #include <math.h>
@@ -87,7 +88,10 @@ typedef struct {
     int64_t *starve_quiet;
     double p_arrive;         /* this PE's temperament: P_ARRIVE[a draw] */
     double p_starve;         /* and P_STARVE[a draw] */
-    int64_t start, idle_ns, nap_since;
+    int64_t credit_ns;       /* the time the engine may still sleep on held work (the budget) ... */
+    int64_t credit_at;       /* ... as of this time: it refills at share of the time passed, up to BUDGET_BASE_NS */
+    double share;            /* BUDGET_SHARE / the job's PEs */
+    int64_t nap_since;
     int64_t activity;        /* the last piece executed or work arrived, on any queue */
 } Chaos;
 
@@ -131,7 +135,9 @@ void *chaos_new(Engine *e, uint64_t seed) {
         c->prio[q] = (1u << 20) + (uint32_t)(draw(c, S_PRIO, q, 0, 0) % (1u << 30));
         c->empty[q] = 1;
     }
-    c->start = now_ns();
+    c->credit_ns = BUDGET_BASE_NS;
+    c->share = BUDGET_SHARE / (e->n_pes > 0 ? e->n_pes : 1);
+    c->credit_at = now_ns();
     return c;
 }
 
@@ -215,7 +221,7 @@ static int eligible(Chaos *c, Engine *e, uint32_t q, uint32_t ci, uint32_t db, u
 static void charge_nap(Chaos *c, int64_t now) {
     if (!c->nap_since) return;
     int64_t dt = now - c->nap_since;
-    c->idle_ns += dt;
+    c->credit_ns -= dt;
     c->nap_since = 0;
     for (uint32_t q = 0; q < c->n; q++)
         if (c->hold_ns[q] > 0) c->hold_ns[q] = c->hold_ns[q] > dt ? c->hold_ns[q] - dt : 0;
@@ -318,20 +324,29 @@ static int release_starved(Chaos *c, Engine *e, int64_t now, Scan *s) {
     return 1;
 }
 
+/* The budget refills at share of the time since it was last looked at, never above BUDGET_BASE_NS: the engine
+ * sleeps on held work at most BUDGET_BASE_NS plus that share of any stretch of the run (not of the run so far:
+ * what a quiet start saved is not spent at once later). */
+static void refill(Chaos *c, int64_t now) {
+    c->credit_ns += (int64_t)(c->share * (double)(now - c->credit_at));
+    if (c->credit_ns > BUDGET_BASE_NS) c->credit_ns = BUDGET_BASE_NS;
+    c->credit_at = now;
+}
+
 /* No queue may run: past the budget every hold and starvation ends; else a starving queue whose quiet has passed
  * is released, or the engine naps until the first hold or quiet ends (within the budget). */
 static int idle_step(Chaos *c, Engine *e, int64_t now, Scan *s, int64_t *nap_ns) {
     if (!s->held_work && !s->n_starved) return 0;
-    int64_t budget = BUDGET_BASE_NS + (int64_t)(BUDGET_SHARE * (double)(now - c->start));
-    if (c->idle_ns >= budget) {
-        engine_log(e, LOG_BUDGET, 0, 0, c->idle_ns, budget);
+    refill(c, now);
+    if (c->credit_ns <= 0) {
+        engine_log(e, LOG_BUDGET, 0, 0, c->credit_ns, BUDGET_BASE_NS);
         memset(c->hold_steps, 0, c->n * sizeof(uint32_t));
         memset(c->hold_ns, 0, c->n * sizeof(int64_t));
         memset(c->starve, 0, c->n);
         return 1;
     }
     if (!s->held_work && release_starved(c, e, now, s)) return 1;
-    *nap_ns = s->soonest < budget - c->idle_ns ? s->soonest : budget - c->idle_ns;
+    *nap_ns = s->soonest < c->credit_ns ? s->soonest : c->credit_ns;
     if (*nap_ns < 1000) *nap_ns = 1000;
     c->nap_since = now;
     return 0;

@@ -32,7 +32,9 @@
  *
  * Wake-ups: the engine remembers which PEs' memory it wrote (and its own when it wrote CQEs) and bumps their
  * wake words (the futex protocol of shmemx/shm/waits.py, shared with shm/_native.c through shm/wake.h) when it
- * runs out of work, or every WAKE_EVERY turns while queues stay busy.
+ * runs out of work, or every WAKE_EVERY turns while queues stay busy (WAKE_EVERY_PIECES steps under a stepping
+ * policy, chaos, whose step is one piece of one WQE: waking every PE's waiters after every few pieces cost the
+ * chaos run a context switch per piece).
  */
 #include "_config.h"
 #include "_engine.h"
@@ -744,7 +746,7 @@ static void *engine_main(void *arg) {
             if (found) turn(e, q, bbs);
         }
         /* the wake-ups are flushed under the turn lock: a quiet's assist (shmemx_engine_assist) touches too */
-        if (!found || ++turns >= WAKE_EVERY) { flush_wakes(e); turns = 0; }
+        if (!found || ++turns >= (e->policy.step ? WAKE_EVERY_PIECES : WAKE_EVERY)) { flush_wakes(e); turns = 0; }
         pthread_mutex_unlock(&e->turn_lock);
         if (found) continue;
         if (nap_ns > 0) { /* the policy holds rung work back: sleep that long, or until a kick */

@@ -19,6 +19,7 @@
 
 #define BATCH_BBS 4096
 #define WAKE_EVERY 8
+#define WAKE_EVERY_PIECES 64 /* a stepping policy (chaos) runs a piece per step, not a batch per turn */
 #define COOP_MIN_BYTES (1 << 20) /* READ / WRITE payloads this large: copied by the engine and a quiet-ing thread */
 #define COOP_CHUNK (256 << 10)
 #define STREAM_MIN_BYTES 4096 /* payloads this large may be stored around the cache (dma_copy) */

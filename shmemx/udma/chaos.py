@@ -8,10 +8,11 @@ to stall (3 - 20 ms), so that some seeds make one side of a protocol run far ahe
 exit, for most barriers, one PE drawn from (SEED, barrier number) lags 0.5 - 3 ms while the others go on at once
 (``barrier_exit``): what that PE does right after the barrier then lands inside whatever window another PE opened
 right after it (a get .. quiet .. put of a word the laggard stores to). After a signal_op the signalling thread
-lags 0.5 - 4 ms now and then (``after_release``), so that the peer's reaction comes before what it does next. A
-thread's sleeps
-are budgeted (``BUDGET_BASE`` s, then ``BUDGET_SHARE`` of the time since its first jitter): past the budget it
-only yields, so that a long run pays a bounded share. The sequence of choices of a thread is a function of the
+lags 0.5 - 4 ms now and then (``after_release``), so that the peer's reaction comes before what it does next. The
+sleeps of a PE's threads are budgeted: at most ``BUDGET_BASE`` s at once, refilled at ``BUDGET_SHARE`` divided by
+the job's PEs of the time that passes (PEs wait on each other, so the job as a whole sleeps about
+``BUDGET_SHARE``); past the budget a thread only yields, so that every stretch of a long run pays a bounded share.
+The sequence of choices of a thread is a function of the
 seed alone (up to the budget); what still differs between two runs with one seed is how the operating system
 interleaves the threads.
 
@@ -45,30 +46,30 @@ _RELEASE_LOG10 = (-3.3, -2.4)  # ... 0.5 .. 4 ms
 
 class _Rng(threading.local):
     rng = None
-    start = 0.0
-    slept = 0.0
     stall = 0.0
 
 
 class Jitter:
     """The seeded jitter of this PE's kernel threads (``rt.chaos``)."""
 
-    def __init__(self, seed: int, pe: int):
+    def __init__(self, seed: int, pe: int, n_pes: int = 1):
         self.seed = seed
         self.pe = pe
         self._tls = _Rng()
+        self._share = BUDGET_SHARE / max(n_pes, 1)
+        self._credit = BUDGET_BASE  # the sleep this PE's threads may still take, as of _credit_at
+        self._credit_at = time.perf_counter()
 
     @classmethod
-    def from_env(cls, pe: int) -> "Jitter | None":
+    def from_env(cls, pe: int, n_pes: int = 1) -> "Jitter | None":
         text = os.environ.get(CHAOS_ENV)
-        return None if not text else cls(int(text), pe)
+        return None if not text else cls(int(text), pe, n_pes)
 
     def rng(self) -> random.Random:
         """The calling thread's generator (seeded by the seed, this PE and the thread's AIV block)."""
         tls = self._tls
         if tls.rng is None:
             tls.rng = random.Random(f"shmemx-chaos/{self.seed}/{self.pe}/{thread_slot()}")
-            tls.start = time.perf_counter()
             tls.stall = tls.rng.choice(_STALLS)
         return tls.rng
 
@@ -99,11 +100,16 @@ class Jitter:
             self.jitter()
 
     def _sleep(self, pause: float) -> None:
-        tls = self._tls
-        if tls.slept + pause > BUDGET_BASE + BUDGET_SHARE * (time.perf_counter() - tls.start):
+        """Sleep ``pause`` s if the PE's budget has it, else yield. The budget refills at the share of the time
+        passed, never above ``BUDGET_BASE``: the PE's threads sleep at most that plus the share of any stretch of
+        the run (what a quiet start saved is not spent at once later)."""
+        now = time.perf_counter()
+        self._credit = min(BUDGET_BASE, self._credit + self._share * (now - self._credit_at))
+        self._credit_at = now
+        if pause > self._credit:
             time.sleep(0)
             return
-        tls.slept += pause
+        self._credit -= pause
         time.sleep(pause)
 
     def jitter(self) -> None:
