@@ -372,7 +372,7 @@ class Buffer:
 
         Returns ``(DispatchResult or None on a num_worst_tokens overflow, CallStats)``."""
         me, sched = self.me, self._schedule
-        prefix = np.asarray(routing.rank_prefix_matrix, np.int64)
+        prefix = np.asarray(routing.rank_prefix_matrix, np.int32)  # DeepEP's dtype: no [P, P] int64 copy per call
         mine = RankRows.of(prefix, me)
         num_recv = mine.num_recv
         if sched.routing == "compact" and dests is None:
@@ -503,7 +503,7 @@ class Buffer:
         weights = self._combine_weights(topk_weights, num_recv)
         seq, credit_wait = self._next(COMBINE)
         me = self.me
-        prefix = np.asarray(handle.rank_prefix_matrix, np.int64)
+        prefix = np.asarray(handle.rank_prefix_matrix, np.int32)
         mine = RankRows.of(prefix, me)
         starts = np.asarray(handle.recv_channel_prefix_matrix, np.int64)
         ends = np.concatenate([starts[:, 1:], mine.recv[:, None]], axis=1)

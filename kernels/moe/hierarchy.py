@@ -104,7 +104,7 @@ class HierSpec:
     offsets: dict
     remote_base: np.ndarray
     local_base: int
-    prefix: np.ndarray  # [P, P] int64
+    prefix: np.ndarray  # [P, P] int32
     relay: RelayInfo | None = None
     server_team: int = 0  # the team of this PE's server (aclshmem_team_split_strided of the world), its barrier
 

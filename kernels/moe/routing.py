@@ -154,12 +154,13 @@ def channel_bounds(num_tokens: int, num_channels: int) -> np.ndarray:
 def channel_counts(is_token_in_rank: np.ndarray, num_channels: int) -> np.ndarray:
     """``[P, C] int64``: tokens channel c sends to rank r."""
     bounds = channel_bounds(is_token_in_rank.shape[0], num_channels)
-    cum = np.zeros((is_token_in_rank.shape[0] + 1, is_token_in_rank.shape[1]), np.int64)
+    # int32 sums (at most T): an int64 [T + 1, P] is a fresh mapping of the allocator at 256 PEs, faulted per call
+    cum = np.zeros((is_token_in_rank.shape[0] + 1, is_token_in_rank.shape[1]), np.int32)
     np.cumsum(is_token_in_rank, axis=0, out=cum[1:])
-    return (cum[bounds[1:]] - cum[bounds[:-1]]).T
+    return (cum[bounds[1:]] - cum[bounds[:-1]]).T.astype(np.int64)
 
 
 def make_send_head(is_token_in_rank: np.ndarray) -> np.ndarray:
     """``[T, P] int32``: row of token t among the rows sent to rank r (token order), -1 if not sent."""
-    pos = np.cumsum(is_token_in_rank, axis=0, dtype=np.int64) - 1
-    return np.where(is_token_in_rank, pos, -1).astype(np.int32)
+    pos = np.cumsum(is_token_in_rank, axis=0, dtype=np.int32) - 1
+    return np.where(is_token_in_rank, pos, np.int32(-1))
