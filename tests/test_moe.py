@@ -28,7 +28,7 @@ from shmemx.kernels import moe
 from shmemx.kernels.moe import reference as ref
 from shmemx.kernels.moe.routing import channel_bounds, channel_counts, make_send_head
 from shmemx.kernels.moe.schedule import QP_POLICIES, Schedule, channel_qp, plan_rounds
-from shmemx.kernels.moe.workspace import REGION_ALIGN, plan_workspace
+from shmemx.kernels.moe.workspace import REGION_ALIGN, MetaRecord, plan_workspace
 
 T, H, K, E = 48, 256, 4, 32  # CI shapes: 48 tokens per rank, 2 scale columns, 4 of 32 experts
 CHANNELS = 4
@@ -279,7 +279,7 @@ def test_workspace_regions_do_not_overlap():
     assert ws["signals"].shape == (2, 8, 4, 64) and ws["signals"].nbytes == 2 * 8 * 4 * 512  # 512 B a slot
     assert ws["x"].nbytes == 512 * 8 * 7168 * 2 and ws["combine_x"].shape == (512 * 8 + 1, 7168)
     assert regions[-1].offset + regions[-1].nbytes == ws.total
-    assert "x_scales" in ws.describe()
+    assert "x_scales" in ws.describe() and ws["meta"].nbytes == 512 * 8 * MetaRecord.of(8).width == 512 * 8 * 104
 
 
 def test_output_pool_reuses_dropped_outputs():
@@ -445,7 +445,9 @@ def _check_dispatch_combine(buf, allin, schedule, num_experts=E):
     assert (res.recv_topk_weights[res.recv_topk_idx < 0] == 0).all()
     np.testing.assert_array_equal(res.handle.send_head, make_send_head(lay.is_token_in_rank))
     # the measurements say what went on each QP
-    wqes, nbytes = _expected_qp_totals(buf, lay.is_token_in_rank, schedule, 3, 2 * H, 4 + 12 * K)
+    # the metadata of a unit's rows is one WQE of their records (source index, top-k experts and weights, padded
+    # to 8 bytes: ``MetaRecord``)
+    wqes, nbytes = _expected_qp_totals(buf, lay.is_token_in_rank, schedule, 1, 2 * H, -(-(4 + 12 * K) // 8) * 8)
     np.testing.assert_array_equal(stats.qp_wqes, wqes)
     np.testing.assert_array_equal(stats.qp_bytes, nbytes)
     assert stats.recv_rows == len(want.recv_src_idx) and stats.schedule == str(schedule)

@@ -228,16 +228,17 @@ def _metrics_job():
         out[name] = dict(st.totals(), cross=st.cross_server_bytes, wqes=st.qp_wqes.tolist(), peers=st.active_peers)
     if me == 0:  # token 0 -> rank 0, token 1 -> ranks 2 and 3, token 2 -> ranks 1 and 3, token 3 nowhere
         fm, hi, gr = out["fullmesh"], out["hierarchy"], out["groups"]
-        # fullmesh, 1 channel, QP policy one: one lane per remote peer, 3 metadata WQEs + the rows + the closer
-        assert fm["wqes"] == [15] and fm["peers"] == [3] and fm["cross"] == 3 * 2 * H
+        # fullmesh, 1 channel, QP policy one: one lane per remote peer, the rows + their metadata records + the
+        # closer
+        assert fm["wqes"] == [9] and fm["peers"] == [3] and fm["cross"] == 3 * 2 * H
         # (one sync: every block's copy-out before the credits; the last round of posting ends without one)
         assert (fm["quiets"], fm["so_writes"], fm["flag_writes"], fm["credit_writes"], fm["syncs"]) == (3, 3, 3, 3, 1)
         assert fm["route_reads"] == 4 * 4 and fm["barriers"] == 0
         # hierarchy: 2 records (tokens 1 and 2) to rank 2 and the end flag; own token 2 to rank 1 and rank 2's
-        # token 2 for rank 1 forwarded (4 copies each: row, source index, top-k experts, weights); one barrier
+        # token 2 for rank 1 forwarded (2 copies each: the row, its metadata record); one barrier
         assert hi["cross"] == 2 * 2 * H and hi["wqes"] == [3] and hi["peers"] == [1, 1]
         assert (hi["so_writes"], hi["quiets"], hi["barriers"], hi["flag_writes"]) == (3, 1, 1, 2)
-        assert (hi["mte_copies"], hi["credit_writes"]) == (8, 3)
+        assert (hi["mte_copies"], hi["credit_writes"]) == (4, 3)
         # groups of 2 (rounds: {0, 1} then {2, 3}): two token QPs, one SO generation write per (peer, QP);
         # round credits: one per lane for round 1, and the 3 buffer credits
         assert gr["peers"] == [1, 2] and gr["so_writes"] == 6 and gr["quiets"] == 6

@@ -35,7 +35,7 @@ from .routing import DispatchLayout, RankRows, channel_bounds, channel_counts, c
 from .schedule import POLICY_QPS, Schedule
 from .measure import CallStats
 from .records import CombineResult, DispatchHandle, DispatchResult, DispatchCall, Payload, Recv, Routing
-from .workspace import plan_workspace
+from .workspace import MetaRecord, plan_workspace
 from .routes import compact_dests, dests_from_mask
 from .topology import Topology
 from .peers import Peers
@@ -424,8 +424,8 @@ class Buffer:
             rank_base=mine.rank_base,
             channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
             send_base=np.cumsum(mine.sent) - mine.sent, recv_lo=mine.recv_lo, recv_hi=mine.recv_hi, out=None if recv is None else recv.kernel_outputs(payload, not self.zero_copy),
-            aggregate=self._schedule.aggregate, region_offsets=self.offsets, routing=self._schedule.routing,
-            dests=dests)
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets, record=MetaRecord.of(self.num_topk),
+            routing=self._schedule.routing, dests=dests)
 
     def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool,
                       slot: int = 0) -> Recv:

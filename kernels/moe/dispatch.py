@@ -34,6 +34,7 @@ import shmemx
 from .routes import peer_tokens
 from .schedule import Plan
 from .measure import BlockTimer, CallStats
+from .workspace import MetaRecord
 
 __all__ = ["DispatchArgs", "DispatchOutputs", "dispatch_kernel"]
 
@@ -82,6 +83,7 @@ class DispatchArgs:
     out: DispatchOutputs | None  # None: the rows do not fit (num_worst_tokens overflow); receive, do not copy
     aggregate: bool
     region_offsets: dict  # region name -> byte offset in the workspace
+    record: MetaRecord  # the Buffer's metadata record (``workspace.MetaRecord``)
     routing: str = "scan"
     dests: np.ndarray | None = None  # [T, K] int32 unique destination ranks per token (routing "compact")
     x_offsets: np.ndarray | None = None  # [P] uint64 workspace offset of each destination's receive region
@@ -98,13 +100,39 @@ class DispatchArgs:
 
 
 def _meta(a: DispatchArgs):
-    """(region name, staging name, per-token source array) of the metadata this call sends."""
-    items = [("src_idx", "send_src_idx", None)]
-    if a.topk_idx is not None:
-        items += [("topk_idx", "send_topk_idx", a.topk_idx), ("topk_weights", "send_topk_weights", a.topk_weights)]
+    """(region name, staging name, per-token source array) of the metadata this call sends: the records (source
+    index and top-k: ``pack_records``), and the scales of an int8 / float8 payload."""
+    items = [("meta", "send_meta", None)]
     if a.scales is not None:
         items.append(("x_scales", "send_x_scales", a.scales))
     return items
+
+
+def _row_bytes(a: DispatchArgs, region: str) -> int:
+    """Bytes per row of a metadata region (``_meta``)."""
+    return a.record.width if region == "meta" else a.views[region][0].nbytes
+
+
+def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:
+    """Write the metadata records (``DispatchArgs.record``) of tokens ``toks`` into records ``at`` (a slice or
+    row indices) of a ``meta`` region (flat uint8); without top-k (a cached dispatch) their source index only."""
+    rec = a.record
+    recs = rec.table(region)
+    rec.src_idx(recs)[at] = toks
+    if a.topk_idx is not None:
+        rec.topk_idx(recs)[at] = a.topk_idx[toks]
+        rec.topk_weights(recs)[at] = a.topk_weights[toks]
+
+
+def _stage(a: DispatchArgs, at: slice | np.ndarray, toks: np.ndarray, receive: bool = False) -> None:
+    """The metadata of tokens ``toks`` (``_meta``) into rows ``at`` of the staging regions (``receive``: of the
+    receive regions)."""
+    for region, staging, src in _meta(a):
+        dst = a.views[region if receive else staging]
+        if src is None:
+            pack_records(a, dst, at, toks)
+        else:
+            dst[at] = src[toks]
 
 
 def _gather(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
@@ -123,9 +151,7 @@ def _local(a: DispatchArgs, c: int, toks: np.ndarray) -> None:
     v, out, landing = a.views, a.out, a.region
     if out is None:
         _gather(a.xb, toks, landing[pos * rb:(pos + n) * rb].reshape(n, rb))
-        v["src_idx"][pos:pos + n] = toks
-        for region, _, src in _meta(a)[1:]:
-            _gather(src, toks, v[region][pos:pos + n])
+        _stage(a, slice(pos, pos + n), toks, receive=True)
         return
     x = landing[pos * rb:(pos + n) * rb].reshape(n, rb) if out.x is None else out.x[pos:pos + n]
     _gather(a.xb, toks, x)
@@ -189,8 +215,9 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     """Post every unit of a round (none for this PE) at once: stage their metadata (and with ``aggregate`` their
     rows), build their WQEs in one numpy operation and post them with one call (``Lanes.submit_units``): per unit
     (in the order ``units`` has them) and per piece of a unit (a batched lane's unit: segment after segment,
-    ``_pieces``), the hidden rows (one WQE, or one per run of consecutive tokens), then each metadata region;
-    the lane's completion after its closing unit."""
+    ``_pieces``), the hidden rows (one WQE, or one per run of consecutive tokens), then its rows' metadata records
+    (one WQE) and, for an int8 / float8 payload, their scales (one WQE); the lane's completion after its closing
+    unit."""
     v, lanes, rb = a.views, a.lanes, a.row_bytes
     p_unit, p_peer, p_chan, p_lo, ns, src = _pieces(a, units, toks, split, wide_of)
     total = int(ns.sum())
@@ -201,13 +228,10 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
     pos = a.rank_base[p_peer] + a.channel_start[p_peer, p_chan]
     spos = a.send_base[p_peer] + a.channel_start[p_peer, p_chan]
     srow = np.repeat(spos, ns) + within  # their staging rows
-    meta = _meta(a)
     if a.aggregate:
         staged = v["send_x"][:v["send_x"].size // rb * rb].reshape(-1, rb)
         staged[srow] = a.xb[sel]
-    v["send_src_idx"][srow] = sel
-    for _, staging, src_arr in meta[1:]:
-        v[staging][srow] = src_arr[sel]
+    _stage(a, srow, sel)
     t = timer.lap("pack", t)
     rbase = lanes.remote_base[p_peer]
     lbase = np.uint64(lanes.local_base)
@@ -228,8 +252,8 @@ def _post_round(a: DispatchArgs, units: list, toks: np.ndarray, split: np.ndarra
         xva = u64(lanes.batch.local_va(a.xb))
         kinds.append((rp, rbase[rp] + x_off[rp] + ((pos[rp] + within[starts]) * rb).astype(u64),
                       xva + (sel[starts] * rb).astype(u64), (count * rb).astype(u64)))
-    for region, staging, _ in meta:
-        item = v[region].itemsize * (v[region].size // v[region].shape[0])
+    for region, staging, _ in _meta(a):  # one WQE per piece and region: its rows' records (and scales)
+        item = _row_bytes(a, region)
         kinds.append((every, rbase + u64(a.region_offsets[region]) + (pos * item).astype(u64),
                       lbase + u64(a.region_offsets[staging]) + (spos * item).astype(u64), (ns * item).astype(u64)))
     wp = np.concatenate([kd[0] for kd in kinds])
@@ -280,13 +304,15 @@ def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
         rb = a.row_bytes
         if out.x is not None:
             out.x[lo:hi] = a.region[lo * rb:hi * rb].reshape(hi - lo, rb)
-        out.src_idx[lo:hi] = v["src_idx"][lo:hi]
+        rec = a.record
+        recs = rec.rows(v["meta"], lo, hi)
+        out.src_idx[lo:hi] = rec.src_idx(recs)
         if out.topk_idx is not None:
-            raw = v["topk_idx"][lo:hi]
+            raw = rec.topk_idx(recs)
             local = raw - me * a.num_local_experts
             mine = (raw >= 0) & (local >= 0) & (local < a.num_local_experts)
             out.topk_idx[lo:hi] = np.where(mine, local, -1)
-            out.topk_weights[lo:hi] = np.where(mine, v["topk_weights"][lo:hi], 0)
+            out.topk_weights[lo:hi] = np.where(mine, rec.topk_weights(recs), 0)
         if out.scales is not None:
             out.scales[lo:hi] = v["x_scales"][lo:hi]
 

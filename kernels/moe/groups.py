@@ -5,9 +5,9 @@ the peer ``incoming(me, g, L)`` it hears from; every round is a bijection on the
 from exactly ``width`` sources per round, and after ``P / width`` rounds every pair has met once.
 
 Blocks (AIVs): ``token_blocks`` lane workers (default one per lane) move the hidden rows; block b serves lanes
-``L = b, b + token_blocks, ...``. With ``weight_blocks`` > 0 as many more blocks send the top-k metadata (source
-index, top-k experts and weights, scales) on a QP of their own, in the same waves; without them the lane workers
-send it with the rows. Per round a lane worker, for each of its lanes:
+``L = b, b + token_blocks, ...``. With ``weight_blocks`` > 0 as many more blocks send the metadata (source index,
+top-k experts and weights in one record per row, scales) on a QP of their own, in the same waves; without them the
+lane workers send it with the rows. Per round a lane worker, for each of its lanes:
 
 1. waits for the round's credit from ``dst(me, g, L)`` (round g > 0): the destination has finished its round g-1,
    so the waves stay in step and the in-degree bound holds in time, not only in the map;
@@ -167,23 +167,18 @@ def _wait_source(a, w: Waves, kind: int, s: int, timer, t: float) -> float:
 
 
 def _dispatch_rows(a, w: Waves, peer: int, toks: np.ndarray, weights_only: bool, timer, t: float) -> float:
-    """Send this PE's rows (a weight block: the top-k metadata) for ``peer``; a local copy for itself.
+    """Send this PE's rows (a weight block: their metadata) for ``peer``; a local copy for itself.
 
-    A token block sends the hidden rows and the source indices (and, without weight blocks, the rest of the
-    metadata on its QP 0); a weight block the top-k experts, weights and scales on the weight QP."""
+    A token block sends the hidden rows (and, without weight blocks, their metadata on its QP 0); a weight block
+    the metadata (the records of source index, top-k experts and weights: ``MetaRecord``, and the scales) on the
+    weight QP."""
     v, rb, n = a.views, a.row_bytes, len(toks)
     pos, spos = int(a.rank_base[peer]), int(a.send_base[peer])
-    meta = fm_dispatch._meta(a)
-    items = meta[1:] if weights_only else (meta[:1] if w.weight_blocks else meta)
     if peer == a.me:  # the token block copies everything of its own rows: it copies them out right after
         if weights_only:
             return t
         fm_dispatch._gather(a.xb, toks, v["x"][pos * rb:(pos + n) * rb].reshape(n, rb))
-        for region, _, src in meta:
-            if src is None:
-                v[region][pos:pos + n] = toks
-            else:
-                fm_dispatch._gather(src, toks, v[region][pos:pos + n])
+        fm_dispatch._stage(a, slice(pos, pos + n), toks, receive=True)
         return timer.lap("pack", t)
     lanes = a.lanes
     rbase, lbase, off = int(lanes.remote_base[peer]), lanes.local_base, a.region_offsets
@@ -205,13 +200,10 @@ def _dispatch_rows(a, w: Waves, peer: int, toks: np.ndarray, weights_only: bool,
             per_qp[q][2].append(size * rb)
         a.stats.peer_hidden_bytes[peer] += n * rb
     mq = w.token_qps if weights_only else 0
-    if n:
-        for region, staging, src in items:
-            if src is None:
-                v[staging][spos:spos + n] = toks
-            else:
-                fm_dispatch._gather(src, toks, v[staging][spos:spos + n])
-            item = v[region].itemsize * (v[region].size // v[region].shape[0])
+    if n and weights_only == bool(w.weight_blocks):  # the metadata records and scales: a WQE each
+        fm_dispatch._stage(a, slice(spos, spos + n), toks)
+        for region, staging, _ in fm_dispatch._meta(a):
+            item = fm_dispatch._row_bytes(a, region)
             per_qp[mq][0].append(rbase + off[region] + pos * item)
             per_qp[mq][1].append(lbase + off[staging] + spos * item)
             per_qp[mq][2].append(n * item)

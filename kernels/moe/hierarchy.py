@@ -130,10 +130,11 @@ def combine_bound(rows_abs_sum: np.ndarray) -> np.ndarray:
 # --- dispatch ----------------------------------------------------------------------------------------------
 
 
-def _record_layout(a, hidden: int):
-    """(column slices of a record) for the row, top-k experts, weights, scales."""
-    rb = a.row_bytes
-    k = a.views["topk_idx"].shape[1]
+def _record_layout(a, hv: dict):
+    """(column slices of a relay record) for the row, top-k experts, weights, scales (``hv``: the hierarchy's
+    views, sized by the Buffer's hidden and num_topk)."""
+    rb, hidden = a.row_bytes, hv["relay_cin"].shape[3]
+    k = hv["relay_cw"].shape[3]
     x0 = HEADER_BYTES
     k0 = x0 + 2 * hidden
     w0 = k0 + 8 * k
@@ -161,7 +162,7 @@ def _send_records(a, h: HierSpec, delta: int, toks: np.ndarray, timer, t: float)
     relay = topo.relay(me, delta)
     n = len(toks)
     rec = hv["send_rec"][delta, :n]
-    xs, ks, ws, s0 = _record_layout(a, hv["relay_cin"].shape[3])
+    xs, ks, ws, s0 = _record_layout(a, hv)
     rec[:, 0:8].view(np.uint64)[:, 0] = a.seq
     rec[:, 8:12].view(np.int32)[:, 0] = toks
     rec[:, 16:24].view(np.uint64)[:, 0] = _server_masks(a, h, delta, toks)
@@ -211,13 +212,14 @@ def _send_records(a, h: HierSpec, delta: int, toks: np.ndarray, timer, t: float)
     return timer.lap("quiet", t)
 
 
-def _forward(a, h: HierSpec, src: int, toks: np.ndarray, masks: np.ndarray, rows: np.ndarray, meta: dict,
-             timer, t: float) -> float:
+def _forward(a, h: HierSpec, src: int, toks: np.ndarray, masks: np.ndarray, rows: np.ndarray, recs: np.ndarray,
+             scales: np.ndarray | None, timer, t: float) -> float:
     """Copy source ``src``'s rows (``rows [n, row_bytes]``, ``toks``: their source tokens, ``masks``: the local
-    ranks each goes to) into every rank of this server, at the rows ``rank_prefix_matrix`` gives."""
+    ranks each goes to, ``recs [n, width] uint8``: their metadata records, ``scales [n, Hs]`` or None) into every
+    rank of this server, at the rows ``rank_prefix_matrix`` gives."""
     topo, me = h.topo, a.me
     base = (me // topo.server_size) * topo.server_size
-    rb, v = a.row_bytes, a.views
+    rb, v, w = a.row_bytes, a.views, a.record.width
     for dl in range(topo.server_size):
         d = base + dl
         sel = np.flatnonzero((masks >> np.uint64(dl)) & np.uint64(1))
@@ -226,9 +228,9 @@ def _forward(a, h: HierSpec, src: int, toks: np.ndarray, masks: np.ndarray, rows
         n = len(sel)
         pos = int(h.prefix[src - 1, d]) if src > 0 else 0
         parts = [(v["x"][pos * rb:(pos + n) * rb], np.ascontiguousarray(rows[sel]).reshape(-1)),
-                 (v["src_idx"][pos:pos + n], toks[sel].astype(np.int32))]
-        for region, arr in meta.items():
-            parts.append((v[region][pos:pos + n], np.ascontiguousarray(arr[sel])))
+                 (v["meta"][pos * w:(pos + n) * w], recs[sel].reshape(-1))]
+        if scales is not None:
+            parts.append((v["x_scales"][pos:pos + n], np.ascontiguousarray(scales[sel])))
         for dst, data in parts:
             if d == me:
                 dst[...] = data.reshape(dst.shape)
@@ -260,27 +262,26 @@ def _relay_records(a, h: HierSpec, dp: int, timer, t: float) -> tuple[float, Rel
     recs = recs[:n]
     toks = recs[:, 8:12].view(np.int32)[:, 0].copy()
     masks = recs[:, 16:24].view(np.uint64)[:, 0].copy()
-    xs, ks, ws, s0 = _record_layout(a, hv["relay_cin"].shape[3])
-    meta = {}
+    xs, ks, ws, s0 = _record_layout(a, hv)
+    rec = a.record
+    meta = np.zeros((n, rec.width), np.uint8)  # the relay records' fields as the receivers' metadata records
+    rec.src_idx(meta)[:] = toks
     if a.topk_idx is not None:
-        meta["topk_idx"] = recs[:, ks].view(np.int64)
-        meta["topk_weights"] = recs[:, ws].view(np.float32)
-    if a.scales is not None:
-        meta["x_scales"] = recs[:, s0:s0 + 4 * a.scales.shape[1]].view(np.float32)
+        rec.topk_idx(meta)[:] = recs[:, ks].view(np.int64)
+        rec.topk_weights(meta)[:] = recs[:, ws].view(np.float32)
+    scales = None if a.scales is None else recs[:, s0:s0 + 4 * a.scales.shape[1]].view(np.float32)
     t = timer.lap("epilogue", t)
-    t = _forward(a, h, src, toks, masks, recs[:, xs], meta, timer, t)
+    t = _forward(a, h, src, toks, masks, recs[:, xs], meta, scales, timer, t)
     return t, (toks, masks)
 
 
 def _own_server(a, h: HierSpec, toks: np.ndarray, timer, t: float) -> float:
     """Block σ: this PE's own tokens for the ranks of its own server (no relay)."""
     masks = _server_masks(a, h, a.me // h.topo.server_size, toks)
-    meta = {}
-    if a.topk_idx is not None:
-        meta = {"topk_idx": a.topk_idx[toks], "topk_weights": a.topk_weights[toks]}
-    if a.scales is not None:
-        meta["x_scales"] = a.scales[toks]
-    return _forward(a, h, a.me, toks, masks, a.xb[toks], meta, timer, t)
+    meta = np.zeros((len(toks), a.record.width), np.uint8)
+    fm_dispatch.pack_records(a, meta.reshape(-1), slice(None), toks)
+    scales = None if a.scales is None else a.scales[toks]
+    return _forward(a, h, a.me, toks, masks, a.xb[toks], meta, scales, timer, t)
 
 
 def _server_barrier(a, h: HierSpec, kind: int, timer) -> None:

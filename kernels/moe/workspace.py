@@ -3,7 +3,8 @@
 As in ascend_deepep's ``MakeDispatchWorkspaceLayout``, a cursor walks one symmetric allocation and appends
 non-overlapping regions, each aligned to 512 bytes, so that every PE finds a region at the same offset in every
 peer's workspace. S is ``max_tokens``, P the number of PEs, C the channels, K ``num_topk``, E_loc the local
-experts, Hs = ceil(hidden / 128) scale columns, Q ``qp_num``:
+experts, Hs = ceil(hidden / 128) scale columns, Q ``qp_num``, R the ``MetaRecord`` width (12 K + 4 bytes, rounded
+up to 8):
 
 =====================  ==========================  ==========================================================
 region                 shape, dtype                written by
@@ -17,9 +18,8 @@ config                 [8] int64                   me: my schedule code, read by
 round_credits          [2, P] int64                groups: word L * rounds + g = the credit of my lane L's
                                                    destination of round g (seq * (rounds + 1) + g)
 x                      [S*P, 2*hidden] uint8       dispatch senders: received rows (row = hidden * itemsize)
-src_idx                [S*P] int32                 dispatch senders: source token index of each row
-topk_idx               [S*P, K] int64              dispatch senders: the token's global experts
-topk_weights           [S*P, K] float32            dispatch senders
+meta                   [S*P * R] uint8             dispatch senders: one ``MetaRecord`` per received row (the
+                                                   token's global experts, weights and source index)
 x_scales               [S*P, Hs] float32           dispatch senders (int8 / float8 payloads)
 signals                [2, P, Q, 64] uint64        lane (source, qp): word 0 = completion signal (sequence
                                                    number), words 8..11 = its record (rows, bytes, WQEs, seq)
@@ -29,20 +29,25 @@ combine_x              [S*P + 1, hidden] bfloat16  combine senders; the last row
 combine_weights        [S*P + 1, K] float32        combine senders
 =====================  ==========================  ==========================================================
 
-The x, staging and combine regions are S*P rows (every source could send every token here), most of which a
-call never touches: the allocation is not pre-faulted, and untouched pages of the heap file cost nothing.
+The x, meta, staging and combine regions are S*P rows (every source could send every token here), most of which
+a call never touches: the allocation is not pre-faulted, and untouched pages of the heap file cost nothing.
+
+A dispatch's top-k metadata and source index ride in one record per row (``MetaRecord``), so that a unit's
+metadata is one WQE (one contiguous range on both sides) beside its rows' WQE, not three: at 256 PEs the WQEs per
+peer are what grows with the job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Region", "WorkspaceLayout", "plan_workspace", "REGION_ALIGN", "NOTIFY_HEADER", "SIGNAL_WORDS",
-           "RECORD_WORD"]
+__all__ = ["Region", "WorkspaceLayout", "MetaRecord", "plan_workspace", "REGION_ALIGN", "NOTIFY_HEADER",
+           "SIGNAL_WORDS", "RECORD_WORD"]
 
 REGION_ALIGN = 512
 NOTIFY_HEADER = 9  # int32 words of the notify record before the counts
@@ -95,6 +100,43 @@ class WorkspaceLayout:
         return "\n".join(lines)
 
 
+class MetaRecord(NamedTuple):
+    """The top-k metadata of one dispatched row as one record of ``width`` bytes: ``topk_idx [K] int64`` at byte
+    0, ``topk_weights [K] float32`` after it, then the source token index (int32), the width rounded up to 8
+    bytes so that every record's experts are aligned. Records of consecutive rows are consecutive (``rows``): a
+    unit's metadata is one range. The width is the Buffer's (its K), the same for every call, with top-k or
+    without (a cached dispatch leaves the top-k fields unread): a source's rows of a cached call land on the
+    bytes of its rows of the fresh call, as its hidden rows do, which the credit given per source relies on."""
+
+    width: int
+    num_topk: int
+
+    @classmethod
+    def of(cls, num_topk: int) -> "MetaRecord":
+        return cls(-(-(12 * num_topk + 4) // 8) * 8, num_topk)
+
+    def rows(self, region: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """``[hi - lo, width] uint8``: the records of rows [lo, hi) of a ``meta`` region (flat uint8)."""
+        return region[lo * self.width:hi * self.width].reshape(hi - lo, self.width)
+
+    def table(self, region: np.ndarray) -> np.ndarray:
+        """``[rows, width] uint8``: every record of a ``meta`` region."""
+        return self.rows(region, 0, region.size // self.width)
+
+    def src_idx(self, recs: np.ndarray) -> np.ndarray:
+        """``[n] int32`` view of the records' source token indices."""
+        at = 12 * self.num_topk
+        return recs[:, at:at + 4].view(np.int32)[:, 0]
+
+    def topk_idx(self, recs: np.ndarray) -> np.ndarray:
+        """``[n, K] int64`` view."""
+        return recs[:, :8 * self.num_topk].view(np.int64)
+
+    def topk_weights(self, recs: np.ndarray) -> np.ndarray:
+        """``[n, K] float32`` view."""
+        return recs[:, 8 * self.num_topk:12 * self.num_topk].view(np.float32)
+
+
 def notify_words(n_pes: int, num_experts: int, num_channels: int) -> int:
     """int32 words of one notify record (header, P counts, E_loc counts, C channel starts), rounded up to 16 (64
     bytes)."""
@@ -113,15 +155,12 @@ def plan_workspace(*, n_pes: int, max_tokens: int, hidden: int, num_topk: int, n
     ws.append("config", (8,), np.int64)
     ws.append("round_credits", (2, n_pes), np.int64)
     ws.append("x", (rows * 2 * hidden,), np.uint8)
-    ws.append("src_idx", (rows,), np.int32)
-    ws.append("topk_idx", (rows, num_topk), np.int64)
-    ws.append("topk_weights", (rows, num_topk), np.float32)
+    width = MetaRecord.of(num_topk).width
+    ws.append("meta", (rows * width,), np.uint8)
     ws.append("x_scales", (rows, scale_cols), np.float32)
     ws.append("signals", (2, n_pes, qp_num, SIGNAL_WORDS), np.uint64)
     ws.append("send_x", (rows * 2 * hidden,), np.uint8)
-    ws.append("send_src_idx", (rows,), np.int32)
-    ws.append("send_topk_idx", (rows, num_topk), np.int64)
-    ws.append("send_topk_weights", (rows, num_topk), np.float32)
+    ws.append("send_meta", (rows * width,), np.uint8)
     ws.append("send_x_scales", (rows, scale_cols), np.float32)
     ws.append("send_record", (n_pes, qp_num, 8), np.int64)
     ws.append("combine_x", (rows + 1, hidden), ml_dtypes.bfloat16)
