@@ -5,6 +5,7 @@
     python scripts/bench_moe.py --check      # exit 1 when the bar is missed
     python scripts/bench_moe.py --policies one two_3_1 --channels 1 4 --repeat 5  # medians of 5 alternating runs
     python scripts/bench_moe.py --scale 8 128  # the default Buffer at 8 and 128 ranks (T=64 H=1024): per-rank time
+                                               # (each size the median of its jobs: short ones repeat)
 
 One P-rank job runs every configuration (QP policy x aggregate, rotation on, ``--channels``) on the same
 routing (DeepEP's test routing: top-K of |randn| + 1 scores per token): ``--warmup`` untimed and ``--iters``
@@ -256,35 +257,61 @@ def _scale_job(cfg: dict, out_path: str) -> None:
     shmemx.finalize()
 
 
-def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
-    """The default Buffer at each job size, one job after the other in this run: the slowest rank's dispatch +
-    combine per call, and per rank (divided by P: the work of a P-rank job grows with P and this machine's two
-    cores stay two, so a constant per-rank time is linear scaling). Bar (issue 11): the largest job's per-rank
-    time at most 3x the smallest's."""
+SCALE_BUDGET = 15.0  # seconds of job time a size's row may take in repeated jobs (each size runs at least one)
+SCALE_JOBS = 5  # at most this many jobs per size
+
+
+def _scale_once(P: int, cfg: dict) -> dict:
+    """One ``--scale`` job of P ranks: the slowest rank's dispatch and combine (median over the timed pairs), the
+    pair, per rank (pair / P), and the job's wall seconds."""
     from shmemx.launcher import launch
 
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "scale.json")
+        t0 = time.perf_counter()
+        code = launch(P, _scale_job, (cfg, path), heap_size="256M", timeout=3600)
+        wall = time.perf_counter() - t0
+        if code != 0:
+            raise RuntimeError(f"bench_moe --scale: the {P}-rank job exited with {code}")
+        with open(path) as f:
+            t = np.array(json.load(f)["times"])  # [P, iters, 2]
+    d, c = (float(np.median(t[:, :, k].max(0))) for k in (0, 1))
+    return dict(P=P, E=cfg["E"], dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall)
+
+
+def _scale_row(P: int, cfg: dict) -> dict:
+    """The row of one job size: the same job again while this size's jobs took less than ``SCALE_BUDGET``
+    seconds in all (at most ``SCALE_JOBS``), and the median job by per-rank time (its own dispatch, combine and
+    pair); ``runs``: every job's per-rank time. A job of a few ranks lasts half a second, and one such job moves
+    by +-25% between runs; a job of 128 or 256 ranks lasts a minute and runs once."""
+    jobs = [_scale_once(P, cfg)]
+    while len(jobs) < SCALE_JOBS and sum(j["job"] for j in jobs) < SCALE_BUDGET:
+        jobs.append(_scale_once(P, cfg))
+    ranked = sorted(jobs, key=lambda j: j["per_rank"])
+    return dict(ranked[(len(ranked) - 1) // 2], runs=[j["per_rank"] for j in jobs],
+                job=sum(j["job"] for j in jobs))
+
+
+def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
+    """The default Buffer at each job size, one size after the other in this run: the slowest rank's dispatch +
+    combine per call, and per rank (divided by P: the work of a P-rank job grows with P and this machine's two
+    cores stay two, so a constant per-rank time is linear scaling); each size's row the median of its jobs
+    (``_scale_row``: short jobs run several times, every job the same measurement). Bar (issue 11): the largest
+    job's per-rank time at most 3x the smallest's."""
     rows = []
     for P in sizes:
         e = max(E // P, 1) * P
-        cfg = dict(T=T, H=H, K=K, E=e, iters=iters, warmup=warmup, sq_depth=1024)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "scale.json")
-            t0 = time.perf_counter()
-            code = launch(P, _scale_job, (cfg, path), heap_size="256M", timeout=3600)
-            wall = time.perf_counter() - t0
-            if code != 0:
-                raise RuntimeError(f"bench_moe --scale: the {P}-rank job exited with {code}")
-            with open(path) as f:
-                t = np.array(json.load(f)["times"])  # [P, iters, 2]
-        d, c = (float(np.median(t[:, :, k].max(0))) for k in (0, 1))
-        rows.append(dict(P=P, E=e, dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall))
+        rows.append(_scale_row(P, dict(T=T, H=H, K=K, E=e, iters=iters, warmup=warmup, sq_depth=1024)))
     print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init "
-          f"(sq_depth 1024), {iters} timed pairs (median of the slowest rank)")
+          f"(sq_depth 1024), {warmup} untimed and {iters} timed pairs per job (median of the slowest rank); a "
+          f"size's row is its median job (jobs of a size repeat while they took < {SCALE_BUDGET:.0f} s, at most "
+          f"{SCALE_JOBS})")
     print(f"{'ranks':>5} {'E':>5} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} {'per rank ms':>12} "
-          f"{'vs first':>9} {'job s':>7}")
+          f"{'vs first':>9} {'job s':>7}  per rank ms of each job")
     for r in rows:
         print(f"{r['P']:>5} {r['E']:>5} {r['dispatch'] * 1e3:12.1f} {r['combine'] * 1e3:11.1f} {r['pair'] * 1e3:9.1f} "
-              f"{r['per_rank'] * 1e3:12.2f} {r['per_rank'] / rows[0]['per_rank']:8.2f}x {r['job']:7.1f}")
+              f"{r['per_rank'] * 1e3:12.2f} {r['per_rank'] / rows[0]['per_rank']:8.2f}x {r['job']:7.1f}  "
+              + " ".join(f"{v * 1e3:.2f}" for v in r["runs"]))
     ratio = rows[-1]["per_rank"] / rows[0]["per_rank"]
     ok = ratio <= 3.0
     print(f"bar: per-rank time at {rows[-1]['P']} ranks = {ratio:.2f}x the {rows[0]['P']}-rank one (limit 3.0x): "
