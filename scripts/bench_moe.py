@@ -281,15 +281,14 @@ def _scale_once(P: int, cfg: dict) -> dict:
 
 def _scale_row(P: int, cfg: dict) -> dict:
     """The row of one job size: the same job again while this size's jobs took less than ``SCALE_BUDGET``
-    seconds in all (at most ``SCALE_JOBS``), and the median job by per-rank time (its own dispatch, combine and
-    pair); ``runs``: every job's per-rank time. A job of a few ranks lasts half a second, and one such job moves
-    by +-25% between runs; a job of 128 or 256 ranks lasts a minute and runs once."""
+    seconds in all (at most ``SCALE_JOBS``), each number the median over the jobs; ``runs``: every job's per-rank
+    time. A job of 8 ranks lasts half a second, and one such job moves by +-25% between runs; a job of 256 ranks
+    lasts most of a minute and runs once."""
     jobs = [_scale_once(P, cfg)]
     while len(jobs) < SCALE_JOBS and sum(j["job"] for j in jobs) < SCALE_BUDGET:
         jobs.append(_scale_once(P, cfg))
-    ranked = sorted(jobs, key=lambda j: j["per_rank"])
-    return dict(ranked[(len(ranked) - 1) // 2], runs=[j["per_rank"] for j in jobs],
-                job=sum(j["job"] for j in jobs))
+    row = {k: float(np.median([j[k] for j in jobs])) for k in ("dispatch", "combine", "pair", "per_rank")}
+    return dict(row, P=P, E=cfg["E"], runs=[j["per_rank"] for j in jobs], job=sum(j["job"] for j in jobs))
 
 
 def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
@@ -304,7 +303,7 @@ def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warm
         rows.append(_scale_row(P, dict(T=T, H=H, K=K, E=e, iters=iters, warmup=warmup, sq_depth=1024)))
     print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init "
           f"(sq_depth 1024), {warmup} untimed and {iters} timed pairs per job (median of the slowest rank); a "
-          f"size's row is its median job (jobs of a size repeat while they took < {SCALE_BUDGET:.0f} s, at most "
+          f"size's row the median of its jobs (repeated while they took < {SCALE_BUDGET:.0f} s, at most "
           f"{SCALE_JOBS})")
     print(f"{'ranks':>5} {'E':>5} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} {'per rank ms':>12} "
           f"{'vs first':>9} {'job s':>7}  per rank ms of each job")
