@@ -279,32 +279,40 @@ def _scale_once(P: int, cfg: dict) -> dict:
     return dict(P=P, E=cfg["E"], dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall)
 
 
-def _scale_row(P: int, cfg: dict) -> dict:
-    """The row of one job size: the same job again while this size's jobs took less than ``SCALE_BUDGET``
-    seconds in all (at most ``SCALE_JOBS``), each number the median over the jobs; ``runs``: every job's per-rank
-    time. A job of 8 ranks lasts half a second, and one such job moves by +-25% between runs; a job of 256 ranks
-    lasts most of a minute and runs once."""
+def _scale_jobs(P: int, cfg: dict, budget: float = SCALE_BUDGET, most: int = SCALE_JOBS) -> list[dict]:
+    """Jobs of one size (``_scale_once``): the same job again while they took less than ``budget`` seconds in
+    all, at most ``most`` of them. A job of 8 ranks lasts half a second, one such job moves by +-25% between
+    runs, and the machine's speed drifts by as much within a minute; a job of 256 ranks runs once."""
     jobs = [_scale_once(P, cfg)]
-    while len(jobs) < SCALE_JOBS and sum(j["job"] for j in jobs) < SCALE_BUDGET:
+    while len(jobs) < most and sum(j["job"] for j in jobs) < budget:
         jobs.append(_scale_once(P, cfg))
+    return jobs
+
+
+def _scale_row(jobs: list[dict]) -> dict:
+    """The row of one size: each number the median over its jobs; ``runs``: every job's per-rank time."""
     row = {k: float(np.median([j[k] for j in jobs])) for k in ("dispatch", "combine", "pair", "per_rank")}
-    return dict(row, P=P, E=cfg["E"], runs=[j["per_rank"] for j in jobs], job=sum(j["job"] for j in jobs))
+    return dict(row, P=jobs[0]["P"], E=jobs[0]["E"], runs=[j["per_rank"] for j in jobs],
+                job=sum(j["job"] for j in jobs))
 
 
 def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
     """The default Buffer at each job size, one size after the other in this run: the slowest rank's dispatch +
     combine per call, and per rank (divided by P: the work of a P-rank job grows with P and this machine's two
     cores stay two, so a constant per-rank time is linear scaling); each size's row the median of its jobs
-    (``_scale_row``: short jobs run several times, every job the same measurement). Bar (issue 11): the largest
-    job's per-rank time at most 3x the smallest's."""
-    rows = []
-    for P in sizes:
-        e = max(E // P, 1) * P
-        rows.append(_scale_row(P, dict(T=T, H=H, K=K, E=e, iters=iters, warmup=warmup, sq_depth=1024)))
+    (``_scale_jobs``: short jobs run several times, every job the same measurement; the first size, the bar's
+    divisor, half of its jobs before the other sizes and half after them, so that its row brackets the machine's
+    drift over the run). Bar (issue 11): the largest job's per-rank time at most 3x the smallest's."""
+    cfgs = [dict(T=T, H=H, K=K, E=max(E // P, 1) * P, iters=iters, warmup=warmup, sq_depth=1024) for P in sizes]
+    first = _scale_jobs(sizes[0], cfgs[0], SCALE_BUDGET / 2, -(-SCALE_JOBS // 2))
+    rows = [_scale_row(_scale_jobs(P, cfg)) for P, cfg in zip(sizes[1:], cfgs[1:])]
+    if rows:
+        first += _scale_jobs(sizes[0], cfgs[0], SCALE_BUDGET / 2, SCALE_JOBS // 2)
+    rows.insert(0, _scale_row(first))
     print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init "
           f"(sq_depth 1024), {warmup} untimed and {iters} timed pairs per job (median of the slowest rank); a "
           f"size's row the median of its jobs (repeated while they took < {SCALE_BUDGET:.0f} s, at most "
-          f"{SCALE_JOBS})")
+          f"{SCALE_JOBS}; the first size's half before and half after the others)")
     print(f"{'ranks':>5} {'E':>5} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} {'per rank ms':>12} "
           f"{'vs first':>9} {'job s':>7}  per rank ms of each job")
     for r in rows:
