@@ -110,7 +110,8 @@ def _meta(a: DispatchArgs):
 
 def _row_bytes(a: DispatchArgs, region: str) -> int:
     """Bytes per row of a metadata region (``_meta``)."""
-    return a.record.width if region == "meta" else a.views[region][0].nbytes
+    v = a.views[region]
+    return a.record.width if region == "meta" else v.itemsize * (v.size // v.shape[0])  # (v[0] would read the row)
 
 
 def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:
