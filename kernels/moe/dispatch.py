@@ -116,13 +116,17 @@ def _row_bytes(a: DispatchArgs, region: str) -> int:
 
 def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:
     """Write the metadata records (``DispatchArgs.record``) of tokens ``toks`` into records ``at`` (a slice or
-    row indices) of a ``meta`` region (flat uint8); without top-k (a cached dispatch) their source index only."""
+    row indices) of a ``meta`` region (flat uint8); without top-k (a cached dispatch) their source index only,
+    the top-k fields zero. The records are built in a local array and stored in one assignment: a field's view of
+    the region is strided (a column of every record), and under ``--check`` every strided heap view costs a walk
+    over its rows."""
     rec = a.record
-    recs = rec.table(region)
-    rec.src_idx(recs)[at] = toks
+    recs = np.zeros((len(toks), rec.width), np.uint8)
+    rec.src_idx(recs)[:] = toks
     if a.topk_idx is not None:
-        rec.topk_idx(recs)[at] = a.topk_idx[toks]
-        rec.topk_weights(recs)[at] = a.topk_weights[toks]
+        rec.topk_idx(recs)[:] = a.topk_idx[toks]
+        rec.topk_weights(recs)[:] = a.topk_weights[toks]
+    rec.table(region)[at] = recs
 
 
 def _stage(a: DispatchArgs, at: slice | np.ndarray, toks: np.ndarray, receive: bool = False) -> None:
@@ -306,7 +310,7 @@ def _copy_rows(a: DispatchArgs, lo: int, hi: int) -> None:
         if out.x is not None:
             out.x[lo:hi] = a.region[lo * rb:hi * rb].reshape(hi - lo, rb)
         rec = a.record
-        recs = rec.rows(v["meta"], lo, hi)
+        recs = np.array(rec.rows(v["meta"], lo, hi))  # one read of the records; the fields are local views
         out.src_idx[lo:hi] = rec.src_idx(recs)
         if out.topk_idx is not None:
             raw = rec.topk_idx(recs)
