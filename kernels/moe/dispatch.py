@@ -114,19 +114,23 @@ def _row_bytes(a: DispatchArgs, region: str) -> int:
     return a.record.width if region == "meta" else v.itemsize * (v.size // v.shape[0])  # (v[0] would read the row)
 
 
-def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:
-    """Write the metadata records (``DispatchArgs.record``) of tokens ``toks`` into records ``at`` (a slice or
-    row indices) of a ``meta`` region (flat uint8); without top-k (a cached dispatch) their source index only,
-    the top-k fields zero. The records are built in a local array and stored in one assignment: a field's view of
-    the region is strided (a column of every record), and under ``--check`` every strided heap view costs a walk
-    over its rows."""
+def records(a: DispatchArgs, toks: np.ndarray) -> np.ndarray:
+    """``[len(toks), width] uint8``: the metadata records (``DispatchArgs.record``) of tokens ``toks``, a local
+    array; without top-k (a cached dispatch) their source index only, the top-k fields zero."""
     rec = a.record
     recs = np.zeros((len(toks), rec.width), np.uint8)
     rec.src_idx(recs)[:] = toks
     if a.topk_idx is not None:
         rec.topk_idx(recs)[:] = a.topk_idx[toks]
         rec.topk_weights(recs)[:] = a.topk_weights[toks]
-    rec.table(region)[at] = recs
+    return recs
+
+
+def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:
+    """Store the records of tokens ``toks`` (``records``) into records ``at`` (a slice or row indices) of a
+    ``meta`` region (flat uint8), in one assignment: a field's view of the region is strided (a column of every
+    record), and under ``--check`` every strided heap view costs a walk over its rows."""
+    a.record.table(region)[at] = records(a, toks)
 
 
 def _stage(a: DispatchArgs, at: slice | np.ndarray, toks: np.ndarray, receive: bool = False) -> None:

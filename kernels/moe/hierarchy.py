@@ -278,8 +278,7 @@ def _relay_records(a, h: HierSpec, dp: int, timer, t: float) -> tuple[float, Rel
 def _own_server(a, h: HierSpec, toks: np.ndarray, timer, t: float) -> float:
     """Block σ: this PE's own tokens for the ranks of its own server (no relay)."""
     masks = _server_masks(a, h, a.me // h.topo.server_size, toks)
-    meta = np.zeros((len(toks), a.record.width), np.uint8)
-    fm_dispatch.pack_records(a, meta.reshape(-1), slice(None), toks)
+    meta = fm_dispatch.records(a, toks)
     scales = None if a.scales is None else a.scales[toks]
     return _forward(a, h, a.me, toks, masks, a.xb[toks], meta, scales, timer, t)
 
