@@ -140,6 +140,8 @@ def _stage(a: DispatchArgs, at: slice | np.ndarray, toks: np.ndarray, receive: b
         dst = a.views[region if receive else staging]
         if src is None:
             pack_records(a, dst, at, toks)
+        elif isinstance(at, slice):
+            _gather(src, toks, dst[at])
         else:
             dst[at] = src[toks]
 
