@@ -13,7 +13,7 @@ threads: kernel blocks and the engine), the main thread's, and the wall time, fo
 job; on a host whose cores the ranks outnumber, the wall time follows the summed CPU, and wall - CPU / cores is the
 time the job's ranks waited with a core idle or held by another job. Then the main thread's CPU on PE 0 per
 function of the kernels (``FUNCTIONS``, each wrapped with a ``time.thread_time`` counter; nested functions count
-inside their callers too), per pair over every call, warm-up included. Between the two: the median rank's user and
+inside their callers too), per timed pair. Between the two: the median rank's user and
 system CPU, minor page faults and context switches per pair, and per call (dispatch, combine) the median rank's
 and PE 0's call, notify, kernel and slowest-block phase times (``measure.PHASES``), on the wall clock or, with
 ``--phase-cpu``, on each thread's CPU clock (on a host whose cores the ranks outnumber, a phase's wall time
@@ -133,6 +133,7 @@ def _job(cfg: dict, out_path: str) -> None:
         shmemx.aclshmem_barrier_all()
         held += (time.thread_time() - b0) * timed
         if it == cfg["warmup"]:
+            spent.clear()  # the functions' counters too count the timed pairs only
             c0, m0, w0, u0 = _cpu(), time.thread_time(), time.perf_counter(), _usage()
             window = [time.clock_gettime(time.CLOCK_MONOTONIC)]
             if me == 0 and cfg["cprofile"]:
@@ -162,9 +163,8 @@ def _job(cfg: dict, out_path: str) -> None:
     shmemx.aclshmem_barrier_all()
     if me == 0:
         every = np.stack([shmemx.aclshmem_ptr(res, p)[p] for p in range(P)])
-        calls = cfg["warmup"] + n
         with open(out_path, "w") as f:
-            json.dump({"ranks": every.tolist(), "functions": {k: v / calls for k, v in spent.items()},
+            json.dump({"ranks": every.tolist(), "functions": {k: v / n for k, v in spent.items()},
                        "calls": np.stack([shmemx.aclshmem_ptr(per_call, p)[p] for p in range(P)]).tolist(),
                        "usage": np.stack([shmemx.aclshmem_ptr(usage, p)[p] for p in range(P)]).tolist(),
                        "window": window}, f)
