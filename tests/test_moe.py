@@ -726,6 +726,46 @@ def test_batched_rounds_post_the_same_wqes(run_ok, tmp_path):
                 np.testing.assert_array_equal(each[key], batch[key], err_msg=f"pe {pe}: {mode}: {key}")
 
 
+def _one_cqe_job():
+    """A closing unit asks for its completion's CQE alone (``Lanes.one_cqe_bbs``: half the ring): every payload
+    WRITE of a call goes without a CQE, every WRITE_WITH_NOTIFY (notify's record, the lanes' completions, fenced)
+    with one, the quiets take exactly those; with ``one_cqe_bbs`` 0 every WQE asks for one, and the results are
+    the same bits."""
+    from shmemx.udma.layout import Opcode
+
+    shmemx.init(sq_depth=1024)
+    me, n = shmemx.my_pe(), shmemx.n_pes()
+    x, idx, w = _inputs(me, n)
+    outs = []
+    for one_cqe_bbs in (512, 0):
+        buf = moe.Buffer(T, H, K, E)
+        assert buf.lanes.one_cqe_bbs == 512
+        buf.lanes.one_cqe_bbs = one_cqe_bbs
+        queue = buf.lanes.queues[(me + 1) % n, 0]
+        head, cqes = queue.head, queue.cqe_cnt
+        res = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        outs.append(buf.combine(res.recv_x, res.handle, topk_weights=res.recv_topk_weights)[0].view(np.uint16))
+        kinds, asked = [], 0
+        pos = head
+        while pos < queue.head:
+            word = int(queue.sq_words[pos % queue.depth, 0])
+            opcode, flag = word >> 40 & 0xFF, word >> 16 & 0xFF
+            kinds.append((opcode, bool(flag & 0x20)))
+            asked += bool(flag & 0x20)
+            pos += 2 if opcode == Opcode.WRITE_WITH_NOTIFY else 1
+        assert queue.cqe_cnt - cqes == asked
+        writes = [c for op, c in kinds if op == Opcode.WRITE]
+        assert writes and all(c for op, c in kinds if op == Opcode.WRITE_WITH_NOTIFY), kinds
+        assert not any(writes) if one_cqe_bbs else all(writes), kinds
+        buf.close()
+    np.testing.assert_array_equal(outs[0], outs[1])
+    shmemx.finalize()
+
+
+def test_closing_units_ask_for_one_cqe(run_ok):
+    run_ok(4, _one_cqe_job, timeout=120)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dispatch_combine_against_reference(run_ok, n):
     """Both ways of sharing a lane (batched, the default, and rounds) on every CI schedule."""

@@ -1,8 +1,14 @@
 """The lanes of a ``Buffer``: its (peer, QP) send queues, the addresses of every peer's workspace, and posting.
 
 Payload goes through the raw WQE path (``shmemx.aclshmemx_udma_raw_queue``): a unit's WQEs are built in one
-numpy operation, written into the SQ ring after one ``reserve`` and published with one doorbell, each with a CQE
-(``ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT``, flag 0x20) so that the lane's quiet covers every one of them.
+numpy operation, written into the SQ ring after one ``reserve`` and published with one doorbell. A unit that
+closes its lane asks for one CQE, its completion's: the completion is fenced (below), so its CQE is written only
+after every earlier WQE of the QP has executed, and the lane's quiet, which waits for it, covers them all; its
+payload WQEs go without (flag 0x00: NO, no CQE), as a deferred batch's do, which spares the engine a CQE and
+the quiet a CQE to consume per row (at 256 PEs about 4 of every 7 CQEs of a call, the CQ ring pages with them).
+A unit that does not close its lane (rounds), or one longer than half its ring (the ring frees its WQEs only
+at a CQE: ``RawQueue.post`` would find no room), gives every WQE its CQE
+(``ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT``, flag 0x20).
 
 The completion signal of a lane is one WRITE_WITH_NOTIFY (the lane's record, then the 64-bit signal SET to the
 call's sequence number; what ``aclshmemx_udma_qp_put_signal_nbi`` posts), built in the closing unit's batch
@@ -30,6 +36,8 @@ __all__ = ["BlockRole", "Lanes", "FENCE_SO"]
 
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
+_NO_CQE = shmemx.OpConfig(cqe=0, se=0, fence=0, odr=shmemx.ACLSHMEMX_UDMA_ODR_NO).flag  # a closed unit's payload
+_TO_NO_CQE = np.uint64(shmemx.layout.DW0[_FLAG] ^ shmemx.layout.DW0[_NO_CQE])  # word 0 of a WRITE: _FLAG -> _NO_CQE
 
 
 class BlockRole(NamedTuple):
@@ -80,6 +88,8 @@ class Lanes:
         for i, (peer, q) in enumerate(order):
             self.lane_of[peer, q] = i
         self.split_blocks = False  # see ``one_block``: the Buffer's setting (``Buffer.split_blocks``)
+        # a closing unit of at most this many BBs asks for its completion's CQE alone (see the module)
+        self.one_cqe_bbs = min((q.depth for q in self.queues.values()), default=0) // 2
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
         self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap
@@ -172,7 +182,8 @@ class Lanes:
         order; ``wqe_unit[j]``: the unit of WQE j), then, where a unit closes its lane, the lane's completion:
         its record (the lane's rows in ``plan``, bytes, WQEs, seq), then the signal ``signals[close_kind, me,
         qp]`` = seq on the peer (a WRITE_WITH_NOTIFY, fenced: ``FENCE_SO``). The WQEs of all units are built in
-        one numpy operation and posted with one ``RawQueues.post`` (a doorbell per lane)."""
+        one numpy operation and posted with one ``RawQueues.post`` (a doorbell per lane). A closing unit of at most
+        ``one_cqe_bbs`` BBs asks for one CQE, its completion's (see the module); any other WQE for its own."""
         wqe_unit, rmt_va, sge_va, length = wqes
         m, n = len(units), len(wqe_unit)
         peers = np.fromiter((u.peer for u in units), np.intp, m)
@@ -186,6 +197,7 @@ class Lanes:
             np.add.at(nbytes, wqe_unit, length.astype(np.int64))
         c = np.flatnonzero(closes)
         bbs = w + 2 * closes
+        one_cqe = closes & (bbs <= self.one_cqe_bbs)
         offs = np.cumsum(bbs) - bbs  # each unit's first BB in the batch
         data = np.empty((int(bbs.sum()), 8), np.uint64)
         if n:
@@ -193,6 +205,7 @@ class Lanes:
             rows = offs[wqe_unit] + (np.arange(n) - first[wqe_unit])
             data[rows] = self.batch.build_writes(lanes[wqe_unit], rmt_va=rmt_va, sge_len=length, sge_va=sge_va,
                                                  flag=_FLAG)
+            data[rows[one_cqe[wqe_unit]], 0] ^= _TO_NO_CQE
         if len(c):
             cp, cq = peers[c], qps[c]
             record = self.views["send_record"]
@@ -213,7 +226,7 @@ class Lanes:
                 timer.count("flag_writes", len(c))
         keep = np.flatnonzero(bbs)
         if len(keep):
-            self.batch.post(lanes[keep], bbs[keep], data, cqes=(w + closes)[keep])
+            self.batch.post(lanes[keep], bbs[keep], data, cqes=np.where(one_cqe, 1, w + closes)[keep])
         stats.lane_wqes[peers, qps] += w + closes
         stats.lane_bytes[peers, qps] += nbytes + 32 * closes
 
