@@ -263,7 +263,8 @@ def init(attr: InitAttr | None = None, *, heap_size: int | str | None = None, ti
         attr: CANN-style attributes; see ``InitAttr``.
         heap_size: heap bytes per PE (int or "64M"); overrides ``attr`` and the launcher's ``--heap-size``.
         timeout: deadline of every wait in seconds; overrides ``attr`` and the launcher's ``--timeout``.
-        sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two, default 32768; tests use small ones).
+        sq_depth, cq_depth: SQ / CQ ring depth in BBs / CQEs (a power of two; default
+            ``udma.segment.default_depth``: 32768 up to 16 PEs, shallower for larger jobs; tests use small ones).
         min_heap_size: a heap of at least this many bytes (for libraries that know what they need, such as
             ``shmemx.deep_ep.Buffer``): the size above, or the launcher's, or the default, raised to it.
     """

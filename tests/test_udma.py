@@ -1950,3 +1950,20 @@ def _post_turn():
 
 def test_small_posts_on_idle_queues_run_at_post_time(run_ok):
     run_ok(2, _post_turn)
+
+
+def test_default_depth_bounds_the_rings():
+    """Without sq_depth the rings of a large job are shallower (``default_depth``): every queue once around its ring
+    fits RING_BUDGET, down to MIN_DEFAULT_DEPTH; small jobs keep DEFAULT_DEPTH; the same on every PE (a function
+    of the job's size)."""
+    from shmemx.udma.segment import DEFAULT_DEPTH, MIN_DEFAULT_DEPTH, RING_BUDGET, default_depth
+
+    assert [default_depth(p, 1) for p in (1, 2, 8, 16, 32, 64, 128, 256)] == [
+        DEFAULT_DEPTH, DEFAULT_DEPTH, DEFAULT_DEPTH, DEFAULT_DEPTH, 16384, 2048, 512, 128]
+    assert default_depth(256, 2) == 64 and default_depth(4096, 32) == MIN_DEFAULT_DEPTH
+    for p in range(2, 300, 7):
+        for q in (1, 2, 4):
+            d = default_depth(p, q)
+            assert d & (d - 1) == 0 and MIN_DEFAULT_DEPTH <= d <= DEFAULT_DEPTH
+            assert d == MIN_DEFAULT_DEPTH or p * (p - 1) * q * d * 132 <= RING_BUDGET
+            assert d == DEFAULT_DEPTH or p * (p - 1) * q * 2 * d * 132 > RING_BUDGET

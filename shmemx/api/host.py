@@ -36,7 +36,8 @@ def init(attr: InitAttr | None = None, *, heap_size: int | str | None = None, ti
         attr: CANN-style attributes (``InitAttr``); optional.
         heap_size: heap bytes per PE (int or "64M"); overrides the launcher's ``--heap-size``.
         timeout: deadline of every wait, quiet and barrier in seconds; overrides ``--timeout``.
-        sq_depth, cq_depth: ring depths (power of two, default 32768); small ones make wrap-around testable.
+        sq_depth, cq_depth: ring depths (power of two; default 32768 up to 16 PEs, shallower for larger jobs:
+            ``default_depth``); small ones make wrap-around testable.
         min_heap_size: at least this many heap bytes (the size above, the launcher's or the default 1 GiB is raised
             to it); every PE must pass the same.
     """

@@ -26,7 +26,7 @@ from .events import EventLog
 from .layout import DW0
 from .queues import QUIET_SPIN_FACTOR, QueuePair
 from .registry import LocalRegistry, SharedLocals
-from .segment import (CQ_TAIL, CREDIT_GUARD, DEFAULT_DEPTH, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
+from .segment import (CQ_TAIL, CREDIT_GUARD, default_depth, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
                       UdmaSegment, make_identity)
 
 __all__ = ["DataPlane", "create", "start", "stop"]
@@ -336,7 +336,7 @@ def _reads_arrays(poster) -> bool:
 
 def create(rt: Any) -> None:
     # as for the heap size: an argument of init beats the environment, which beats the default
-    sq = _depth("sq_depth", rt.sq_depth or os.environ.get("SHMEMX_SQ_DEPTH") or DEFAULT_DEPTH)
+    sq = _depth("sq_depth", rt.sq_depth or os.environ.get("SHMEMX_SQ_DEPTH") or default_depth(rt.n_pes, rt.qp_num))
     cq = _depth("cq_depth", rt.cq_depth or os.environ.get("SHMEMX_CQ_DEPTH") or sq)
     if cq < sq:
         raise ValueError(f"cq_depth {cq} must be at least sq_depth {sq}")

@@ -36,6 +36,9 @@ __all__ = [
     "UDMA_VA_STRIDE",
     "LOCAL_VA_BASE",
     "DEFAULT_DEPTH",
+    "RING_BUDGET",
+    "MIN_DEFAULT_DEPTH",
+    "default_depth",
     "CREDIT_GUARD",
     "make_identity",
 ]
@@ -43,7 +46,9 @@ __all__ = [
 UDMA_VA_BASE = 0x0C00_0000_0000
 UDMA_VA_STRIDE = 1 << 36
 LOCAL_VA_BASE = 0x0800_0000_0000
-DEFAULT_DEPTH = 32768
+DEFAULT_DEPTH = 32768  # the deepest default ring (BBs / CQEs); default_depth lowers it for large jobs
+RING_BUDGET = 2 << 30  # bytes a job's rings may come to by default once every queue has gone around (default_depth)
+MIN_DEFAULT_DEPTH = 64  # the shallowest (a MoE call posts up to 24 BBs per peer)
 CREDIT_GUARD = 10  # ACLSHMEM_UDMA_AGGREGATE_CREDIT_GUARD
 SW_DB = 1
 
@@ -89,6 +94,21 @@ def make_identity(pe: int) -> dict:
         "heap_tid": 1 + secrets.randbelow(0x7_FFFE),
         "heap_token": secrets.randbits(32),
     }
+
+
+def default_depth(n_pes: int, qp_num: int) -> int:
+    """The ring depth ``init`` takes when none is given: ``DEFAULT_DEPTH``, halved until the job's rings, every
+    queue once around its ring (``n_pes x (n_pes - 1) x qp_num`` queues, each an SQ and a CQ of 64 B and a sidecar
+    word of 4 B per entry), fit ``RING_BUDGET``; at least ``MIN_DEFAULT_DEPTH``. The ring files are sparse, so a
+    page costs memory only once the ring's head reached it, but a long job's rings all go around: at 256 PEs the
+    old default of 32768 would have come to 263 GiB. With one QP: 32768 up to 16 PEs, 16384 at 32, 2048 at 64, 512 at
+    128, 128 at 256 PEs (1.0 GiB once around; each call of the MoE kernels posts 3-24 BBs per peer). A function of
+    the job's size only, so every PE and every host takes the same."""
+    depth = DEFAULT_DEPTH
+    queues = n_pes * max(n_pes - 1, 1) * max(qp_num, 1)
+    while depth > MIN_DEFAULT_DEPTH and queues * depth * (64 + 64 + 4) > RING_BUDGET:
+        depth //= 2
+    return depth
 
 
 class UdmaSegment:
