@@ -222,21 +222,35 @@ def run_shmemx(cfg: dict) -> dict:
 # --- scaling: the default Buffer at several job sizes ---------------------------------------------------------
 
 
+LAP_MOST = 32  # --scale: at most this many warm-up pairs spent waiting for the rings to go around once
+
+
 def _scale_job(cfg: dict, out_path: str) -> None:
-    """The default ``moe.Buffer(T, H, K, E)`` after a plain init (small rings: 128 PEs of the default depth do
-    not fit this machine's memory): ``warmup`` + ``iters`` dispatch + combine pairs, each call entered after a
-    barrier and timed by its rank; rank 0 writes every rank's times."""
+    """The default ``moe.Buffer(T, H, K, E)`` after a plain init (the rings of ``default_depth``):
+    ``warmup`` + the lap pairs + ``iters`` dispatch + combine pairs, each call entered after a barrier and timed by
+    its rank; rank 0 writes every rank's times and the lap pairs. The lap pairs: after the first warm-up pair each
+    PE works out how many more pairs its send queues need for every ring to have gone around once (the BBs a pair
+    posted to each queue against what is left of its ring), and all take the most of them, at most ``LAP_MOST``.
+    A ring's first lap touches its pages of the sparse ring file (page faults, about a fifth of a 256-PE job's
+    CPU in its first pairs: scripts/profile_moe.py), a start-up cost that a training loop pays in its first steps;
+    the timed pairs are the steady state after it."""
     import shmemx
     from shmemx.kernels import moe
 
-    shmemx.init(sq_depth=cfg["sq_depth"])
+    shmemx.init()
     me, P = shmemx.my_pe(), shmemx.n_pes()
     T, H, K, E = cfg["T"], cfg["H"], cfg["K"], cfg["E"]
     topk, weights = routing(me, T, K, E)
     x = payload(me, T, H)
     times = shmemx.zeros((P, cfg["iters"], 2), np.float64, name="bench times")
+    laps = shmemx.zeros(P, np.int64, name="bench lap pairs")
     buf = moe.Buffer(T, H, K, E)
-    for it in range(cfg["warmup"] + cfg["iters"]):
+    queues = list(buf.lanes.queues.values())
+
+    def heads() -> np.ndarray:
+        return np.array([q.head for q in queues], np.int64)
+
+    def pair(k: int | None) -> None:
         shmemx.aclshmem_barrier_all()
         t0 = time.perf_counter()
         d = buf.dispatch(x, topk_idx=topk, topk_weights=weights)
@@ -245,14 +259,29 @@ def _scale_job(cfg: dict, out_path: str) -> None:
         t2 = time.perf_counter()
         buf.combine(d.recv_x, d.handle)
         t3 = time.perf_counter()
-        if it >= cfg["warmup"]:
-            times[me, it - cfg["warmup"]] = (t1 - t0, t3 - t2)
+        if k is not None:
+            times[me, k] = (t1 - t0, t3 - t2)
+
+    before = heads()
+    pair(None)
+    after = heads()
+    step = after - before  # BBs one pair posted to each queue
+    left = queues[0].depth - after if queues else np.zeros(0, np.int64)
+    need = -(-left[step > 0] // step[step > 0])
+    laps[me] = min(int(need.max(initial=0)), LAP_MOST)
+    shmemx.aclshmem_barrier_all()
+    lap = max(int(shmemx.aclshmem_ptr(laps, p)[p]) for p in range(P))
+    for _ in range(lap + cfg["warmup"] - 1):
+        pair(None)
+    lapped = bool(queues) and int(heads().min()) >= queues[0].depth
+    for k in range(cfg["iters"]):
+        pair(k)
     buf.close()
     shmemx.aclshmem_barrier_all()
     if me == 0:
         every = np.stack([shmemx.aclshmem_ptr(times, p)[p] for p in range(P)])  # [P, iters, 2]
         with open(out_path, "w") as f:
-            json.dump({"times": every.tolist()}, f)
+            json.dump({"times": every.tolist(), "lap": lap, "lapped": lapped, "depth": queues[0].depth}, f)
     shmemx.aclshmem_barrier_all()
     shmemx.finalize()
 
@@ -274,9 +303,11 @@ def _scale_once(P: int, cfg: dict) -> dict:
         if code != 0:
             raise RuntimeError(f"bench_moe --scale: the {P}-rank job exited with {code}")
         with open(path) as f:
-            t = np.array(json.load(f)["times"])  # [P, iters, 2]
+            got = json.load(f)
+    t = np.array(got["times"])  # [P, iters, 2]
     d, c = (float(np.median(t[:, :, k].max(0))) for k in (0, 1))
-    return dict(P=P, E=cfg["E"], dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall)
+    return dict(P=P, E=cfg["E"], dispatch=d, combine=c, pair=d + c, per_rank=(d + c) / P, job=wall,
+                lap=got["lap"], lapped=got["lapped"], depth=got["depth"])
 
 
 def _scale_jobs(P: int, cfg: dict, budget: float = SCALE_BUDGET, most: int = SCALE_JOBS) -> list[dict]:
@@ -293,7 +324,8 @@ def _scale_row(jobs: list[dict]) -> dict:
     """The row of one size: each number the median over its jobs; ``runs``: every job's per-rank time."""
     row = {k: float(np.median([j[k] for j in jobs])) for k in ("dispatch", "combine", "pair", "per_rank")}
     return dict(row, P=jobs[0]["P"], E=jobs[0]["E"], runs=[j["per_rank"] for j in jobs],
-                job=sum(j["job"] for j in jobs))
+                job=sum(j["job"] for j in jobs), depth=jobs[0]["depth"], lap=max(j["lap"] for j in jobs),
+                lapped=all(j["lapped"] for j in jobs))
 
 
 def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warmup: int) -> bool:
@@ -303,22 +335,27 @@ def run_scale(sizes: list[int], T: int, H: int, K: int, E: int, iters: int, warm
     (``_scale_jobs``: short jobs run several times, every job the same measurement; the first size, the bar's
     divisor, half of its jobs before the other sizes and half after them, so that its row brackets the machine's
     drift over the run). Bar (issue 11): the largest job's per-rank time at most 3x the smallest's."""
-    cfgs = [dict(T=T, H=H, K=K, E=max(E // P, 1) * P, iters=iters, warmup=warmup, sq_depth=1024) for P in sizes]
+    cfgs = [dict(T=T, H=H, K=K, E=max(E // P, 1) * P, iters=iters, warmup=warmup) for P in sizes]
     first = _scale_jobs(sizes[0], cfgs[0], SCALE_BUDGET / 2, -(-SCALE_JOBS // 2))
     rows = [_scale_row(_scale_jobs(P, cfg)) for P, cfg in zip(sizes[1:], cfgs[1:])]
     if rows:
         first += _scale_jobs(sizes[0], cfgs[0], SCALE_BUDGET / 2, SCALE_JOBS // 2)
     rows.insert(0, _scale_row(first))
-    print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init "
-          f"(sq_depth 1024), {warmup} untimed and {iters} timed pairs per job (median of the slowest rank); a "
-          f"size's row the median of its jobs (repeated while they took < {SCALE_BUDGET:.0f} s, at most "
-          f"{SCALE_JOBS}; the first size's half before and half after the others)")
-    print(f"{'ranks':>5} {'E':>5} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} {'per rank ms':>12} "
-          f"{'vs first':>9} {'job s':>7}  per rank ms of each job")
+    print(f"shmemx bench_moe --scale: the default moe.Buffer(T, H, K, E), T={T} H={H} K={K}, a plain init (the "
+          f"rings' default depth for the job's size), {warmup} untimed pairs, then until every ring has gone around "
+          f"once (its pages touched; at most {LAP_MOST} pairs), then {iters} timed pairs per job (median of the "
+          f"slowest rank); a size's row the median of its jobs (repeated while they took < {SCALE_BUDGET:.0f} s, "
+          f"at most {SCALE_JOBS}; the first size's half before and half after the others)")
+    print(f"{'ranks':>5} {'E':>5} {'depth':>6} {'laps':>9} {'dispatch ms':>12} {'combine ms':>11} {'pair ms':>9} "
+          f"{'per rank ms':>12} {'vs first':>9} {'job s':>7}  per rank ms of each job")
     for r in rows:
-        print(f"{r['P']:>5} {r['E']:>5} {r['dispatch'] * 1e3:12.1f} {r['combine'] * 1e3:11.1f} {r['pair'] * 1e3:9.1f} "
-              f"{r['per_rank'] * 1e3:12.2f} {r['per_rank'] / rows[0]['per_rank']:8.2f}x {r['job']:7.1f}  "
+        laps = f"{r['lap']}{'' if r['lapped'] else ' (no)'}"
+        print(f"{r['P']:>5} {r['E']:>5} {r['depth']:>6} {laps:>9} {r['dispatch'] * 1e3:12.1f} "
+              f"{r['combine'] * 1e3:11.1f} {r['pair'] * 1e3:9.1f} {r['per_rank'] * 1e3:12.2f} "
+              f"{r['per_rank'] / rows[0]['per_rank']:8.2f}x {r['job']:7.1f}  "
               + " ".join(f"{v * 1e3:.2f}" for v in r["runs"]))
+    print("laps: the warm-up pairs spent until every send queue's ring had gone around once ('(no)': not within "
+          f"{LAP_MOST} pairs: a deep ring, whose first lap the timed pairs are still in)")
     ratio = rows[-1]["per_rank"] / rows[0]["per_rank"]
     ok = ratio <= 3.0
     print(f"bar: per-rank time at {rows[-1]['P']} ranks = {ratio:.2f}x the {rows[0]['P']}-rank one (limit 3.0x): "
