@@ -222,7 +222,7 @@ def run_shmemx(cfg: dict) -> dict:
 # --- scaling: the default Buffer at several job sizes ---------------------------------------------------------
 
 
-LAP_MOST = 32  # --scale: at most this many warm-up pairs spent waiting for the rings to go around once
+LAP_MOST = 64  # --scale: at most this many warm-up pairs spent waiting for the rings to go around once
 
 
 def _scale_job(cfg: dict, out_path: str) -> None:
