@@ -231,7 +231,7 @@ def _scale_job(cfg: dict, out_path: str) -> None:
     its rank; rank 0 writes every rank's times and the lap pairs. The lap pairs: after the first warm-up pair each
     PE works out how many more pairs its send queues need for every ring to have gone around once (the BBs a pair
     posted to each queue against what is left of its ring), and all take the most of them, at most ``LAP_MOST``.
-    A ring's first lap touches its pages of the sparse ring file (page faults, about a fifth of a 256-PE job's
+    A ring's first lap touches its pages of the sparse ring file (page faults, a quarter or more of a 256-PE job's
     CPU in its first pairs: scripts/profile_moe.py), a start-up cost that a training loop pays in its first steps;
     the timed pairs are the steady state after it."""
     import shmemx
