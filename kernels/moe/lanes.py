@@ -37,7 +37,6 @@ __all__ = ["BlockRole", "Lanes", "FENCE_SO"]
 FENCE_SO = shmemx.OpConfig(cqe=1, se=0, fence=1, odr=shmemx.ACLSHMEMX_UDMA_ODR_SO)
 _FLAG = shmemx.ACLSHMEMX_UDMA_OP_CONFIG_DEFAULT.flag
 _NO_CQE = shmemx.OpConfig(cqe=0, se=0, fence=0, odr=shmemx.ACLSHMEMX_UDMA_ODR_NO).flag  # a closed unit's payload
-_TO_NO_CQE = np.uint64(shmemx.layout.DW0[_FLAG] ^ shmemx.layout.DW0[_NO_CQE])  # word 0 of a WRITE: _FLAG -> _NO_CQE
 
 
 class BlockRole(NamedTuple):
@@ -90,6 +89,11 @@ class Lanes:
         self.split_blocks = False  # see ``one_block``: the Buffer's setting (``Buffer.split_blocks``)
         # a closing unit of at most this many BBs asks for its completion's CQE alone (see the module)
         self.one_cqe_bbs = min((q.depth for q in self.queues.values()), default=0) // 2
+        # word 0 of a WRITE built with _FLAG, XOR this: the same WRITE with _NO_CQE
+        self.to_no_cqe = np.uint64(0)
+        for q in list(self.queues.values())[:1]:
+            self.to_no_cqe = q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_FLAG)[0, 0] ^ \
+                q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_NO_CQE)[0, 0]
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
         self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap
@@ -205,7 +209,7 @@ class Lanes:
             rows = offs[wqe_unit] + (np.arange(n) - first[wqe_unit])
             data[rows] = self.batch.build_writes(lanes[wqe_unit], rmt_va=rmt_va, sge_len=length, sge_va=sge_va,
                                                  flag=_FLAG)
-            data[rows[one_cqe[wqe_unit]], 0] ^= _TO_NO_CQE
+            data[rows[one_cqe[wqe_unit]], 0] ^= self.to_no_cqe
         if len(c):
             cp, cq = peers[c], qps[c]
             record = self.views["send_record"]
