@@ -26,8 +26,8 @@ from .events import EventLog
 from .layout import DW0
 from .queues import QUIET_SPIN_FACTOR, QueuePair
 from .registry import LocalRegistry, SharedLocals
-from .segment import (CQ_TAIL, CREDIT_GUARD, default_depth, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
-                      UdmaSegment, make_identity)
+from .segment import (CQ_TAIL, CREDIT_GUARD, HW_CI, HW_CQ_DB, HW_SQ_DB, HW_STATE, WQ_CQE_CNT, WQ_HEAD, WQ_TAIL,
+                      UdmaSegment, default_depth, make_identity)
 
 __all__ = ["DataPlane", "create", "start", "stop"]
 
