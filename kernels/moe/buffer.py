@@ -173,6 +173,7 @@ class Buffer:
                 f"larger --heap-size ({exc})") from None
         self.views = self.layout.views(self._block)
         self.offsets = {name: r.offset for name, r in self.layout.regions.items()}
+        self.record = MetaRecord.of(self.num_topk)  # the layout of the meta region's records
         for name in ("notify_signal", "credits", "signals", "config", "round_credits"):
             self.views[name][...] = 0
         self.views["combine_x"][-1] = 0
@@ -424,7 +425,7 @@ class Buffer:
             rank_base=mine.rank_base,
             channel_start=np.asarray(routing.channel_prefix_matrix, np.int64) - routing.per_channel,
             send_base=np.cumsum(mine.sent) - mine.sent, recv_lo=mine.recv_lo, recv_hi=mine.recv_hi, out=None if recv is None else recv.kernel_outputs(payload, not self.zero_copy),
-            aggregate=self._schedule.aggregate, region_offsets=self.offsets, record=MetaRecord.of(self.num_topk),
+            aggregate=self._schedule.aggregate, region_offsets=self.offsets, record=self.record,
             routing=self._schedule.routing, dests=dests)
 
     def _recv_outputs(self, call: DispatchCall, payload: Payload, num_recv: int, overflow: bool,

@@ -117,13 +117,9 @@ def _row_bytes(a: DispatchArgs, region: str) -> int:
 def records(a: DispatchArgs, toks: np.ndarray) -> np.ndarray:
     """``[len(toks), width] uint8``: the metadata records (``DispatchArgs.record``) of tokens ``toks``, a local
     array; without top-k (a cached dispatch) their source index only, the top-k fields zero."""
-    rec = a.record
-    recs = np.zeros((len(toks), rec.width), np.uint8)
-    rec.src_idx(recs)[:] = toks
-    if a.topk_idx is not None:
-        rec.topk_idx(recs)[:] = a.topk_idx[toks]
-        rec.topk_weights(recs)[:] = a.topk_weights[toks]
-    return recs
+    if a.topk_idx is None:
+        return a.record.pack(toks)
+    return a.record.pack(toks, a.topk_idx[toks], a.topk_weights[toks])
 
 
 def pack_records(a: DispatchArgs, region: np.ndarray, at: slice | np.ndarray, toks: np.ndarray) -> None:

@@ -263,12 +263,9 @@ def _relay_records(a, h: HierSpec, dp: int, timer, t: float) -> tuple[float, Rel
     toks = recs[:, 8:12].view(np.int32)[:, 0].copy()
     masks = recs[:, 16:24].view(np.uint64)[:, 0].copy()
     xs, ks, ws, s0 = _record_layout(a, hv)
-    rec = a.record
-    meta = np.zeros((n, rec.width), np.uint8)  # the relay records' fields as the receivers' metadata records
-    rec.src_idx(meta)[:] = toks
-    if a.topk_idx is not None:
-        rec.topk_idx(meta)[:] = recs[:, ks].view(np.int64)
-        rec.topk_weights(meta)[:] = recs[:, ws].view(np.float32)
+    # the relay records' fields as the receivers' metadata records
+    meta = a.record.pack(toks) if a.topk_idx is None else \
+        a.record.pack(toks, recs[:, ks].view(np.int64), recs[:, ws].view(np.float32))
     scales = None if a.scales is None else recs[:, s0:s0 + 4 * a.scales.shape[1]].view(np.float32)
     t = timer.lap("epilogue", t)
     t = _forward(a, h, src, toks, masks, recs[:, xs], meta, scales, timer, t)

@@ -89,11 +89,11 @@ class Lanes:
         self.split_blocks = False  # see ``one_block``: the Buffer's setting (``Buffer.split_blocks``)
         # a closing unit of at most this many BBs asks for its completion's CQE alone (see the module)
         self.one_cqe_bbs = min((q.depth for q in self.queues.values()), default=0) // 2
-        # word 0 of a WRITE built with _FLAG, XOR this: the same WRITE with _NO_CQE
-        self.to_no_cqe = np.uint64(0)
-        for q in list(self.queues.values())[:1]:
-            self.to_no_cqe = q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_FLAG)[0, 0] ^ \
-                q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_NO_CQE)[0, 0]
+        # word 0 of a WRITE built with _FLAG, XOR this: the same WRITE with _NO_CQE (no queue: nothing is posted)
+        q = next(iter(self.queues.values()), None)
+        self.to_no_cqe = np.uint64(0) if q is None else \
+            q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_FLAG)[0, 0] ^ \
+            q.build_writes(rmt_va=0, sge_len=0, sge_va=0, flag=_NO_CQE)[0, 0]
         self.remote_base = np.zeros(n_pes, np.uint64)
         self.local_base = 0
         self.notify_keys: dict[tuple[int, int], tuple[int, int]] = {}  # (tokenId, token) of the peer's heap

@@ -123,6 +123,17 @@ class MetaRecord(NamedTuple):
         """``[rows, width] uint8``: every record of a ``meta`` region."""
         return self.rows(region, 0, region.size // self.width)
 
+    def pack(self, src_idx: np.ndarray, topk_idx: np.ndarray | None = None,
+             topk_weights: np.ndarray | None = None) -> np.ndarray:
+        """``[n, width] uint8``: the records of ``n`` rows, a local array; without top-k their source index only,
+        the top-k fields zero."""
+        recs = np.zeros((len(src_idx), self.width), np.uint8)
+        self.src_idx(recs)[:] = src_idx
+        if topk_idx is not None:
+            self.topk_idx(recs)[:] = topk_idx
+            self.topk_weights(recs)[:] = topk_weights
+        return recs
+
     def src_idx(self, recs: np.ndarray) -> np.ndarray:
         """``[n] int32`` view of the records' source token indices."""
         at = 12 * self.num_topk
