@@ -75,11 +75,6 @@ def _count_functions(spent: dict) -> None:
         setattr(owner, name, functools.wraps(fn)(counted))
 
 
-def _cpu() -> float:
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_utime + use.ru_stime
-
-
 USAGE = ("ru_utime", "ru_stime", "ru_minflt", "ru_nvcsw", "ru_nivcsw")  # per pair, this rank's process
 
 
@@ -134,7 +129,7 @@ def _job(cfg: dict, out_path: str) -> None:
         held += (time.thread_time() - b0) * timed
         if it == cfg["warmup"]:
             spent.clear()  # the functions' counters too count the timed pairs only
-            c0, m0, w0, u0 = _cpu(), time.thread_time(), time.perf_counter(), _usage()
+            m0, w0, u0 = time.thread_time(), time.perf_counter(), _usage()
             window = [time.clock_gettime(time.CLOCK_MONOTONIC)]
             if me == 0 and cfg["cprofile"]:
                 import cProfile
@@ -154,9 +149,9 @@ def _job(cfg: dict, out_path: str) -> None:
         prof.dump_stats(cfg["cprofile"])
     n = cfg["iters"]
     window.append(time.clock_gettime(time.CLOCK_MONOTONIC))
-    res[me] = ((_cpu() - c0) / n, (time.thread_time() - m0) / n, (time.perf_counter() - w0) / n,
-               float(slot))
-    usage[me] = np.append(_usage() - u0, held) / n
+    use = _usage() - u0
+    res[me] = ((use[0] + use[1]) / n, (time.thread_time() - m0) / n, (time.perf_counter() - w0) / n, float(slot))
+    usage[me] = np.append(use, held) / n
     per_call[me] /= n
     d = None
     buf.close()
